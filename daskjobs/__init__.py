@@ -1,0 +1,29 @@
+"""daskjobs: epoch-checkpointed jobs on Dask, with Zarr checkpoints that resume exactly."""
+
+from . import errors
+from ._model.group import TaskGroup
+from ._model.job import Job, epoch_limiter
+from ._model.node import Cluster, Node
+from ._model.task import SetupNets, Task, TaskOutput, TaskOutputList, WorkspaceType, final_output
+from ._version import __version__
+from ._workspace import Workspace
+from .session import LocalSession, Session
+
+__all__ = [
+    "Cluster",
+    "Job",
+    "LocalSession",
+    "Node",
+    "Session",
+    "SetupNets",
+    "Task",
+    "TaskGroup",
+    "TaskOutput",
+    "TaskOutputList",
+    "Workspace",
+    "WorkspaceType",
+    "__version__",
+    "epoch_limiter",
+    "errors",
+    "final_output",
+]

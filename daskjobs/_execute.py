@@ -1,0 +1,359 @@
+"""Runs one node's share of a TaskGroup run against that node's workspace (pure: no Dask).
+
+Both sessions call these functions from the Dask tasks that lowering produces: the
+in-process session with its own node states, the distributed session on the node's worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._model.group import ReportStep
+from ._model.task import SetupNets, Step, WorkspaceType
+from ._workspace import Scope, Workspace
+from .errors import NodeLostError, TaskFailedError
+
+_pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
+
+Captured = list[list[np.ndarray]]
+"""The values of a task's outputs: one list of arrays per TaskOutput."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a node needs to run one task: picklable, without references to the job model."""
+
+    index: int
+    name: str
+    steps: tuple[Step, ...]
+    task_init: tuple[Step, ...]
+    task_exit: tuple[Step, ...]
+    instance_init: tuple[Step, ...]
+    instance_exit: tuple[Step, ...]
+    num_instances: int
+    outputs: tuple[tuple[str, ...], ...]
+    inputs: tuple[tuple[str, int, int], ...]
+    """``(local_name, producer task index, producer output index)`` per input."""
+    subtasks: tuple[TaskSpec, ...] = ()
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the task runs code; step-less tasks only capture their outputs."""
+        return bool(
+            self.steps or self.task_init or self.task_exit or self.instance_init or self.instance_exit or self.subtasks
+        )
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's share of a TaskGroup."""
+
+    job: str
+    group: str
+    node: str
+    workspace_type: WorkspaceType
+    tasks: tuple[TaskSpec, ...]
+    report_steps: tuple[ReportStep, ...] = ()
+    local_setups: tuple[SetupNets, ...] = ()
+
+    @property
+    def reserved(self) -> frozenset[str]:
+        """Output names of this node's tasks: new blobs with these names live at node level."""
+        return frozenset(n for t in self.tasks for out in t.outputs for n in out)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Identifies one run of a group; ``token`` is the node generation the run expects."""
+
+    key: str
+    epoch: int | None
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """What a node returns from a group run: its generation token and captured outputs by task index."""
+
+    token: str
+    captured: dict[int, Captured]
+
+
+@dataclass
+class NodeState:
+    """A node's persistent workspace plus what the node runtime keeps between runs."""
+
+    node: str
+    scope: Scope = field(default_factory=Scope)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    generation: int = 0
+    runs: dict[str, NodeRun] = field(default_factory=dict)
+    services: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token(self) -> str:
+        """Changes when the worker restarts (incarnation) or the workspace is restored."""
+        return f"{self.incarnation}.{self.generation}"
+
+    def workspace(self, epoch: int | None = None) -> Workspace:
+        """The GLOBAL workspace."""
+        return Workspace(self.scope, node=self.node, lock=self.lock, epoch=epoch, state=self)
+
+    def replace_blobs(self, blobs: dict[str, np.ndarray]) -> None:
+        """Make the GLOBAL workspace hold exactly ``blobs`` and start a new generation."""
+        with self.lock:
+            self.scope.blobs = dict(blobs)
+            self.generation += 1
+
+
+class NodeStateProvider(Protocol):
+    """Finds a node's state where the node's tasks run."""
+
+    def node_state(self, node: str, token: str | None) -> NodeState:
+        """The node's state; raises :class:`NodeLostError` if ``token`` is stale."""
+
+
+def check_token(state: NodeState, token: str | None) -> NodeState:
+    """Refuse to run against a workspace from another worker incarnation or generation."""
+    if token is not None and token != state.token:
+        raise NodeLostError(
+            f"node {state.node!r} lost its workspace (expected generation {token}, found {state.token}): "
+            "its worker restarted or the workspace was restored; restore from a checkpoint"
+        )
+    return state
+
+
+def run_concurrently(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` at the same time (the last one in this thread); raise the first failure."""
+    if len(calls) == 1:
+        return [calls[0]()]
+    futures: list[Future] = [_pool.submit(call) for call in calls[:-1]]
+    results, errors = [None] * len(calls), []
+    try:
+        results[-1] = calls[-1]()
+    except Exception as exc:
+        errors.append(exc)
+    for i, fut in enumerate(futures):
+        try:
+            results[i] = fut.result()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return results
+
+
+class _Failure:
+    """Turns a user exception into a :class:`TaskFailedError` naming where it happened."""
+
+    def __init__(self, plan: NodePlan, run: RunInfo) -> None:
+        self.plan, self.run = plan, run
+
+    def wrap(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except TaskFailedError:
+            raise
+        except Exception as exc:
+            epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
+            message = (
+                f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
+                f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
+            )
+            error = TaskFailedError(
+                message,
+                self.plan.job,
+                self.plan.group,
+                self.plan.node,
+                what,
+                self.run.epoch,
+                "".join(traceback.format_exception(exc)),
+            )
+            raise error from exc
+
+
+def _call_steps(steps: Sequence[Step], ws: Workspace) -> None:
+    for step in steps:
+        step(ws)
+
+
+def _capture(spec: TaskSpec, ws: Workspace) -> Captured:
+    captured = []
+    for names in spec.outputs:
+        values = []
+        for name in names:
+            if name not in ws:
+                raise KeyError(f"task {spec.name!r} declares output {name!r} but no such blob exists when it finishes")
+            values.append(np.array(ws[name], copy=True))
+        captured.append(values)
+    return captured
+
+
+class _Reporter:
+    """Runs a report step every interval in a thread, and once more at the end."""
+
+    def __init__(self, report: ReportStep, ws: Workspace, failure: _Failure) -> None:
+        self.report, self.ws, self.failure = report, ws, failure
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=f"daskjobs-report-{ws.node}", daemon=True)
+        self.thread.start()
+
+    def _call(self) -> None:
+        self.failure.wrap(f"{self.ws.node}/report_step", lambda: self.report.step(self.ws))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.report.interval_ms / 1000):
+            try:
+                self._call()
+            except TaskFailedError as exc:
+                self.error = exc
+                return
+
+    def finish(self, run_final: bool) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        if run_final:
+            self._call()
+
+
+class NodeRun:
+    """One node's share of one group run: open, run tasks (possibly one by one), close."""
+
+    def __init__(self, state: NodeState, plan: NodePlan, run: RunInfo) -> None:
+        self.state, self.plan, self.run = state, plan, run
+        self.failure = _Failure(plan, run)
+        global_ws = state.workspace(run.epoch)
+        self.base = global_ws if plan.workspace_type is WorkspaceType.GLOBAL else global_ws.child()
+        self._saved_reserved = self.base._scope.reserved
+        self.base._scope.reserved = plan.reserved
+        self.reporters: list[_Reporter] = []
+
+    def open(self) -> None:
+        """Run node-local init and start report steps."""
+        for setup in self.plan.local_setups:
+            self.failure.wrap(f"{self.plan.node}/local_init", lambda s=setup: _call_steps(s.init_nets, self.base))
+        self.reporters = [_Reporter(r, self.base, self.failure) for r in self.plan.report_steps]
+
+    def run_task(self, spec: TaskSpec, inputs: dict[str, np.ndarray] | None = None) -> Captured:
+        """Run one task with its setup layers and instances; return its captured outputs."""
+        if not spec.has_work:
+            return []
+        return self._run_task(spec, self.base, inputs or {})
+
+    def _run_task(self, spec: TaskSpec, parent: Workspace, inputs: dict[str, np.ndarray]) -> Captured:
+        ws = parent if self.plan.workspace_type is WorkspaceType.GLOBAL else parent.child()
+        for local, value in inputs.items():
+            ws._scope.blobs[local] = value
+        wrap = self.failure.wrap
+        wrap(spec.name, lambda: _call_steps(spec.task_init, ws))
+        if spec.subtasks:
+            sub = run_concurrently([lambda t=t: self._run_task(t, ws, {}) for t in spec.subtasks if t.has_work])
+            sub_by_index = {t.index: c for t, c in zip([t for t in spec.subtasks if t.has_work], sub, strict=True)}
+            wrap(spec.name, lambda: _call_steps(spec.task_exit, ws))
+            return [
+                out
+                for t in spec.subtasks
+                for out in (sub_by_index[t.index] if t.has_work else wrap(t.name, lambda t=t: _capture(t, ws)))
+            ]
+        if spec.num_instances > 1:
+
+            def instance(i: int) -> None:
+                iws = ws.child(instance_id=i)
+                _call_steps(spec.instance_init, iws)
+                _call_steps(spec.steps, iws)
+                _call_steps(spec.instance_exit, iws)
+
+            run_concurrently([lambda i=i: wrap(spec.name, lambda: instance(i)) for i in range(spec.num_instances)])
+        else:
+            wrap(spec.name, lambda: _call_steps([*spec.instance_init, *spec.steps, *spec.instance_exit], ws))
+        wrap(spec.name, lambda: _call_steps(spec.task_exit, ws))
+        return wrap(spec.name, lambda: _capture(spec, ws))
+
+    def close(self, captured: dict[int, Captured], ok: bool = True) -> dict[int, Captured]:
+        """Stop report steps (running each once more), capture step-less outputs, run local exit."""
+        try:
+            for reporter in self.reporters:
+                reporter.finish(run_final=ok)
+            if ok:
+                for spec in self.plan.tasks:
+                    if not spec.has_work:
+                        captured[spec.index] = self.failure.wrap(spec.name, lambda s=spec: _capture(s, self.base))
+                for setup in self.plan.local_setups:
+                    self.failure.wrap(
+                        f"{self.plan.node}/local_exit", lambda s=setup: _call_steps(s.exit_nets, self.base)
+                    )
+        finally:
+            self.base._scope.reserved = self._saved_reserved
+        return captured
+
+
+def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeResult:
+    """Run all of a node's tasks of one group run concurrently; return captured outputs by task."""
+    state = check_token(provider.node_state(plan.node, run.token), run.token)
+    node_run = NodeRun(state, plan, run)
+    captured: dict[int, Captured] = {}
+    ok = False
+    try:
+        node_run.open()
+        work = [spec for spec in plan.tasks if spec.has_work]
+        if work:
+            results = run_concurrently([lambda s=s: node_run.run_task(s) for s in work])
+            captured.update({spec.index: result for spec, result in zip(work, results, strict=True)})
+        ok = True
+    finally:
+        node_run.close(captured, ok=ok)
+    return NodeResult(state.token, captured)
+
+
+def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
+    """Edge mode: open the node's run and keep it in the node state until :func:`close_node`."""
+    state = check_token(provider.node_state(plan.node, run.token), run.token)
+    node_run = NodeRun(state, plan, run)
+    state.runs[run.key] = node_run
+    try:
+        node_run.open()
+    except Exception:
+        state.runs.pop(run.key, None)
+        node_run.close({}, ok=False)
+        raise
+    return run.key
+
+
+def run_node_task(
+    provider: NodeStateProvider, plan: NodePlan, run: RunInfo, index: int, opened: str, *producer_results: Captured
+) -> Captured:
+    """Edge mode: run one task; ``producer_results`` are the captures its inputs come from."""
+    state = check_token(provider.node_state(plan.node, run.token), run.token)
+    spec = next(s for s in plan.tasks if s.index == index)
+    inputs = {local: producer_results[i][out][0] for i, (local, _, out) in enumerate(spec.inputs)}
+    return state.runs[opened].run_task(spec, inputs)
+
+
+def close_node(
+    provider: NodeStateProvider, plan: NodePlan, run: RunInfo, opened: str, *task_results: Captured
+) -> NodeResult:
+    """Edge mode: finish the node's run; ``task_results`` follow the order of ``plan.tasks`` with work."""
+    state = provider.node_state(plan.node, None)
+    node_run = state.runs.pop(opened)
+    work = [spec for spec in plan.tasks if spec.has_work]
+    captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
+    return NodeResult(state.token, node_run.close(captured, ok=True))
+
+
+def abandon_node_run(state: NodeState, key: str) -> None:
+    """Edge mode clean-up after a failed run: stop report steps, drop run state."""
+    node_run = state.runs.pop(key, None)
+    if node_run is not None:
+        node_run.close({}, ok=False)

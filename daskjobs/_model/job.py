@@ -1,0 +1,171 @@
+"""Job: the four task groups and the stop conditions a JobRunner loops over."""
+
+from __future__ import annotations
+
+import html
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._context import Managed
+from .._validation import validate_name
+from ..errors import JobDefinitionError
+from .group import TaskGroup, stepless_output_task
+from .node import Node, node_name
+from .task import Task, TaskOutput, WorkspaceType
+
+_limiter_ids = itertools.count()
+
+
+class Job(Managed):
+    """An epoch-checkpointed job: init once, loop the epoch group, then download and exit.
+
+    ``with Job() as job:`` enters the job *and its epoch group*, so tasks created directly
+    inside go to the epoch group; use ``with job.init_group:`` (and ``download_group``,
+    ``exit_group``) for the others.
+
+    Parameters
+    ----------
+    init_group
+        Runs once when starting from scratch; GLOBAL by default so its blobs persist.
+    epoch_group
+        Runs once per epoch until a stop condition is true.
+    download_group
+        Runs once after the loop, to gather results.
+    exit_group
+        Runs once at the very end.
+    stop_conditions
+        :class:`TaskOutput` objects holding one boolean each.
+    nodes_to_checkpoint
+        Nodes whose workspaces are checkpointed; default: the init group's nodes.
+    name
+        The job's name, recorded in every checkpoint commit.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Cluster(), dj.Job(name="count") as job:
+    ...     with job.init_group:
+    ...         _ = dj.Task(lambda ws: ws.__setitem__("n", 0))
+    ...     _ = dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
+    ...     _ = dj.epoch_limiter(job, 3)
+    >>> dj.JobRunner(job).train(None)
+    3
+    """
+
+    def __init__(
+        self,
+        init_group: TaskGroup | None = None,
+        epoch_group: TaskGroup | None = None,
+        download_group: TaskGroup | None = None,
+        exit_group: TaskGroup | None = None,
+        stop_conditions: Sequence[TaskOutput] | None = None,
+        nodes_to_checkpoint: Sequence[str | Node] | None = None,
+        *,
+        name: str = "job",
+    ) -> None:
+        self.name = validate_name(name, "job")
+        self.init_group = init_group if init_group is not None else TaskGroup(WorkspaceType.GLOBAL)
+        self.epoch_group = epoch_group if epoch_group is not None else TaskGroup()
+        self.download_group = download_group if download_group is not None else TaskGroup()
+        self.exit_group = exit_group if exit_group is not None else TaskGroup()
+        for label, group in self.groups().items():
+            if not isinstance(group, TaskGroup):
+                raise JobDefinitionError(f"job {self.name!r}: {label}_group must be a TaskGroup, got {group!r}")
+            group.label = label
+        self.stop_conditions: list[TaskOutput] = []
+        for condition in stop_conditions or []:
+            self.add_stop_condition(condition)
+        self._nodes_to_checkpoint = [validate_name(str(n), "node") for n in nodes_to_checkpoint or []]
+
+    def groups(self) -> dict[str, TaskGroup]:
+        """The four groups by role: ``init``, ``epoch``, ``download``, ``exit``."""
+        return {
+            "init": self.init_group,
+            "epoch": self.epoch_group,
+            "download": self.download_group,
+            "exit": self.exit_group,
+        }
+
+    def __enter__(self) -> Job:
+        super().__enter__()
+        self.epoch_group.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.epoch_group.__exit__(*exc)
+        super().__exit__(*exc)
+
+    def add_stop_condition(self, output: TaskOutput | str) -> TaskOutput:
+        """Stop the loop once ``output`` (one boolean) is true after an epoch.
+
+        A blob name creates a step-less task in the epoch group on the current node that
+        reads that blob after the node's other epoch tasks finished.
+        """
+        if isinstance(output, str):
+            output = stepless_output_task(output, self.epoch_group)
+        if not isinstance(output, TaskOutput):
+            raise JobDefinitionError(f"a stop condition must be a TaskOutput or a blob name, got {output!r}")
+        if len(output.names) != 1:
+            raise JobDefinitionError(f"a stop condition must hold exactly one blob, got {output.names}")
+        self.stop_conditions.append(output)
+        return output
+
+    def nodes_to_checkpoint(self) -> list[str]:
+        """The explicit list if given, else the nodes used by the init group."""
+        return list(self._nodes_to_checkpoint) or self.init_group.used_nodes()
+
+    def nodes(self) -> list[str]:
+        """Every node any group of the job uses, in first-use order."""
+        names = [n for group in self.groups().values() for n in group.used_nodes()]
+        return list(dict.fromkeys(names + self._nodes_to_checkpoint))
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}={g.num_registered_tasks()}" for k, g in self.groups().items())
+        return f"Job(name={self.name!r}, tasks=({counts}), stop_conditions={len(self.stop_conditions)}, nodes={self.nodes()})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{k}</td><td>{g.num_registered_tasks()}</td><td>{html.escape(', '.join(g.used_nodes()))}</td></tr>"
+            for k, g in self.groups().items()
+        )
+        stops = html.escape(", ".join(n for c in self.stop_conditions for n in c.names)) or "none"
+        return (
+            f"<b>Job</b> {html.escape(self.name)} &mdash; stop conditions: {stops}; "
+            f"checkpointed nodes: {html.escape(', '.join(self.nodes_to_checkpoint()))}"
+            f"<table><tr><th>group</th><th>tasks</th><th>nodes</th></tr>{rows}</table>"
+        )
+
+
+def epoch_limiter(job: Job, num_epochs: int, node: Node | str | None = None) -> TaskOutput:
+    """Stop ``job`` after exactly ``num_epochs`` epochs from scratch.
+
+    A counter blob is created in the init group (so it is checkpointed and a resumed run still
+    stops at absolute epoch ``num_epochs``) and counted down in the epoch group.
+
+    Raises
+    ------
+    JobDefinitionError
+        ``num_epochs`` is not a positive integer.
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int | np.integer) or num_epochs < 1:
+        raise JobDefinitionError(f"epoch_limiter needs num_epochs >= 1, got {num_epochs!r}")
+    where = node_name(node)
+    suffix = next(_limiter_ids)
+    counter, stop = f"epoch_limiter.{suffix}.remaining", f"epoch_limiter.{suffix}.stop"
+    start = int(num_epochs) - 1
+
+    def create_counter(ws):
+        ws[counter] = np.int64(start)
+
+    def count_down(ws):
+        with ws.lock:
+            remaining = int(ws[counter])
+            if remaining > 0:
+                ws[counter] = np.int64(remaining - 1)
+            ws[stop] = remaining == 0
+
+    Task(create_counter, group=job.init_group, node=where, name="epoch_limiter")
+    output = Task(count_down, group=job.epoch_group, node=where, name="epoch_limiter", outputs=stop).outputs()[0]
+    return job.add_stop_condition(output)

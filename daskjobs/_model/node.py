@@ -1,0 +1,105 @@
+"""Cluster and Node: where tasks run, by name."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from .._context import Managed
+from .._validation import validate_name
+from ..errors import JobDefinitionError
+
+
+class Cluster(Managed):
+    """Records the node names used inside it, in first-use order.
+
+    Each thread has a default cluster; enter a fresh ``Cluster()`` to keep node registrations
+    of one job definition separate.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Cluster() as cluster:
+    ...     _ = dj.Node("ps"), dj.Node("trainer", GPU=1)
+    >>> cluster.nodes()
+    ['ps', 'trainer']
+    """
+
+    _managed_default = True
+
+    def __init__(self) -> None:
+        self._nodes: list[str] = []
+        self._node_kwargs: dict[str, dict[str, Any]] = {}
+
+    def add_node(self, node: Node) -> None:
+        """Register ``node``; on a repeated name the earlier keyword arguments win."""
+        name = str(node)
+        if name not in self._node_kwargs:
+            self._nodes.append(name)
+            self._node_kwargs[name] = {}
+        merged = dict(node.kwargs())
+        merged.update(self._node_kwargs[name])
+        self._node_kwargs[name] = merged
+
+    def nodes(self) -> list[str]:
+        """Node names in first-use order."""
+        return list(self._nodes)
+
+    def node_kwargs(self) -> dict[str, dict[str, Any]]:
+        """Extra resources per node name."""
+        return {name: dict(kw) for name, kw in self._node_kwargs.items()}
+
+    def __repr__(self) -> str:
+        return f"Cluster(nodes={self._nodes}, node_kwargs={self._node_kwargs})"
+
+
+class Node(Managed):
+    """A named place where tasks run: one Dask worker (or, in-process, one workspace).
+
+    Only the name identifies a node. Extra keyword arguments are Dask resources the node's
+    worker must provide, e.g. ``Node("trainer", GPU=1)``.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Node("trainer"):
+    ...     print(dj.Node.current())
+    trainer
+    >>> str(dj.Node.current())
+    'local'
+    """
+
+    _managed_default = True
+
+    def __init__(self, node: object = "local", **kwargs: Any) -> None:
+        self._name = validate_name(str(node), "node")
+        for key, value in kwargs.items():
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or value <= 0:
+                raise JobDefinitionError(f"node {self._name!r}: resource {key}={value!r} must be a positive number")
+        self._kwargs = dict(kwargs)
+        Cluster.current().add_node(self)
+
+    @property
+    def name(self) -> str:
+        """The node's name."""
+        return self._name
+
+    def kwargs(self) -> dict[str, Any]:
+        """Extra resources the node's worker must provide."""
+        return dict(self._kwargs)
+
+    def __str__(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"Node(name={self._name}, kwargs={self._kwargs})"
+
+
+def node_name(node: Node | str | None) -> str:
+    """The name of ``node``; a string is validated and registered, ``None`` is the current node."""
+    if node is None:
+        return str(Node.current())
+    if isinstance(node, Node):
+        Cluster.current().add_node(node)
+        return str(node)
+    return str(Node(node))

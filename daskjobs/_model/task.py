@@ -1,0 +1,348 @@
+"""Task, its outputs, and setup hooks."""
+
+from __future__ import annotations
+
+import enum
+import html
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._context import Managed
+from .._validation import validate_name
+from ..errors import JobDefinitionError, OutputNotReadyError
+from .node import Cluster, Node
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .group import TaskGroup
+
+Step = Callable[..., Any]
+"""A step is a callable taking the node's workspace: ``step(ws)``."""
+
+
+class WorkspaceType(enum.Enum):
+    """Where a task's new blobs live.
+
+    ``GLOBAL`` tasks run in the node's persistent workspace; ``PRIVATE`` tasks run in a child
+    workspace created for one run: they can update blobs that already exist in the node
+    workspace, but new blobs vanish when the run ends.
+    """
+
+    PRIVATE = "private"
+    GLOBAL = "global"
+
+
+def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
+    """Normalise ``None``, one callable or a list of callables into a list of callables."""
+    if steps is None:
+        return []
+    items = list(steps) if isinstance(steps, list | tuple) else [steps]
+    for item in items:
+        if not callable(item):
+            raise JobDefinitionError(f"{what} must be callables taking the workspace, got {item!r}")
+    return items
+
+
+class TaskOutput:
+    """The value(s) of one or more blobs captured when a task finished.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Cluster(), dj.TaskGroup() as group:
+    ...     task = dj.Task(lambda ws: ws.__setitem__("x", 41 + 1), outputs="x")
+    >>> with dj.LocalSession() as session:
+    ...     session.run(group)
+    ...     print(task.outputs()[0].fetch())
+    42
+    """
+
+    def __init__(self, names: str | Sequence[str]) -> None:
+        self._scalar = isinstance(names, str)
+        raw = [names] if isinstance(names, str) else list(names)
+        if not raw:
+            raise JobDefinitionError("a TaskOutput needs at least one blob name")
+        self.names: list[str] = [validate_name(n, "blob") for n in raw]
+        self._values: list[np.ndarray] | None = None
+        self._resolver: Callable[[], list[np.ndarray]] | None = None
+        self.task: Task | None = None
+
+    def _set(self, values: list[np.ndarray] | Callable[[], list[np.ndarray]]) -> None:
+        if callable(values):
+            self._values, self._resolver = None, values
+        else:
+            self._values, self._resolver = list(values), None
+
+    def is_ready(self) -> bool:
+        """Whether the task has run and its values can be fetched."""
+        return self._values is not None or self._resolver is not None
+
+    def fetch(self) -> np.ndarray | list[np.ndarray]:
+        """The captured value: one array for a single name, else a list of arrays.
+
+        Raises
+        ------
+        OutputNotReadyError
+            The task has not run in any session yet.
+        """
+        if self._values is None:
+            if self._resolver is None:
+                owner = f" of task {self.task.name!r}" if self.task is not None else ""
+                raise OutputNotReadyError(
+                    f"output {self.names}{owner} has no value yet: run its TaskGroup in a session first"
+                )
+            self._values, self._resolver = list(self._resolver()), None
+        return self._values[0] if self._scalar else list(self._values)
+
+    def __repr__(self) -> str:
+        return f"TaskOutput(names={self.names}, ready={self.is_ready()})"
+
+
+class TaskOutputList:
+    """Several outputs viewed as one flat list of names and values."""
+
+    def __init__(self, outputs: Iterable[TaskOutput] | None = None) -> None:
+        self.outputs: list[TaskOutput] = list(outputs or [])
+
+    def names(self) -> list[str]:
+        """All blob names, flattened."""
+        return [name for output in self.outputs for name in output.names]
+
+    def fetch(self) -> list[np.ndarray]:
+        """All values, flattened, in the order of :meth:`names`."""
+        values: list[np.ndarray] = []
+        for output in self.outputs:
+            value = output.fetch()
+            values.extend(value if isinstance(value, list) else [value])
+        return values
+
+    def __repr__(self) -> str:
+        return f"TaskOutputList(names={self.names()})"
+
+
+class SetupNets:
+    """Callables to run before (``init_nets``) and after (``exit_nets``) a unit of work.
+
+    Given to :meth:`TaskGroup.add_local_setup`, they run once per node around all of that
+    node's tasks in a group run.
+    """
+
+    def __init__(
+        self, init_nets: Step | Sequence[Step] | None = None, exit_nets: Step | Sequence[Step] | None = None
+    ) -> None:
+        self.init_nets = as_steps(init_nets, "SetupNets.init_nets")
+        self.exit_nets = as_steps(exit_nets, "SetupNets.exit_nets")
+
+    def __repr__(self) -> str:
+        return f"SetupNets(init_nets={self.init_nets or None}, exit_nets={self.exit_nets or None})"
+
+
+class Task(Managed):
+    """A unit of work: Python steps run in order on one node, inside a :class:`TaskGroup`.
+
+    Parameters
+    ----------
+    step
+        A callable ``step(ws)``, a list of them run in order, or ``None`` (a step-less task,
+        whose outputs are read from the node workspace after its other tasks finished).
+    outputs
+        A blob name or list of names captured when the task finishes.
+    workspace_type
+        :class:`WorkspaceType`; defaults to the group's.
+    group, node
+        Where to register; default to the current :class:`TaskGroup` and :class:`Node`.
+    name
+        Defaults to the step's ``__name__``, else ``"task"``. The full name is
+        ``"<node>/<name>"``, made unique within the group with ``:1``, ``:2`` … suffixes.
+    num_instances
+        Run that many concurrent instances of the steps, each in its own child workspace.
+    inputs
+        ``{"local_name": task_output}``: dataflow edges from tasks of the same group, possibly
+        on other nodes. The value appears under ``local_name`` in this task's workspace.
+    task_init, task_exit
+        Callables run once before any / after all instances.
+    instance_init, instance_exit
+        Callables run once per instance, in that instance's workspace.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> def count(ws):
+    ...     with ws.lock:
+    ...         ws["n"] = ws["n"] + 1
+    >>> with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+    ...     task = dj.Task(count, num_instances=4, task_init=lambda ws: ws.__setitem__("n", 0), outputs="n")
+    >>> with dj.LocalSession() as session:
+    ...     session.run(group)
+    ...     print(int(task.outputs()[0].fetch()))
+    4
+    """
+
+    def __init__(
+        self,
+        step: Step | Sequence[Step] | None = None,
+        outputs: str | Sequence[str] | None = None,
+        workspace_type: WorkspaceType | None = None,
+        group: TaskGroup | None = None,
+        node: Node | str | None = None,
+        name: str | None = None,
+        num_instances: int | None = None,
+        *,
+        inputs: dict[str, TaskOutput] | None = None,
+        task_init: Step | Sequence[Step] | None = None,
+        task_exit: Step | Sequence[Step] | None = None,
+        instance_init: Step | Sequence[Step] | None = None,
+        instance_exit: Step | Sequence[Step] | None = None,
+    ) -> None:
+        from .group import TaskGroup
+
+        if workspace_type is not None and not isinstance(workspace_type, WorkspaceType):
+            raise JobDefinitionError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
+        if num_instances is not None and (not isinstance(num_instances, int) or num_instances < 1):
+            raise JobDefinitionError(f"num_instances must be a positive int, got {num_instances!r}")
+        self._steps = as_steps(step, "Task steps")
+        self._task_init = as_steps(task_init, "task_init")
+        self._task_exit = as_steps(task_exit, "task_exit")
+        self._instance_init = as_steps(instance_init, "instance_init")
+        self._instance_exit = as_steps(instance_exit, "instance_exit")
+        self._workspace_type = workspace_type
+        self._num_instances = num_instances or 1
+        self._used = False
+        self._outputs: list[TaskOutput] = []
+        self._inputs: dict[str, TaskOutput] = {}
+        self._subtasks: list[Task] = []
+        node_obj = Node.current() if node is None else node if isinstance(node, Node) else Node(node)
+        Cluster.current().add_node(node_obj)
+        self._node = str(node_obj)
+        self._node_resources = node_obj.kwargs()
+        base = (
+            name
+            if name is not None
+            else getattr(self._steps[0], "__name__", "task")
+            if len(self._steps) == 1
+            else "task"
+        )
+        if not isinstance(base, str) or not base or base == "<lambda>":
+            base = "task"
+        self._group = TaskGroup.current(group, required=False)
+        self._name = f"{self._node}/{base}"
+        if self._group is not None:
+            self._name = self._group._unique_task_name(self._name)
+            self._group._register(self)
+        if outputs is not None:
+            self.add_outputs(outputs)
+        for local_name, output in (inputs or {}).items():
+            self.add_input(local_name, output)
+
+    # -- outputs and inputs ---------------------------------------------------------------
+    def _check_unused(self, what: str) -> None:
+        if self._used:
+            raise RuntimeError(f"cannot {what} task {self._name!r}: its group has already run")
+
+    def add_output(self, output: str | Sequence[str] | TaskOutput) -> TaskOutput:
+        """Capture another blob (or list of blobs) when the task finishes."""
+        self._check_unused("add an output to")
+        out = output if isinstance(output, TaskOutput) else TaskOutput(output)
+        out.task = self
+        self._outputs.append(out)
+        return out
+
+    def add_outputs(self, outputs: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
+        """Add each of ``outputs`` as a separate :class:`TaskOutput`."""
+        items = [outputs] if isinstance(outputs, str | TaskOutput) else list(outputs)
+        return [self.add_output(item) for item in items]
+
+    def add_input(self, local_name: str, output: TaskOutput) -> None:
+        """Feed ``output`` of another task of the same group to this task as ``local_name``."""
+        self._check_unused("add an input to")
+        validate_name(local_name, "blob")
+        if not isinstance(output, TaskOutput):
+            raise JobDefinitionError(f"task {self._name!r}: input {local_name!r} must be a TaskOutput, got {output!r}")
+        if len(output.names) != 1:
+            raise JobDefinitionError(
+                f"task {self._name!r}: input {local_name!r} must come from a single-blob output, got {output.names}"
+            )
+        self._inputs[local_name] = output
+
+    def outputs(self) -> list[TaskOutput]:
+        """The task's outputs, in declaration order."""
+        return list(self._outputs)
+
+    def output_list(self) -> TaskOutputList:
+        """The outputs as one :class:`TaskOutputList`."""
+        return TaskOutputList(self._outputs)
+
+    def inputs(self) -> dict[str, TaskOutput]:
+        """The task's dataflow inputs by local name."""
+        return dict(self._inputs)
+
+    # -- accessors ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """Full name ``"<node>/<name>"``."""
+        return self._name
+
+    @property
+    def node(self) -> str:
+        """The node the task runs on."""
+        return self._node
+
+    def workspace_type(self) -> WorkspaceType | None:
+        """The task's workspace type (``None`` until its group decides)."""
+        return self._workspace_type
+
+    @property
+    def num_instances(self) -> int:
+        """How many concurrent instances of the steps run."""
+        return self._num_instances
+
+    @property
+    def steps(self) -> list[Step]:
+        """The task's steps, in order."""
+        return list(self._steps)
+
+    def has_work(self) -> bool:
+        """Whether the task runs any code (else it only reads its outputs)."""
+        return bool(
+            self._steps
+            or self._task_init
+            or self._task_exit
+            or self._instance_init
+            or self._instance_exit
+            or self._subtasks
+        )
+
+    def _set_workspace_type(self, workspace_type: WorkspaceType) -> None:
+        self._workspace_type = workspace_type
+
+    def _notify_used(self) -> None:
+        self._used = True
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self._group is not None:
+            self._group._move_to_end(self)
+
+    def __repr__(self) -> str:
+        return f"Task(name={self._name}, node={self._node}, outputs={[o.names for o in self._outputs]})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+
+def final_output(blob: str | Sequence[str]) -> TaskOutput:
+    """Add an output to the current Task, or to a new step-less Task on the current node.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Cluster(), dj.TaskGroup() as group:
+    ...     out = dj.final_output("loss")
+    >>> out.names, group.tasks()[0].name
+    (['loss'], 'local/task')
+    """
+    task = Task.current(required=False)
+    if task is None:
+        task = Task()
+    return task.add_output(blob)

@@ -1,0 +1,143 @@
+"""Every exception daskjobs raises.
+
+The tree::
+
+    DaskJobsError(Exception)
+    ├── JobDefinitionError(ValueError)        a bad name, dtype-free definition mistake, cycle …
+    ├── BlobTypeError(TypeError)              a blob value of a dtype daskjobs cannot store
+    ├── StopConditionError(TypeError)         a stop condition that is not a boolean
+    ├── OutputNotReadyError(RuntimeError)     a TaskOutput fetched before its task ran
+    ├── SessionClosedError(RuntimeError)      a session used after close()
+    ├── TaskFailedError(RuntimeError)         user code raised; the cause is chained
+    ├── NodePlacementError(RuntimeError)      a node has no worker, or more than one
+    ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
+    └── CheckpointError(OSError)
+        ├── CheckpointNotFoundError(FileNotFoundError)
+        ├── CheckpointCorruptError            data does not match its commit record
+        ├── CheckpointFormatError             unknown format, dtype or codec; never decoded
+        ├── CheckpointLockedError             another runner writes to the prefix
+        └── CheckpointWriteError              a save failed after its retries
+
+Every class survives pickling, because errors raised on Dask workers travel to the client.
+Each also subclasses the builtin that matches its meaning, so ``except ValueError`` and
+friends keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlobTypeError",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointLockedError",
+    "CheckpointNotFoundError",
+    "CheckpointWriteError",
+    "DaskJobsError",
+    "JobDefinitionError",
+    "NodeLostError",
+    "NodePlacementError",
+    "OutputNotReadyError",
+    "SessionClosedError",
+    "StopConditionError",
+    "TaskFailedError",
+]
+
+
+class DaskJobsError(Exception):
+    """Root of every daskjobs error: ``except dj.errors.DaskJobsError`` catches them all."""
+
+
+class JobDefinitionError(DaskJobsError, ValueError):
+    """A job, task, group or name is invalid; raised while the job is being defined."""
+
+
+class BlobTypeError(DaskJobsError, TypeError):
+    """A blob was assigned a value whose dtype is not fixed-size numeric or bool."""
+
+
+class StopConditionError(DaskJobsError, TypeError):
+    """A stop condition produced something other than a single boolean."""
+
+
+class OutputNotReadyError(DaskJobsError, RuntimeError):
+    """A :class:`~daskjobs.TaskOutput` was fetched before its task has run in a session."""
+
+
+class SessionClosedError(DaskJobsError, RuntimeError):
+    """A session was used after :meth:`~daskjobs.LocalSession.close`; open a new one."""
+
+
+class TaskFailedError(DaskJobsError, RuntimeError):
+    """User code in a task raised.
+
+    The message names job, group, node, task and epoch; ``__cause__`` is the user's exception
+    and :attr:`remote_traceback` holds its traceback as text (also after crossing processes).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        job: str | None = None,
+        group: str | None = None,
+        node: str | None = None,
+        task: str | None = None,
+        epoch: int | None = None,
+        remote_traceback: str = "",
+    ) -> None:
+        super().__init__(message, job, group, node, task, epoch, remote_traceback)
+        self.message = message
+        self.job = job
+        self.group = group
+        self.node = node
+        self.task = task
+        self.epoch = epoch
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), self.args, {"cause": self.__cause__})
+
+    def __setstate__(self, state: dict) -> None:
+        self.__cause__ = state.get("cause")
+
+
+class NodePlacementError(DaskJobsError, RuntimeError):
+    """A node has no worker that provides its resource, or more than one.
+
+    Start one worker per node (``daskjobs worker SCHEDULER --node NAME``) or use
+    :func:`daskjobs.node_cluster`.
+    """
+
+
+class NodeLostError(DaskJobsError, RuntimeError):
+    """A node's worker died or restarted and its workspace could not be restored."""
+
+
+class CheckpointError(DaskJobsError, OSError):
+    """Base class of checkpoint problems; also raised for job/prefix mismatches."""
+
+    def __str__(self) -> str:  # OSError would format (errno, strerror) pairs; keep the plain message
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The requested epoch has no committed checkpoint under the prefix."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """Checkpoint data does not match its commit record (checksum, dtype, shape, missing chunk)."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint uses a format version, dtype or codec daskjobs does not read; nothing was decoded."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another runner holds the writer lock of the prefix; the message names the holder."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written; the last committed checkpoint is intact."""

@@ -1,0 +1,200 @@
+"""The session interface: what every session does the same way, and the seams where they differ."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import itertools
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Self, TypeVar
+
+import numpy as np
+
+from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run
+from .._lowering import LoweredGraph, lower, plan_group
+from .._model.group import TaskGroup
+from .._model.task import Task, WorkspaceType
+from .._validation import as_blob, validate_name
+from ..errors import JobDefinitionError, SessionClosedError
+
+T = TypeVar("T")
+
+Runnable = TaskGroup | Task | Callable[..., Any] | Sequence[Callable[..., Any]]
+_wrapped_tasks: weakref.WeakKeyDictionary[Task, TaskGroup] = weakref.WeakKeyDictionary()
+
+
+def as_group(runnable: Runnable, workspace_type: WorkspaceType | None = None) -> TaskGroup:
+    """A TaskGroup for ``runnable``; tasks and callables are wrapped in a GLOBAL group."""
+    if isinstance(runnable, TaskGroup):
+        declared = runnable.workspace_type()
+        if workspace_type is not None and declared is not None and declared != workspace_type:
+            raise JobDefinitionError(f"{runnable!r} is {declared.name}, cannot run it as {workspace_type.name}")
+        if workspace_type is not None and declared is None:
+            runnable._workspace_type = workspace_type
+        return runnable
+    if isinstance(runnable, Task):
+        group = _wrapped_tasks.get(runnable)
+        if group is None:
+            group = _wrapped_tasks[runnable] = TaskGroup(workspace_type or WorkspaceType.GLOBAL)
+            group.add(runnable)
+        return group
+    if callable(runnable) or (isinstance(runnable, list | tuple) and all(callable(r) for r in runnable)):
+        group = TaskGroup(workspace_type or WorkspaceType.GLOBAL)
+        Task(list(runnable) if isinstance(runnable, list | tuple) else runnable, group=group)
+        return group
+    raise JobDefinitionError(f"cannot run {runnable!r}: give a TaskGroup, a Task, a callable or a list of callables")
+
+
+def _fetch_blob(state: NodeState, blob: str) -> np.ndarray:
+    ws = state.workspace()
+    if blob not in ws:
+        raise KeyError(f"blob {blob!r} is not in the workspace of node {state.node!r}; it has {sorted(ws)}")
+    return np.array(ws[blob], copy=True)
+
+
+def _feed_blob(state: NodeState, blob: str, value: np.ndarray) -> None:
+    state.workspace()[blob] = value
+
+
+def _blob_names(state: NodeState) -> list[str]:
+    return sorted(state.scope.blobs)
+
+
+class Session(abc.ABC):
+    """Runs TaskGroups on nodes and gives access to node workspaces.
+
+    Subclasses differ only in where node workspaces live and how lowered graphs run: they
+    implement :meth:`_provider`, :meth:`_execute`, :meth:`_call_on_node`, :meth:`_known_nodes`
+    and :meth:`_shutdown`.
+    """
+
+    def __init__(self) -> None:
+        self._open = True
+        self.session_id = uuid.uuid4().hex[:8]
+        self._run_counter = itertools.count()
+        self._tokens: dict[str, str] = {}
+
+    # -- seams ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _provider(self) -> NodeStateProvider:
+        """What lowered tasks use to find node states where they run."""
+
+    @abc.abstractmethod
+    def _execute(self, graph: LoweredGraph) -> dict[str, NodeResult]:
+        """Run ``graph`` to completion; return each node's result (raise the first failure)."""
+
+    @abc.abstractmethod
+    def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(node_state, *args)`` where the node's workspace lives."""
+
+    @abc.abstractmethod
+    def _known_nodes(self) -> list[str]:
+        """Nodes this session has workspaces for (or can place work on)."""
+
+    def _shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; called once by :meth:`close`."""
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, runnable: Runnable, workspace_type: WorkspaceType | None = None) -> None:
+        """Run a TaskGroup, a Task, a callable or a list of callables (blocking).
+
+        Non-groups are wrapped in a GLOBAL TaskGroup on the current node.
+        """
+        self._check_open()
+        if runnable is None:
+            raise JobDefinitionError("session.run needs something to run, got None")
+        self.run_group(as_group(runnable, workspace_type))
+
+    def run_group(self, group: TaskGroup, *, job: str = "session", epoch: int | None = None, attempt: int = 0) -> None:
+        """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs."""
+        self._check_open()
+        plan = plan_group(group, job)
+        run_key = f"{job}-{self.session_id}/{group.label}/r{next(self._run_counter)}/a{attempt}"
+        graph = lower(
+            plan,
+            self._provider(),
+            run_key=run_key,
+            epoch=epoch,
+            tokens={n: self._tokens[n] for n in plan.node_plans if n in self._tokens},
+        )
+        try:
+            results = self._execute(graph)
+        except BaseException:
+            if plan.has_edges:
+                self._abandon(graph, run_key)
+            raise
+        for node, result in results.items():
+            self._tokens[node] = result.token
+            for index, captured in result.captured.items():
+                for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
+                    output._set(values)
+
+    def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
+        for node in graph.nodes():
+            with contextlib.suppress(Exception):
+                self._call_on_node(node, abandon_node_run, run_key)
+
+    def expect_tokens(self, tokens: dict[str, str]) -> None:
+        """Record the node generations the next runs must find (after a restore)."""
+        self._tokens.update(tokens)
+
+    def forget_tokens(self, nodes: Sequence[str] | None = None) -> None:
+        """Accept whatever generation ``nodes`` (default: all) have at their next run."""
+        for node in list(self._tokens) if nodes is None else nodes:
+            self._tokens.pop(node, None)
+
+    # -- workspace access -----------------------------------------------------------------
+    def _resolve_node(self, node: object) -> str:
+        if node is not None:
+            return validate_name(str(node), "node")
+        known = self._known_nodes()
+        if len(known) == 1:
+            return known[0]
+        raise ValueError(f"this session has nodes {known}; name the node (node=...)")
+
+    def fetch(self, blob: str, node: object = None) -> np.ndarray:
+        """A copy of ``blob`` from the node's GLOBAL workspace.
+
+        ``node`` may be omitted when the session has exactly one node.
+        """
+        self._check_open()
+        return self._call_on_node(self._resolve_node(node), _fetch_blob, validate_name(blob, "blob"))
+
+    def feed(self, blob: str, value: object, node: object = None) -> None:
+        """Store ``value`` as ``blob`` in the node's GLOBAL workspace."""
+        self._check_open()
+        array = np.array(as_blob(value, validate_name(blob, "blob")), copy=True)
+        self._call_on_node(self._resolve_node(node), _feed_blob, blob, array)
+
+    def blobs(self, node: object = None) -> list[str]:
+        """Names of the blobs in the node's GLOBAL workspace, sorted."""
+        self._check_open()
+        return self._call_on_node(self._resolve_node(node), _blob_names)
+
+    def nodes(self) -> list[str]:
+        """The nodes this session knows."""
+        return self._known_nodes()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if not self._open:
+            raise SessionClosedError(f"{type(self).__name__} {self.session_id} is closed; open a new session")
+
+    def is_open(self) -> bool:
+        """Whether the session can still be used."""
+        return self._open
+
+    def close(self) -> None:
+        """Release the session; using it afterwards raises :class:`SessionClosedError`."""
+        if self._open:
+            self._open = False
+            self._shutdown()
+
+    def __enter__(self) -> Self:
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,78 @@
+"""LocalSession: the same lowered graphs, run by Dask's local scheduler in this process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import dask
+import dask.threaded
+
+from .._execute import NodeResult, NodeState
+from .._lowering import LoweredGraph
+from ._base import Session
+
+T = TypeVar("T")
+
+
+class _LocalStates:
+    """Node states kept in this process, created on first use."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, NodeState] = {}
+        self._lock = threading.Lock()
+
+    def node_state(self, node: str, token: str | None) -> NodeState:
+        with self._lock:
+            state = self.states.get(node)
+            if state is None:
+                state = self.states[node] = NodeState(node)
+            return state
+
+
+class LocalSession(Session):
+    """Runs jobs in this process, with one workspace per node and no cluster.
+
+    Each TaskGroup run is lowered to the same Dask graph a :class:`DaskSession` runs and
+    executed by Dask's local threaded scheduler, so tasks of a group really run concurrently.
+    Unlike Caffe2's LocalSession, nodes do not share blobs.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.LocalSession() as session:
+    ...     session.feed("x", 2.5, node="ps")
+    ...     print(session.fetch("x"), session.blobs())
+    2.5 ['x']
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._states = _LocalStates()
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="daskjobs-local")
+
+    def _provider(self) -> _LocalStates:
+        return self._states
+
+    def _execute(self, graph: LoweredGraph) -> dict[str, NodeResult]:
+        keys = list(graph.result_keys.values())
+        if len(graph.tasks) == 1:
+            results = dask.get(graph.to_dask(), keys)
+        else:
+            results = dask.threaded.get(graph.to_dask(), keys, pool=self._pool)
+        return dict(zip(graph.result_keys, results, strict=True))
+
+    def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
+        return fn(self._states.node_state(node, None), *args)
+
+    def _known_nodes(self) -> list[str]:
+        return list(self._states.states)
+
+    def _shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        state = "open" if self.is_open() else "closed"
+        return f"LocalSession({state}, nodes={self._known_nodes()})"
