@@ -7,11 +7,14 @@ from ._model.node import Cluster, Node
 from ._model.task import SetupNets, Task, TaskOutput, TaskOutputList, WorkspaceType, final_output
 from ._version import __version__
 from ._workspace import Workspace
+from .runner import EpochRecord, JobRunner
 from .session import LocalSession, Session
 
 __all__ = [
     "Cluster",
+    "EpochRecord",
     "Job",
+    "JobRunner",
     "LocalSession",
     "Node",
     "Session",

@@ -1,0 +1,401 @@
+"""Checkpoint managers: save and load node workspaces as TaskGroups, commit epochs."""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._model.group import TaskGroup
+from .._model.node import Node
+from .._model.task import Task, WorkspaceType
+from .._validation import validate_name
+from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ._format import make_commit_record
+from ._metadata import CommitRecordHandler, MetadataHandler
+from ._store import CheckpointStore
+
+if TYPE_CHECKING:
+    from .._workspace import Workspace
+    from ..session import Session
+
+logger = logging.getLogger("daskjobs")
+
+ENTRY_BLOB = "daskjobs.checkpoint_entry"
+"""Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
+
+
+def get_ckpt_filename(node_name: str, epoch: int) -> str:
+    """The checkpoint name of a node at an epoch: ``"<node>.<epoch>"``."""
+    return f"{node_name}.{epoch}"
+
+
+def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None = None) -> str:
+    """Where a node's checkpoint of ``epoch`` lives: ``"<db_prefix>/<node>.<epoch>"``.
+
+    A non-empty ``path_prefix`` is prepended as it is, without a separator (as in Caffe2).
+
+    Examples
+    --------
+    >>> db_name(5, "trainer_0", "T")
+    'T/trainer_0.5'
+    """
+    name = get_ckpt_filename(node_name, epoch)
+    if path_prefix:
+        return f"{path_prefix}{name}"
+    return f"{db_prefix.rstrip('/')}/{name}"
+
+
+def _entry_array(entry: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(json.dumps(entry).encode(), dtype=np.uint8).copy()
+
+
+def _node_state(ws: Workspace) -> Any:
+    return ws._state
+
+
+@dataclass(frozen=True)
+class _SaveStep:
+    """Writes the node's whole GLOBAL workspace; returns the entry as the task output."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = _node_state(ws)
+        with state.lock:
+            blobs = dict(state.scope.blobs)
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
+        ws[ENTRY_BLOB] = _entry_array(entry)
+
+
+@dataclass(frozen=True)
+class _LoadStep:
+    """Reads a node's verified blobs; a full load replaces the workspace, a partial one adds."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    entry: dict[str, Any]
+    names: tuple[str, ...] | None = None
+
+    def __call__(self, ws: Workspace) -> None:
+        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
+        state = _node_state(ws)
+        if self.names is None:
+            state.replace_blobs(blobs)
+        else:
+            with state.lock:
+                state.scope.blobs.update(blobs)
+
+
+@dataclass(frozen=True)
+class _CheckStep:
+    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int | None
+
+    def __call__(self, ws: Workspace) -> None:
+        if self.epoch is None:
+            self.store.check_writable()
+        else:
+            self.store.read_node_entry(self.node, self.epoch)
+
+
+class MultiNodeCheckpointManager:
+    """Checkpoints every node of a job, one save/load task per node, run on that node.
+
+    Parameters
+    ----------
+    db_prefix
+        A local path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …). Each node's
+        checkpoint of epoch ``e`` is the Zarr v3 group ``<db_prefix>/<node>.<e>``; an epoch
+        counts only once its commit record is written.
+    db_type
+        Only ``"zarr"``.
+    metadata_handler
+        An object following :class:`~daskjobs.checkpoint.MetadataHandler`; default: resume
+        from the latest committed epoch.
+    storage_options
+        Passed to fsspec (credentials, endpoint …). Never written to a checkpoint or a log.
+    keep_last, keep_every
+        Retention: keep the newest ``keep_last`` committed epochs and every epoch divisible by
+        ``keep_every``; older ones are deleted after a newer commit. Default: keep all.
+    compression
+        ``None`` (default, fastest) or a compressor name the store supports.
+
+    Examples
+    --------
+    >>> import daskjobs as dj, tempfile
+    >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+    >>> manager.get_ckpt_db_name("ps", 3).endswith("/ps.3")
+    True
+    """
+
+    def __init__(self, db_prefix: str, db_type: str = "zarr", metadata_handler: MetadataHandler | None = None,
+                 *, storage_options: dict[str, Any] | None = None, keep_last: int | None = None,
+                 keep_every: int | None = None, compression: str | None = None, fsync: bool = True) -> None:
+        if db_type != "zarr":
+            raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
+        for label, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise JobDefinitionError(f"{label} must be a positive int or None, got {value!r}")
+        self.db_prefix = str(db_prefix)
+        self.db_type = db_type
+        self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
+        self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self._nodes: list[str] | None = None
+        self._initialised_nodes: list[str] | None = None
+        self._job_name = "job"
+        self._path_prefix: str | None = None
+        self._path_type: str | None = None
+        self._save_ids: dict[int, str] = {}
+        self._save_tasks: dict[int, list[Task]] = {}
+        self._stats: dict[str, int] = {}
+        self._blob_names: dict[str, list[str]] = {}
+
+    # -- parameters -----------------------------------------------------------------------
+    def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
+        return [validate_name(str(n), "node") for n in nodes]
+
+    def set_params(self, nodes: Sequence[str | Node], path_prefix: str | None = None, path_type: str | None = None,
+                   *, job_name: str | None = None) -> None:
+        """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
+        self._nodes = self._node_names(nodes)
+        if job_name is not None:
+            self._job_name = validate_name(job_name, "job")
+        self._path_prefix = path_prefix or self._path_prefix
+        self._path_type = path_type or self._path_type
+        self._handler.set_params(db_prefix=self.db_prefix, db_type=self.db_type, node_names=list(self._nodes),
+                                 path_prefix=path_prefix, path_type=path_type)
+
+    def nodes(self) -> list[str]:
+        """The checkpointed nodes (after :meth:`init` or :meth:`set_params`)."""
+        if self._nodes is None:
+            raise RuntimeError("checkpoint manager has no nodes yet: call init() or set_params() first")
+        return list(self._nodes)
+
+    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
+        """The checkpoint name of ``node_name`` at ``epoch``."""
+        return db_name(epoch, str(node_name), self.store.url)
+
+    # -- handler pass-throughs --------------------------------------------------------------
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from (the handler's answer), after checking the prefix holds this job."""
+        self._check_same_job()
+        return self._handler.last_epoch(user_epoch=user_epoch)
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Whether checkpoint storage is reachable (the handler's answer)."""
+        return self._handler.cp_accessible(epoch)
+
+    def _check_same_job(self) -> None:
+        latest = self.store.latest_commit()
+        if latest is None or self._nodes is None:
+            return
+        if latest["job"] != self._job_name or sorted(latest["nodes"]) != sorted(self._nodes):
+            raise CheckpointError(
+                f"{self.store.url} holds checkpoints of job {latest['job']!r} with nodes {latest['nodes']} "
+                f"(latest epoch {latest['epoch']}), but this job is {self._job_name!r} with nodes {self._nodes}; "
+                "use another db_prefix or delete the old checkpoints"
+            )
+
+    # -- task groups ----------------------------------------------------------------------
+    def _group(self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL) -> TaskGroup:
+        group = TaskGroup(workspace_type)
+        for node in self.nodes():
+            make_task(group, node)
+        return group
+
+    def init(self, nodes: Sequence[str | Node] | None = None, retrieve_from_epoch: int | None = None,
+             path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
+        """A group checking, on each node, that the prefix is writable (or ``retrieve_from_epoch`` readable)."""
+        if nodes is not None:
+            names = self._node_names(nodes)
+            if self._initialised_nodes is not None and names != self._initialised_nodes:
+                raise JobDefinitionError(
+                    f"checkpoint manager was initialised for nodes {self._initialised_nodes}, not {names}"
+                )
+            self._nodes = self._initialised_nodes = names
+        if path_type not in (None, "zarr"):
+            raise JobDefinitionError(f"unsupported path_type {path_type!r}: daskjobs checkpoints are 'zarr'")
+        return self._group(lambda group, node: Task(_CheckStep(self.store, node, retrieve_from_epoch), group=group,
+                                                    node=node, name="checkpoint_init"))
+
+    def save(self, epoch: int) -> TaskGroup:
+        """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
+
+        The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran.
+        """
+        save_id = self._save_ids[epoch] = uuid.uuid4().hex
+        tasks: list[Task] = []
+        group = self._group(lambda g, node: tasks.append(Task(_SaveStep(self.store, node, epoch, save_id), group=g,
+                                                              node=node, name="checkpoint_save", outputs=ENTRY_BLOB)),
+                            WorkspaceType.PRIVATE)
+        self._save_tasks[epoch] = tasks
+        return group
+
+    def _commit_of(self, epoch: int, path_prefix: str | None = None) -> tuple[CheckpointStore, dict[str, Any]]:
+        store = self.store if not path_prefix else CheckpointStore(path_prefix)
+        return store, store.read_commit(epoch)
+
+    def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
+        """A group restoring every checkpointed node's workspace to committed ``epoch``, verified."""
+        store, record = self._commit_of(epoch, path_prefix)
+        missing = [n for n in self.nodes() if n not in record["nodes"]]
+        if missing:
+            raise CheckpointError(f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; "
+                                  f"it holds {record['nodes']}")
+        entries = record["node_entries"]
+        self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
+        self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
+        return self._group(lambda g, node: Task(_LoadStep(store, node, epoch, entries[node]), group=g, node=node,
+                                                name="checkpoint_load"))
+
+    def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
+        """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``."""
+        names = tuple(validate_name(b, "blob") for b in blob_names)
+        _, record = self._commit_of(epoch)
+        entries = record["node_entries"]
+        return self._group(lambda g, node: Task(_LoadStep(self.store, node, epoch, entries[node], names), group=g,
+                                                node=node, name="checkpoint_partial_load"))
+
+    def check_db_exists(self, epoch: int) -> bool:
+        """Whether ``epoch`` is committed and holds every checkpointed node."""
+        try:
+            record = self.store.read_commit(epoch)
+        except CheckpointNotFoundError:
+            return False
+        return all(n in record["nodes"] for n in self.nodes())
+
+    def load_blobs_locally(self, nodes: Sequence[str | Node], blob_names: Sequence[str], epoch: int,
+                           session: Session) -> bool:
+        """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
+
+        Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
+        """
+        names = self._node_names(nodes)
+        if self._nodes is not None and sorted(names) != sorted(self._nodes):
+            raise JobDefinitionError(f"checkpoint manager is set up for nodes {self._nodes}, not {names}")
+        self._nodes = names
+        if not self.check_db_exists(epoch):
+            return False
+        started = time.perf_counter()
+        session.run_group(self.load_blobs_from_checkpoint(blob_names, epoch), job=self._job_name)
+        elapsed = int((time.perf_counter() - started) * 1e9)
+        self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
+        return True
+
+    # -- commit ---------------------------------------------------------------------------
+    def write_checkpoint_metadata(self, epoch: int, *, stop_values: dict[str, bool] | None = None,
+                                  timings: dict[str, float] | None = None) -> None:
+        """Commit ``epoch`` (after its save group ran): write the commit record last, then retention."""
+        tasks = self._save_tasks.pop(epoch, None)
+        if tasks is None:
+            raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+        entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
+        save_id = self._save_ids.pop(epoch)
+        stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
+        if stale:
+            raise CheckpointError(f"epoch {epoch}: nodes {stale} returned entries of another save; not committing")
+        record = make_commit_record(self._job_name, epoch, entries, stop_values or {}, timings or {})
+        self.store.commit(record)
+        self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
+        self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+        self._handler.write(epoch=epoch)
+        self._apply_retention(epoch)
+
+    def _apply_retention(self, newest: int) -> None:
+        if self.keep_last is None and self.keep_every is None:
+            return
+        epochs = self.store.committed_epochs()
+        keep = {newest}
+        if self.keep_last is not None:
+            keep.update(epochs[-self.keep_last:])
+        if self.keep_every is not None:
+            keep.update(e for e in epochs if e % self.keep_every == 0)
+        for epoch in epochs:
+            if epoch < newest and epoch not in keep:
+                record = self.store.read_commit(epoch)
+                self.store.delete_epoch(epoch, record["nodes"])
+                logger.info("retention: deleted epoch %d under %s", epoch, self.store.url)
+
+    def stop_values(self, epoch: int) -> dict[str, bool]:
+        """The stop-condition values recorded when ``epoch`` was committed."""
+        return dict(self.store.read_commit(epoch).get("stop_values", {}))
+
+    def discard_after(self, epoch: int) -> list[int]:
+        """Un-commit epochs newer than ``epoch`` (a run resumed from an earlier epoch rewrites them)."""
+        newer = [e for e in self.store.committed_epochs() if e > epoch]
+        for later in newer:
+            self.store.uncommit(later)
+        if newer:
+            logger.warning("resuming from epoch %d: discarded newer committed epochs %s under %s",
+                           epoch, newer, self.store.url)
+        return newer
+
+    # -- statistics -----------------------------------------------------------------------
+    def report_checkpoint_stats(self, action_name: str) -> None:
+        """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""
+        self._handler.report(action_name, dict(self._stats))
+
+    def blob_list(self) -> dict[str, list[str]]:
+        """Blob names per node in the last checkpoint saved or loaded."""
+        if not self._blob_names:
+            raise RuntimeError("no checkpoint saved or loaded yet by this manager")
+        return {n: list(b) for n, b in self._blob_names.items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(db_prefix={self.store.url!r}, nodes={self._nodes})"
+
+    def _repr_html_(self) -> str:
+        epochs = self.store.committed_epochs()
+        return (f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
+                f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}")
+
+
+class CheckpointManager(MultiNodeCheckpointManager):
+    """Checkpoints one node's workspace; see :class:`MultiNodeCheckpointManager`.
+
+    Examples
+    --------
+    >>> import daskjobs as dj, tempfile
+    >>> dj.CheckpointManager(tempfile.mkdtemp(), "trainer").nodes()
+    ['trainer']
+    """
+
+    def __init__(self, db_prefix: str, node_name: str | Node, db_type: str = "zarr",
+                 metadata_handler: MetadataHandler | None = None, **options: Any) -> None:
+        super().__init__(db_prefix, db_type, metadata_handler, **options)
+        self.node_name = validate_name(str(node_name), "node")
+        self._nodes = [self.node_name]
+
+    def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
+        names = super()._node_names(nodes)
+        if len(names) > 1 or (names and names[0] != self.node_name):
+            raise JobDefinitionError(
+                f"CheckpointManager checkpoints only node {self.node_name!r}, got {names}; "
+                "use MultiNodeCheckpointManager for several nodes"
+            )
+        return [self.node_name]
+
+    def set_params(self, nodes: Sequence[str | Node], path_prefix: str | None = None, path_type: str | None = None,
+                   *, job_name: str | None = None) -> None:
+        """As :meth:`MultiNodeCheckpointManager.set_params`; ``nodes`` is ignored (always this node)."""
+        super().set_params([self.node_name], path_prefix, path_type, job_name=job_name)
+
+    def blob_list(self) -> list[str]:  # type: ignore[override]
+        """Blob names in the last checkpoint saved or loaded."""
+        return super().blob_list()[self.node_name]

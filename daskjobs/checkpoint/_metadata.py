@@ -1,0 +1,77 @@
+"""The metadata-handler protocol and the built-in handler that answers from commit records."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..errors import CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from ._store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
+
+
+@runtime_checkable
+class MetadataHandler(Protocol):
+    """What a checkpoint manager asks about the checkpoints it writes (Caffe2's protocol)."""
+
+    def set_params(self, db_prefix: str, db_type: str, node_names: list[str], path_prefix: str | None = None,
+                   path_type: str | None = None) -> None:
+        """Where the checkpoints live and for which nodes."""
+
+    def last_epoch(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from, or ``None`` to start from scratch."""
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Whether checkpoint storage can be reached; ``False`` skips a save with a warning."""
+
+    def write(self, epoch: int) -> None:
+        """Called after the checkpoint of ``epoch`` has been committed."""
+
+    def report(self, action_name: str, stats: dict[str, Any]) -> None:
+        """Timing statistics of a save or load, by checkpoint name."""
+
+
+class CommitRecordHandler:
+    """The built-in handler: resume from the latest *committed* epoch.
+
+    ``last_epoch(user_epoch=k)`` returns ``k`` if epoch ``k`` is committed and raises
+    :class:`~daskjobs.errors.CheckpointNotFoundError` otherwise.
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+        self.last_report: tuple[str, dict[str, Any]] | None = None
+
+    def set_params(self, db_prefix: str, db_type: str, node_names: list[str], path_prefix: str | None = None,
+                   path_type: str | None = None) -> None:
+        """Nothing to remember: the manager's store knows the prefix."""
+
+    def last_epoch(self, user_epoch: int | None = None) -> int | None:
+        """The user's epoch if committed, else the latest committed epoch (or ``None``)."""
+        epochs = self._store.committed_epochs()
+        if user_epoch is not None:
+            if user_epoch not in epochs:
+                raise CheckpointNotFoundError(
+                    f"epoch {user_epoch} is not committed under {self._store.url}; committed epochs: {epochs}"
+                )
+            return user_epoch
+        if epochs:
+            logger.info("resuming from epoch %d, the latest committed under %s", epochs[-1], self._store.url)
+            return epochs[-1]
+        return None
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Always true: storage problems surface as errors of the save itself."""
+        return True
+
+    def write(self, epoch: int) -> None:
+        """The commit record is the metadata; nothing more to write."""
+        logger.debug("epoch %d committed under %s", epoch, self._store.url)
+
+    def report(self, action_name: str, stats: dict[str, Any]) -> None:
+        """Log the statistics at debug level and keep the last ones."""
+        self.last_report = (action_name, stats)
+        logger.debug("%s: %s", action_name, stats)

@@ -1,0 +1,339 @@
+"""JobRunner: runs a Job's groups on a session, checkpointing every epoch."""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from ._model.job import Job
+from ._progress import EpochProgress
+from .errors import (
+    CheckpointWriteError,
+    JobDefinitionError,
+    NodeLostError,
+    StopConditionError,
+)
+from .session import LocalSession, Session
+
+if TYPE_CHECKING:
+    from ._model.group import TaskGroup
+    from ._model.task import TaskOutput
+    from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
+
+logger = logging.getLogger("daskjobs")
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What happened in one epoch of :meth:`JobRunner.train`."""
+
+    epoch: int
+    seconds: float
+    """Wall time of the epoch group run."""
+    checkpoint_seconds: float
+    checkpoint_bytes: int
+    stop_values: dict[str, bool]
+    recoveries: int
+    """Node losses recovered from before this epoch completed."""
+
+
+@dataclass
+class _Attempt:
+    number: int = 0
+    recoveries: int = 0
+    failures: int = 0
+    history: list[EpochRecord] = field(default_factory=list)
+
+
+def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
+    """The session to use and whether this runner created it (and so closes it)."""
+    if isinstance(session, Session):
+        return False, session
+    if session is None:
+        return True, LocalSession()
+    from .session import as_session
+
+    return True, as_session(session)
+
+
+def stop_value(output: TaskOutput, value: Any) -> bool:
+    """Check that a stop condition produced one boolean and return it."""
+    name = output.names[0]
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray) and value.dtype == np.bool_ and value.size == 1:
+        return bool(value.reshape(()))
+    kind = f"array of dtype {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else type(value)
+    raise StopConditionError(f"stop condition {name!r} must be a bool or a one-element bool array, got {kind}")
+
+
+class JobRunner:
+    """Runs a :class:`~daskjobs.Job`: init, epochs until a stop condition is true, download, exit.
+
+    Parameters
+    ----------
+    job
+        The job to run.
+    checkpoint_manager
+        Saves every epoch (epoch 0 right after init) and resumes from the latest committed one.
+    resume_from_epoch
+        Resume from this committed epoch instead of the latest.
+    upload_task_group_builder
+        Its ``build(last_epoch, manager)`` group runs once after the loop.
+    max_epochs
+        Stop after this absolute epoch number even if no stop condition is true.
+    max_failures
+        How many node losses to recover from (restoring all nodes from the latest committed
+        epoch) before giving up with :class:`~daskjobs.errors.NodeLostError`.
+    on_save_error
+        ``"raise"`` (default): stop with :class:`~daskjobs.errors.CheckpointWriteError` after
+        ``save_retries`` retries, the last committed checkpoint intact. ``"warn"``: log and go on.
+    progress
+        Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.Cluster(), dj.Job() as job:
+    ...     with job.init_group:
+    ...         _ = dj.Task(lambda ws: ws.__setitem__("n", 0))
+    ...     _ = dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
+    >>> runner = dj.JobRunner(job, max_epochs=4, progress=False)
+    >>> runner.train(None), [r.epoch for r in runner.history]
+    (4, [1, 2, 3, 4])
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        checkpoint_manager: MultiNodeCheckpointManager | None = None,
+        resume_from_epoch: int | None = None,
+        upload_task_group_builder: UploadTaskGroupBuilder | None = None,
+        *,
+        max_epochs: int | None = None,
+        max_failures: int = 3,
+        on_save_error: Literal["raise", "warn"] = "raise",
+        save_retries: int = 2,
+        progress: bool | None = None,
+    ) -> None:
+        if not isinstance(job, Job):
+            raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
+        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
+            raise JobDefinitionError(f"max_epochs must be a positive int or None, got {max_epochs!r}")
+        if on_save_error not in ("raise", "warn"):
+            raise JobDefinitionError(f"on_save_error must be 'raise' or 'warn', got {on_save_error!r}")
+        if not isinstance(max_failures, int) or max_failures < 0:
+            raise JobDefinitionError(f"max_failures must be an int >= 0, got {max_failures!r}")
+        self.job = job
+        self.checkpoint_manager = checkpoint_manager
+        self.resume_from_epoch = resume_from_epoch
+        self.upload_task_group_builder = upload_task_group_builder
+        self.max_epochs = max_epochs
+        self.max_failures = max_failures
+        self.on_save_error = on_save_error
+        self.save_retries = save_retries
+        self.progress = progress
+        self.history: list[EpochRecord] = []
+        self._last_save: tuple[float, int] = (0.0, 0)
+
+    # -- public ---------------------------------------------------------------------------
+    def train(self, session: Session | Any = None) -> int:
+        """Run the job and return the number of the last epoch run.
+
+        ``session`` may be a :class:`~daskjobs.Session`, a ``distributed.Client`` or ``None``
+        (a :class:`~daskjobs.LocalSession` created and closed here).
+        """
+        if not self.job.stop_conditions and self.max_epochs is None:
+            raise JobDefinitionError(
+                f"job {self.job.name!r} has no stop condition and no max_epochs: it would never stop; "
+                "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
+            )
+        own, session = _resolve_session(session)
+        manager = self.checkpoint_manager
+        self.history = []
+        try:
+            if manager is not None:
+                manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
+                manager.store.check_writable()
+                manager.store.acquire_lock(self._lock_holder(), break_lock=False)
+            try:
+                return self._train(session)
+            finally:
+                if manager is not None:
+                    manager.store.release_lock()
+        finally:
+            if own:
+                session.close()
+
+    __call__ = train
+
+    def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
+        """Save and commit every checkpointed node's workspace as ``epoch``.
+
+        Failures are retried ``save_retries`` times; then ``on_save_error`` decides.
+        """
+        manager = self._require_manager()
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return
+        started = time.perf_counter()
+        error: BaseException | None = None
+        for attempt in range(self.save_retries + 1):
+            try:
+                session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
+                manager.write_checkpoint_metadata(epoch, stop_values=stop_values,
+                                                  timings={"save_seconds": time.perf_counter() - started})
+                manager.report_checkpoint_stats("checkpoint_save")
+                size = sum(e["bytes"] for e in manager.store.read_commit(epoch)["node_entries"].values())
+                self._last_save = (time.perf_counter() - started, size)
+                return
+            except NodeLostError:
+                raise
+            except Exception as exc:
+                error = exc
+                logger.warning("saving epoch %d failed (attempt %d of %d): %s", epoch, attempt + 1,
+                               self.save_retries + 1, exc)
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        message = f"could not write the checkpoint of epoch {epoch} under {manager.store.url}: {error}"
+        if self.on_save_error == "raise":
+            raise CheckpointWriteError(f"{message}; the last committed checkpoint is intact") from error
+        logger.warning("%s; continuing (on_save_error='warn')", message)
+        self._last_save = (time.perf_counter() - started, 0)
+
+    def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
+        """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
+        if any node has no committed checkpoint of that epoch."""
+        manager = self._require_manager()
+        own, session = _resolve_session(session)
+        try:
+            loaded = manager.load_blobs_locally(self.job.nodes_to_checkpoint(), blob_names, epoch, session)
+        finally:
+            if own:
+                session.close()
+        manager.report_checkpoint_stats("checkpoint_partial_load")
+        return loaded
+
+    # -- the algorithm --------------------------------------------------------------------
+    def _train(self, session: Session) -> int:
+        manager = self.checkpoint_manager
+        job = self.job
+        resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
+        state = _Attempt()
+        epoch, stop = self._start(session, resume, state)
+        bar = EpochProgress(self.progress, job.name, start=epoch, total=self.max_epochs)
+        try:
+            while not stop:
+                started = time.perf_counter()
+                try:
+                    session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=state.number)
+                    values = self._stop_values()
+                    elapsed = time.perf_counter() - started
+                    self._last_save = (0.0, 0)
+                    if manager is not None:
+                        self.save_checkpoints(epoch, session, values)
+                except NodeLostError as exc:
+                    epoch = self._recover(session, exc, state)
+                    continue
+                record = EpochRecord(epoch, elapsed, *self._last_save, values, state.recoveries)
+                self.history.append(record)
+                bar.update(record)
+                stop = any(values.values()) or (self.max_epochs is not None and epoch >= self.max_epochs)
+                if not stop:
+                    epoch += 1
+        finally:
+            bar.close()
+        self._finish(session, epoch)
+        return epoch
+
+    def _start(self, session: Session, resume: int | None, state: _Attempt) -> tuple[int, bool]:
+        """Init from scratch (saving epoch 0) or restore ``resume``; return the first epoch and
+        whether the job had already stopped."""
+        manager, job = self.checkpoint_manager, self.job
+        nodes = job.nodes_to_checkpoint()
+        if resume is None:
+            session.run_group(job.init_group, job=job.name)
+            if manager is not None:
+                session.run_group(manager.init(nodes), job=job.name)
+                self.save_checkpoints(0, session, {})
+            return 1, False
+        if manager is None:
+            logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded",
+                        resume)
+            return resume + 1, False
+        manager.discard_after(resume)
+        session.run_group(manager.init(nodes, retrieve_from_epoch=resume), job=job.name)
+        session.run_group(manager.load(resume), job=job.name)
+        manager.report_checkpoint_stats("checkpoint_load")
+        stopped = [name for name, value in manager.stop_values(resume).items() if value]
+        if stopped:
+            logger.info("epoch %d was committed with stop conditions %s true: no further epoch runs", resume, stopped)
+            return resume, True
+        return resume + 1, False
+
+    def _stop_values(self) -> dict[str, bool]:
+        values: dict[str, bool] = {}
+        for i, output in enumerate(self.job.stop_conditions):
+            key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
+            values[key] = stop_value(output, output.fetch())
+        return values
+
+    def _recover(self, session: Session, exc: NodeLostError, state: _Attempt) -> int:
+        """Wait for every node, restore all of them from the latest commit; return the epoch to run."""
+        manager = self.checkpoint_manager
+        nodes = self.job.nodes()
+        latest = manager.store.committed_epochs()[-1:] if manager is not None else []
+        if manager is None or state.failures >= self.max_failures or not latest:
+            where = f"last committed epoch {latest[0]}" if latest else "no committed epoch"
+            raise NodeLostError(f"{exc} — giving up after {state.failures} recoveries ({where})") from exc
+        state.failures += 1
+        state.recoveries += 1
+        state.number += 1
+        logger.warning("node lost (%s); restoring all nodes from epoch %d (recovery %d of %d)",
+                       exc, latest[0], state.failures, self.max_failures)
+        wait = getattr(session, "wait_for_nodes", None)
+        if wait is not None:
+            wait(nodes)
+        session.forget_tokens()
+        session.run_group(manager.load(latest[0]), job=self.job.name, attempt=state.number)
+        return latest[0] + 1
+
+    def _finish(self, session: Session, epoch: int) -> None:
+        job = self.job
+        if self.upload_task_group_builder is not None:
+            group: TaskGroup = self.upload_task_group_builder.build(epoch, self.checkpoint_manager)
+            session.run_group(group, job=job.name)
+        session.run_group(job.download_group, job=job.name)
+        session.run_group(job.exit_group, job=job.name)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _require_manager(self) -> MultiNodeCheckpointManager:
+        if self.checkpoint_manager is None:
+            raise JobDefinitionError("this JobRunner has no checkpoint manager")
+        return self.checkpoint_manager
+
+    def _lock_holder(self) -> dict[str, Any]:
+        import os
+        import socket
+
+        return {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job.name,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def __repr__(self) -> str:
+        last = self.history[-1].epoch if self.history else None
+        return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{r.epoch}</td><td>{r.seconds:.3f}</td><td>{r.checkpoint_seconds:.3f}</td>"
+            f"<td>{r.checkpoint_bytes}</td><td>{html.escape(str(r.stop_values))}</td></tr>"
+            for r in self.history[-20:]
+        )
+        return (f"<b>JobRunner</b> for job {html.escape(self.job.name)}"
+                "<table><tr><th>epoch</th><th>seconds</th><th>checkpoint s</th><th>bytes</th><th>stop</th></tr>"
+                f"{rows}</table>")
+

@@ -1,0 +1,50 @@
+"""Shared fixtures: sessions of every kind, fresh clusters of node names, checkpoint prefixes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import daskjobs as dj
+
+NODES = ["local", "a", "b", "c", "ps", "trainer_0", "trainer_1", "trainer_2"]
+"""Node names tests may use: every session kind serves exactly these."""
+
+
+def _make_local(request: pytest.FixtureRequest) -> dj.Session:
+    return dj.LocalSession()
+
+
+SESSION_KINDS = {"local": _make_local}
+"""Session factories by name; cluster-backed kinds are registered by the modules that provide them."""
+
+
+@pytest.fixture(params=sorted(SESSION_KINDS))
+def session(request: pytest.FixtureRequest):
+    """A fresh open session of each kind, closed after the test."""
+    made = SESSION_KINDS[request.param](request)
+    yield made
+    made.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cluster():
+    """Keep node registrations of one test out of the thread's default cluster."""
+    with dj.Cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    """A checkpoint prefix on real disk."""
+    return str(tmp_path / "ckpt")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test modules are pickled by value so that worker processes can run their steps."""
+    import cloudpickle
+
+    for module in {item.module for item in items if item.module is not None}:
+        if module.__name__ in sys.modules:
+            cloudpickle.register_pickle_by_value(module)
