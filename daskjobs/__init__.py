@@ -7,15 +7,28 @@ from ._model.node import Cluster, Node
 from ._model.task import SetupNets, Task, TaskOutput, TaskOutputList, WorkspaceType, final_output
 from ._version import __version__
 from ._workspace import Workspace
+from .checkpoint import (
+    CheckpointManager,
+    CopyCheckpointUploader,
+    MultiNodeCheckpointManager,
+    UploadTaskGroupBuilder,
+    db_name,
+    get_ckpt_filename,
+    list_checkpoints,
+    open_checkpoint,
+)
 from .runner import EpochRecord, JobRunner
 from .session import LocalSession, Session
 
 __all__ = [
+    "CheckpointManager",
     "Cluster",
+    "CopyCheckpointUploader",
     "EpochRecord",
     "Job",
     "JobRunner",
     "LocalSession",
+    "MultiNodeCheckpointManager",
     "Node",
     "Session",
     "SetupNets",
@@ -23,10 +36,15 @@ __all__ = [
     "TaskGroup",
     "TaskOutput",
     "TaskOutputList",
+    "UploadTaskGroupBuilder",
     "Workspace",
     "WorkspaceType",
     "__version__",
+    "db_name",
     "epoch_limiter",
     "errors",
     "final_output",
+    "get_ckpt_filename",
+    "list_checkpoints",
+    "open_checkpoint",
 ]

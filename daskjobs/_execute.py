@@ -6,6 +6,7 @@ in-process session with its own node states, the distributed session on the node
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 import uuid
@@ -127,7 +128,8 @@ def check_token(state: NodeState, token: str | None) -> NodeState:
     if token is not None and token != state.token:
         raise NodeLostError(
             f"node {state.node!r} lost its workspace (expected generation {token}, found {state.token}): "
-            "its worker restarted or the workspace was restored; restore from a checkpoint"
+            "its worker restarted or the workspace was restored; restore from a checkpoint",
+            [state.node],
         )
     return state
 
@@ -255,7 +257,8 @@ class NodeRun:
     def _run_task(self, spec: TaskSpec, parent: Workspace, inputs: dict[str, np.ndarray]) -> Captured:
         ws = parent if self.plan.workspace_type is WorkspaceType.GLOBAL else parent.child()
         for local, value in inputs.items():
-            ws._scope.blobs[local] = value
+            # A copy: the producer's captured output (and other consumers) must not see in-place writes.
+            ws._scope.blobs[local] = np.array(value, copy=True)
         wrap = self.failure.wrap
         wrap(spec.name, lambda: _call_steps(spec.task_init, ws))
         if spec.subtasks:
@@ -284,8 +287,14 @@ class NodeRun:
     def close(self, captured: dict[int, Captured], ok: bool = True) -> dict[int, Captured]:
         """Stop report steps (running each once more), capture step-less outputs, run local exit."""
         try:
+            for reporter in self.reporters:  # stop every reporter thread, even if one of them failed
+                reporter.stop.set()
             for reporter in self.reporters:
-                reporter.finish(run_final=ok)
+                if ok:
+                    reporter.finish(run_final=True)
+                else:  # the task's failure is already propagating: do not replace it
+                    with contextlib.suppress(TaskFailedError):
+                        reporter.finish(run_final=False)
             if ok:
                 for spec in self.plan.tasks:
                     if not spec.has_work:

@@ -25,6 +25,8 @@ friends keep working.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "BlobTypeError",
     "CheckpointCorruptError",
@@ -104,16 +106,31 @@ class TaskFailedError(DaskJobsError, RuntimeError):
         self.__cause__ = state.get("cause")
 
 
-class NodePlacementError(DaskJobsError, RuntimeError):
+class _NodesError(DaskJobsError, RuntimeError):
+    """An error about particular nodes: :attr:`nodes` names them (also after pickling)."""
+
+    def __init__(self, message: str = "", nodes: Sequence[str] = ()) -> None:
+        super().__init__(message, list(nodes))
+        self.message = message
+        self.nodes = list(nodes)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NodePlacementError(_NodesError):
     """A node has no worker that provides its resource, or more than one.
 
     Start one worker per node (``daskjobs worker SCHEDULER --node NAME``) or use
-    :func:`daskjobs.node_cluster`.
+    :func:`daskjobs.node_cluster`. :attr:`nodes` lists the nodes that cannot be placed.
     """
 
 
-class NodeLostError(DaskJobsError, RuntimeError):
-    """A node's worker died or restarted and its workspace could not be restored."""
+class NodeLostError(_NodesError):
+    """A node's worker died or restarted and its workspace could not be restored.
+
+    :attr:`nodes` lists the nodes whose workspaces are gone.
+    """
 
 
 class CheckpointError(DaskJobsError, OSError):

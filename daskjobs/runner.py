@@ -21,6 +21,8 @@ from .errors import (
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._model.group import TaskGroup
     from ._model.task import TaskOutput
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
@@ -95,6 +97,8 @@ class JobRunner:
         ``save_retries`` retries, the last committed checkpoint intact. ``"warn"``: log and go on.
     progress
         Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
+    on_epoch
+        Called with each :class:`EpochRecord` once its epoch is checkpointed.
 
     Examples
     --------
@@ -120,6 +124,7 @@ class JobRunner:
         on_save_error: Literal["raise", "warn"] = "raise",
         save_retries: int = 2,
         progress: bool | None = None,
+        on_epoch: Callable[[EpochRecord], None] | None = None,
     ) -> None:
         if not isinstance(job, Job):
             raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
@@ -138,6 +143,7 @@ class JobRunner:
         self.on_save_error = on_save_error
         self.save_retries = save_retries
         self.progress = progress
+        self.on_epoch = on_epoch
         self.history: list[EpochRecord] = []
         self._last_save: tuple[float, int] = (0.0, 0)
 
@@ -160,12 +166,15 @@ class JobRunner:
             if manager is not None:
                 manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
                 manager.store.check_writable()
-                manager.store.acquire_lock(self._lock_holder(), break_lock=False)
+                manager.store.acquire_lock(self._lock_holder())
             try:
+                if manager is not None:
+                    for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
+                        logger.info("removed uncommitted checkpoint leftover %s", leftover)
                 return self._train(session)
             finally:
                 if manager is not None:
-                    manager.store.release_lock()
+                    self._release_lock(manager)
         finally:
             if own:
                 session.close()
@@ -173,37 +182,58 @@ class JobRunner:
     __call__ = train
 
     def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
-        """Save and commit every checkpointed node's workspace as ``epoch``.
+        """Save every checkpointed node's workspace as ``epoch`` and commit it.
 
-        Failures are retried ``save_retries`` times; then ``on_save_error`` decides.
+        With an asynchronous manager the previous epoch's background save is committed first
+        and this one is committed later. Failures are retried ``save_retries`` times; then
+        ``on_save_error`` decides.
         """
         manager = self._require_manager()
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return
         started = time.perf_counter()
-        error: BaseException | None = None
-        for attempt in range(self.save_retries + 1):
-            try:
-                session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
-                manager.write_checkpoint_metadata(epoch, stop_values=stop_values,
-                                                  timings={"save_seconds": time.perf_counter() - started})
+        manager.last_commit_bytes = 0
+        self._flush(session)
+
+        def save() -> None:
+            session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
+            manager.write_checkpoint_metadata(epoch, stop_values=stop_values,
+                                              timings={"save_seconds": time.perf_counter() - started})
+            if manager.pending_epoch() is None:
                 manager.report_checkpoint_stats("checkpoint_save")
-                size = sum(e["bytes"] for e in manager.store.read_commit(epoch)["node_entries"].values())
-                self._last_save = (time.perf_counter() - started, size)
+
+        self._with_retries(epoch, save)
+        self._last_save = (time.perf_counter() - started, manager.last_commit_bytes)
+
+    def _flush(self, session: Session) -> None:
+        """Commit the manager's asynchronous save in flight, if any."""
+        manager = self.checkpoint_manager
+        pending = None if manager is None else manager.pending_epoch()
+        if pending is not None:
+            self._with_retries(pending, lambda: manager.flush(session), give_up=manager.discard_pending)
+
+    def _with_retries(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None
+                      ) -> None:
+        manager = self._require_manager()
+        error: BaseException | None = None
+        for number in range(self.save_retries + 1):
+            try:
+                attempt()
                 return
             except NodeLostError:
                 raise
             except Exception as exc:
                 error = exc
-                logger.warning("saving epoch %d failed (attempt %d of %d): %s", epoch, attempt + 1,
+                logger.warning("saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1,
                                self.save_retries + 1, exc)
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+                time.sleep(min(0.05 * 2**number, 1.0))
+        if give_up is not None:
+            give_up()
         message = f"could not write the checkpoint of epoch {epoch} under {manager.store.url}: {error}"
         if self.on_save_error == "raise":
             raise CheckpointWriteError(f"{message}; the last committed checkpoint is intact") from error
         logger.warning("%s; continuing (on_save_error='warn')", message)
-        self._last_save = (time.perf_counter() - started, 0)
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
@@ -242,9 +272,12 @@ class JobRunner:
                 record = EpochRecord(epoch, elapsed, *self._last_save, values, state.recoveries)
                 self.history.append(record)
                 bar.update(record)
+                if self.on_epoch is not None:
+                    self.on_epoch(record)
                 stop = any(values.values()) or (self.max_epochs is not None and epoch >= self.max_epochs)
                 if not stop:
                     epoch += 1
+            self._flush(session)
         finally:
             bar.close()
         self._finish(session, epoch)
@@ -290,6 +323,7 @@ class JobRunner:
         if manager is None or state.failures >= self.max_failures or not latest:
             where = f"last committed epoch {latest[0]}" if latest else "no committed epoch"
             raise NodeLostError(f"{exc} — giving up after {state.failures} recoveries ({where})") from exc
+        manager.discard_pending()
         state.failures += 1
         state.recoveries += 1
         state.number += 1
@@ -315,6 +349,14 @@ class JobRunner:
         if self.checkpoint_manager is None:
             raise JobDefinitionError("this JobRunner has no checkpoint manager")
         return self.checkpoint_manager
+
+    @staticmethod
+    def _release_lock(manager: MultiNodeCheckpointManager) -> None:
+        try:
+            manager.store.release_lock()
+        except Exception as exc:  # noqa: BLE001 - never mask the error that ended the run
+            logger.warning("could not release the writer lock of %s: %s; run 'daskjobs checkpoints unlock %s'",
+                           manager.store.url, exc, manager.store.url)
 
     def _lock_holder(self) -> dict[str, Any]:
         import os

@@ -105,8 +105,9 @@ class TaskGroup(Managed):
                 f"task {task.name!r} is {task_type.name} but its group is {self._workspace_type.name}"
             )
         if self._workspace_type is None:
-            self._workspace_type = task_type
-        task._set_workspace_type(self._workspace_type or WorkspaceType.PRIVATE)
+            # As Caffe2: an untyped group takes its first task's type, and an untyped task is PRIVATE.
+            self._workspace_type = task_type or WorkspaceType.PRIVATE
+        task._set_workspace_type(self._workspace_type)
         task._group = self
         self._tasks.append(task)
 
@@ -253,4 +254,5 @@ class TaskGroup(Managed):
 
 def stepless_output_task(blobs: str | Sequence[str], group: TaskGroup) -> TaskOutput:
     """A step-less task in ``group`` on the current node whose output is ``blobs``."""
-    return Task(group=group, outputs=None).add_output(blobs)
+    output = TaskOutput(blobs)
+    return Task(group=group, outputs=None).add_output(output)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,8 +13,6 @@ from ..errors import JobDefinitionError
 from .group import TaskGroup, stepless_output_task
 from .node import Node, node_name
 from .task import Task, TaskOutput, WorkspaceType
-
-_limiter_ids = itertools.count()
 
 
 class Job(Managed):
@@ -78,6 +75,7 @@ class Job(Managed):
         for condition in stop_conditions or []:
             self.add_stop_condition(condition)
         self._nodes_to_checkpoint = [validate_name(str(n), "node") for n in nodes_to_checkpoint or []]
+        self._num_limiters = 0
 
     def groups(self) -> dict[str, TaskGroup]:
         """The four groups by role: ``init``, ``epoch``, ``download``, ``exit``."""
@@ -123,7 +121,10 @@ class Job(Managed):
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={g.num_registered_tasks()}" for k, g in self.groups().items())
-        return f"Job(name={self.name!r}, tasks=({counts}), stop_conditions={len(self.stop_conditions)}, nodes={self.nodes()})"
+        return (
+            f"Job(name={self.name!r}, tasks=({counts}), stop_conditions={len(self.stop_conditions)}, "
+            f"nodes={self.nodes()})"
+        )
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -152,7 +153,9 @@ def epoch_limiter(job: Job, num_epochs: int, node: Node | str | None = None) -> 
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int | np.integer) or num_epochs < 1:
         raise JobDefinitionError(f"epoch_limiter needs num_epochs >= 1, got {num_epochs!r}")
     where = node_name(node)
-    suffix = next(_limiter_ids)
+    # Numbered per job, not per process: a job defined again (to resume it) uses the same blob names.
+    suffix = job._num_limiters
+    job._num_limiters += 1
     counter, stop = f"epoch_limiter.{suffix}.remaining", f"epoch_limiter.{suffix}.stop"
     start = int(num_epochs) - 1
 

@@ -227,13 +227,14 @@ class Task(Managed):
             base = "task"
         self._group = TaskGroup.current(group, required=False)
         self._name = f"{self._node}/{base}"
-        if self._group is not None:
-            self._name = self._group._unique_task_name(self._name)
-            self._group._register(self)
+        # Validate outputs and inputs before registering, so a bad name leaves no task behind.
         if outputs is not None:
             self.add_outputs(outputs)
         for local_name, output in (inputs or {}).items():
             self.add_input(local_name, output)
+        if self._group is not None:
+            self._name = self._group._unique_task_name(self._name)
+            self._group._register(self)
 
     # -- outputs and inputs ---------------------------------------------------------------
     def _check_unused(self, what: str) -> None:
@@ -342,7 +343,8 @@ def final_output(blob: str | Sequence[str]) -> TaskOutput:
     >>> out.names, group.tasks()[0].name
     (['loss'], 'local/task')
     """
+    output = blob if isinstance(blob, TaskOutput) else TaskOutput(blob)
     task = Task.current(required=False)
     if task is None:
         task = Task()
-    return task.add_output(blob)
+    return task.add_output(output)

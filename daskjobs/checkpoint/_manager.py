@@ -18,6 +18,7 @@ from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ._async import AsyncSaveStep, WaitSaveStep
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
 from ._store import CheckpointStore
@@ -134,6 +135,11 @@ class MultiNodeCheckpointManager:
         ``keep_every``; older ones are deleted after a newer commit. Default: keep all.
     compression
         ``None`` (default, fastest) or a compressor name the store supports.
+    async_save
+        Snapshot each node's workspace at the epoch boundary and write it in the background
+        while the next epoch runs (at most one save in flight; the epoch is committed once its
+        write finished, at the next save or before the job ends). Needs memory for one copy of
+        every workspace.
 
     Examples
     --------
@@ -145,7 +151,8 @@ class MultiNodeCheckpointManager:
 
     def __init__(self, db_prefix: str, db_type: str = "zarr", metadata_handler: MetadataHandler | None = None,
                  *, storage_options: dict[str, Any] | None = None, keep_last: int | None = None,
-                 keep_every: int | None = None, compression: str | None = None, fsync: bool = True) -> None:
+                 keep_every: int | None = None, compression: str | None = None, fsync: bool = True,
+                 async_save: bool = False) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
         for label, value in (("keep_last", keep_last), ("keep_every", keep_every)):
@@ -156,6 +163,9 @@ class MultiNodeCheckpointManager:
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.keep_last, self.keep_every = keep_last, keep_every
+        self.async_save = bool(async_save)
+        self._pending: tuple[int, dict[str, bool], dict[str, float]] | None = None
+        self.last_commit_bytes = 0
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
@@ -237,15 +247,48 @@ class MultiNodeCheckpointManager:
     def save(self, epoch: int) -> TaskGroup:
         """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
 
-        The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran.
+        The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran (with
+        ``async_save``, by the :meth:`flush` after the background writes finished).
         """
+        if self._pending is not None:
+            raise CheckpointError(f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}")
         save_id = self._save_ids[epoch] = uuid.uuid4().hex
+        if self.async_save:
+            return self._group(lambda g, node: Task(AsyncSaveStep(self.store, node, epoch, save_id), group=g,
+                                                    node=node, name="checkpoint_save"))
         tasks: list[Task] = []
         group = self._group(lambda g, node: tasks.append(Task(_SaveStep(self.store, node, epoch, save_id), group=g,
                                                               node=node, name="checkpoint_save", outputs=ENTRY_BLOB)),
                             WorkspaceType.PRIVATE)
         self._save_tasks[epoch] = tasks
         return group
+
+    def flush(self, session: Session) -> int | None:
+        """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
+        if self._pending is None:
+            return None
+        epoch, stop_values, timings = self._pending
+        save_id = self._save_ids[epoch]
+        tasks: list[Task] = []
+        group = self._group(lambda g, node: tasks.append(Task(WaitSaveStep(node, epoch, save_id, ENTRY_BLOB), group=g,
+                                                              node=node, name="checkpoint_wait",
+                                                              outputs=ENTRY_BLOB)),
+                            WorkspaceType.PRIVATE)
+        session.run_group(group, job=self._job_name, epoch=epoch)
+        self._pending = None
+        self._save_tasks[epoch] = tasks
+        self._commit(epoch, stop_values, timings)
+        return epoch
+
+    def discard_pending(self) -> None:
+        """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
+        if self._pending is not None:
+            self._save_ids.pop(self._pending[0], None)
+            self._pending = None
+
+    def pending_epoch(self) -> int | None:
+        """The epoch whose asynchronous save is written but not yet committed."""
+        return None if self._pending is None else self._pending[0]
 
     def _commit_of(self, epoch: int, path_prefix: str | None = None) -> tuple[CheckpointStore, dict[str, Any]]:
         store = self.store if not path_prefix else CheckpointStore(path_prefix)
@@ -301,7 +344,18 @@ class MultiNodeCheckpointManager:
     # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(self, epoch: int, *, stop_values: dict[str, bool] | None = None,
                                   timings: dict[str, float] | None = None) -> None:
-        """Commit ``epoch`` (after its save group ran): write the commit record last, then retention."""
+        """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
+
+        With ``async_save`` the commit waits for :meth:`flush`.
+        """
+        if self.async_save:
+            if epoch not in self._save_ids:
+                raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+            self._pending = (epoch, dict(stop_values or {}), dict(timings or {}))
+            return
+        self._commit(epoch, stop_values or {}, timings or {})
+
+    def _commit(self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float]) -> None:
         tasks = self._save_tasks.pop(epoch, None)
         if tasks is None:
             raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
@@ -310,8 +364,9 @@ class MultiNodeCheckpointManager:
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
             raise CheckpointError(f"epoch {epoch}: nodes {stale} returned entries of another save; not committing")
-        record = make_commit_record(self._job_name, epoch, entries, stop_values or {}, timings or {})
+        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
         self.store.commit(record)
+        self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)

@@ -1,6 +1,38 @@
 """Sessions: where TaskGroups run. The only package that imports ``distributed``."""
 
-from ._base import Session
-from ._local import LocalSession
+from __future__ import annotations
 
-__all__ = ["LocalSession", "Session"]
+from distributed import Client
+
+from ._base import Session
+from ._cluster import node_cluster
+from ._dask import DaskSession
+from ._local import LocalSession
+from ._placement import node_resource
+
+__all__ = ["DaskSession", "LocalSession", "Session", "as_session", "node_cluster", "node_resource"]
+
+
+def as_session(obj: Session | Client | str | None) -> Session:
+    """The session for ``obj``: what APIs that take "a session" accept.
+
+    ``None`` gives a new :class:`LocalSession`, a :class:`Session` is returned as is, and a
+    ``distributed.Client``, a cluster object or a scheduler address gives a new
+    :class:`DaskSession` on it. A session made here is owned by the caller, who closes it
+    (closing it never closes a client passed in).
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> session = as_session(None)
+    >>> type(session).__name__
+    'LocalSession'
+    >>> as_session(session) is session
+    True
+    >>> session.close()
+    """
+    if obj is None:
+        return LocalSession()
+    if isinstance(obj, Session):
+        return obj
+    return DaskSession(obj)

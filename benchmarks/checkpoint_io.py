@@ -1,0 +1,200 @@
+"""Checkpoint I/O against numpy baselines on the same disk (SPEC §6: bulk and small-blob targets).
+
+Measures, as medians over ``--runs`` runs with the order of baseline and daskjobs alternating:
+
+* bulk save: 1 GiB of float32 over 2 nodes (4 arrays of 128 MiB each) with
+  ``CheckpointStore.write_node`` (fsync included) against ``np.save`` of the same arrays to
+  ``.npy`` files, each fsynced; target ratio of throughputs >= 0.85;
+* bulk restore: ``CheckpointStore.read_node`` (verifying checksums) against ``np.load``, each
+  after dropping the page cache when allowed (root on Linux), else both warm; target >= 0.85;
+* small blobs: 100 blobs of 4 KiB on one node, ``write_node`` against ``np.savez`` of the same
+  blobs, both fsynced (also reported without fsync); target time ratio <= 5.
+
+Run::
+
+    python benchmarks/checkpoint_io.py [--dir DIR] [--runs 5] [--small-runs 21] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from daskjobs.checkpoint import CheckpointStore
+
+MIB = 1 << 20
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop_caches() -> bool:
+    """Write back and drop the page cache (needs root on Linux); whether it worked."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as file:
+            file.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def _timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def _np_save(folder: str, arrays: dict[str, np.ndarray]) -> None:
+    os.makedirs(folder)
+    for name, array in arrays.items():
+        path = os.path.join(folder, f"{name}.npy")
+        with open(path, "wb") as file:
+            np.save(file, array)
+            file.flush()
+            os.fsync(file.fileno())
+    _fsync(folder)
+
+
+def _np_load(folder: str, names: list[str]) -> dict[str, np.ndarray]:
+    return {name: np.load(os.path.join(folder, f"{name}.npy")) for name in names}
+
+
+def _np_savez(path: str, arrays: dict[str, np.ndarray], fsync: bool) -> None:
+    with open(path, "wb") as file:
+        np.savez(file, **arrays)
+        if fsync:
+            file.flush()
+            os.fsync(file.fileno())
+
+
+def _settle(*paths: str) -> None:
+    """Remove earlier outputs outside the timings and let the disk catch up."""
+    for path in paths:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.unlink(path)
+    os.sync()
+    time.sleep(0.5)
+
+
+def bulk(root: str, runs: int, total_mib: int) -> dict[str, object]:
+    """Bulk save and restore: 2 nodes x 4 float32 arrays, ``total_mib`` in all."""
+    rng = np.random.default_rng(0)
+    per_array = total_mib * MIB // 8 // 4
+    nodes = {node: {f"w{i}": rng.standard_normal(per_array, dtype=np.float32) for i in range(4)}
+             for node in ("ps", "trainer")}
+    flat = {f"{node}_{name}": array for node, arrays in nodes.items() for name, array in arrays.items()}
+    nbytes = sum(a.nbytes for a in flat.values())
+    store = CheckpointStore(os.path.join(root, "ckpt"))
+    times: dict[str, list[float]] = {"np_save": [], "dj_save": [], "np_load": [], "dj_load": []}
+    dropped = True
+    for run in range(runs):
+        baseline = os.path.join(root, f"npy{run}")
+        entries: dict[str, dict] = {}
+
+        def save_ours(run: int = run, entries: dict = entries) -> None:
+            for node, arrays in nodes.items():
+                entries[node] = store.write_node(node, run, arrays, save_id=f"bench{run}")
+
+        def load_ours(run: int = run, entries: dict = entries) -> None:
+            for node in nodes:
+                store.read_node(node, run, entries[node])
+
+        order = [("np_save", lambda b=baseline: _np_save(b, flat)), ("dj_save", save_ours)]
+        for label, action in order if run % 2 == 0 else order[::-1]:
+            _settle()
+            times[label].append(_timed(action))
+        order = [("np_load", lambda b=baseline: _np_load(b, list(flat))), ("dj_load", load_ours)]
+        for label, action in order if run % 2 == 0 else order[::-1]:
+            dropped = _drop_caches() and dropped
+            times[label].append(_timed(action))
+        check = store.read_node("ps", run, entries["ps"])
+        assert all(np.array_equal(check[name], nodes["ps"][name]) for name in check)
+        _settle(baseline, store.db_name("ps", run), store.db_name("trainer", run))
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    return {
+        "bytes": nbytes, "runs": runs, "page_cache_dropped_before_reads": dropped,
+        "seconds": times, "median_seconds": medians,
+        "gib_per_s": {label: nbytes / seconds / (1 << 30) for label, seconds in medians.items()},
+        "save_ratio": medians["np_save"] / medians["dj_save"],
+        "restore_ratio": medians["np_load"] / medians["dj_load"],
+    }
+
+
+def small(root: str, runs: int) -> dict[str, object]:
+    """100 blobs of 4 KiB on one node: ``write_node`` against ``np.savez``."""
+    rng = np.random.default_rng(1)
+    blobs = {f"b{i:03d}": rng.standard_normal(1024, dtype=np.float32) for i in range(100)}
+    synced = CheckpointStore(os.path.join(root, "small"))
+    unsynced = CheckpointStore(os.path.join(root, "small"), fsync=False)
+    times: dict[str, list[float]] = {"savez_fsync": [], "dj_fsync": [], "savez": [], "dj_nofsync": []}
+    for run in range(runs):
+        archive = os.path.join(root, f"small{run}.npz")
+        order: list[tuple[str, Callable[[], object]]] = [
+            ("savez_fsync", lambda a=archive: _np_savez(a, blobs, True)),
+            ("dj_fsync", lambda r=run: synced.write_node("n", 2 * r, blobs, save_id="s")),
+            ("savez", lambda a=archive: _np_savez(a, blobs, False)),
+            ("dj_nofsync", lambda r=run: unsynced.write_node("n", 2 * r + 1, blobs, save_id="s")),
+        ]
+        for label, action in order if run % 2 == 0 else order[::-1]:
+            times[label].append(_timed(action))
+        _settle(archive, synced.db_name("n", 2 * run), synced.db_name("n", 2 * run + 1))
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    return {"runs": runs, "seconds": times, "median_seconds": medians,
+            "ratio_fsync": medians["dj_fsync"] / medians["savez_fsync"],
+            "ratio_nofsync": medians["dj_nofsync"] / medians["savez"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both benchmarks, print a table and the JSON results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", help="where to write (default: a new temporary directory, removed afterwards)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--small-runs", type=int, default=21)
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        root = args.dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="daskjobs-bench-"))
+        os.makedirs(root, exist_ok=True)
+        results = {"bulk": bulk(root, args.runs, args.size_mib), "small": small(root, args.small_runs)}
+    b, s = results["bulk"], results["small"]
+    ms = {k: v * 1e3 for k, v in s["median_seconds"].items()}
+    print(f"{'benchmark':44s} {'baseline':>12s} {'daskjobs':>12s} {'ratio':>7s} {'target':>8s}")
+    print(f"{'bulk save 1 GiB, 2 nodes, fsync (GiB/s)':44s} {b['gib_per_s']['np_save']:12.3f} "
+          f"{b['gib_per_s']['dj_save']:12.3f} {b['save_ratio']:7.2f} {'>= 0.85':>8s}")
+    print(f"{'bulk restore, verified (GiB/s)':44s} {b['gib_per_s']['np_load']:12.3f} "
+          f"{b['gib_per_s']['dj_load']:12.3f} {b['restore_ratio']:7.2f} {'>= 0.85':>8s}")
+    print(f"{'100 x 4 KiB save, fsync (ms)':44s} {ms['savez_fsync']:12.2f} {ms['dj_fsync']:12.2f} "
+          f"{s['ratio_fsync']:7.2f} {'<= 5':>8s}")
+    print(f"{'100 x 4 KiB save, no fsync (ms)':44s} {ms['savez']:12.2f} {ms['dj_nofsync']:12.2f} "
+          f"{s['ratio_nofsync']:7.2f} {'<= 5':>8s}")
+    if not b["page_cache_dropped_before_reads"]:
+        print("note: page cache could not be dropped (not root?); restore figures are warm reads", file=sys.stderr)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as file:
+            file.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Asynchronous saves: snapshot a node's workspace at the epoch boundary, write it in the background."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .._workspace import Workspace
+    from ._store import CheckpointStore
+
+SAVER = "daskjobs.background_save"
+BUFFERS = "daskjobs.snapshot_buffers"
+
+
+def snapshot(blobs: dict[str, np.ndarray], buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster)."""
+    copies = {}
+    for name, value in blobs.items():
+        buffer = buffers.get(name)
+        if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype:
+            np.copyto(buffer, value)
+        else:
+            buffer = np.array(value, copy=True, order="C")
+        copies[name] = buffer
+    return copies
+
+
+class BackgroundSave:
+    """One node's checkpoint write running in a thread; at most one per node."""
+
+    def __init__(self, store: CheckpointStore, node: str, epoch: int, save_id: str,
+                 blobs: dict[str, np.ndarray]) -> None:
+        self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
+        self._entry: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            self._entry = self.store.write_node(self.node, self.epoch, self.blobs, save_id=self.save_id)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        """Whether the write has finished (successfully or not)."""
+        return not self._thread.is_alive()
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the write; after a failure, try once more synchronously, then raise."""
+        self._thread.join()
+        if self._error is not None:
+            self._error = None
+            self._write()
+        if self._error is not None:
+            raise self._error
+        assert self._entry is not None
+        return self._entry
+
+
+@dataclass(frozen=True)
+class AsyncSaveStep:
+    """Snapshots the node's GLOBAL workspace and starts writing it in the background."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        running = state.services.get(SAVER)
+        if running is not None and not running.done():
+            raise CheckpointError(f"node {self.node!r} still writes epoch {running.epoch}; wait for it before saving "
+                                  f"epoch {self.epoch}")
+        with state.lock:
+            copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
+        state.services[BUFFERS] = copies
+        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies)
+
+
+@dataclass(frozen=True)
+class WaitSaveStep:
+    """Waits for the node's background save of ``epoch`` and returns its entry as the task output."""
+
+    node: str
+    epoch: int
+    save_id: str
+    entry_blob: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        saver = state.services.get(SAVER)
+        if saver is None or saver.save_id != self.save_id:
+            raise CheckpointError(f"node {self.node!r} has no save of epoch {self.epoch} in flight")
+        entry = saver.result()
+        state.services.pop(SAVER, None)
+        ws[self.entry_blob] = np.frombuffer(json.dumps(entry).encode(), dtype=np.uint8).copy()

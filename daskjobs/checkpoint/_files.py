@@ -1,0 +1,238 @@
+"""Plain file access for checkpoint groups: a local disk (with fsync) or any fsspec filesystem.
+
+Both backends offer the same small interface, used by :mod:`._zarr` to write and read the raw
+chunk files and JSON documents of a node's Zarr group. Paths are the filesystem's own paths
+(absolute OS paths for the local backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from functools import cache
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+ChunkRead = tuple[str, memoryview, int]
+"""A chunk to read: its path, where its valid bytes go, and the size the file must have."""
+
+_BATCH_BYTES = 256 << 20
+"""Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
+_READ_BLOCK = 16 << 20
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+
+
+@cache
+def _libc_syncfs() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):  # not Linux: fall back to one fsync per file
+        return None
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or directory by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_paths(paths: Sequence[str]) -> None:
+    """Make ``paths`` (files and directories of one filesystem) durable.
+
+    On Linux one ``syncfs`` flushes the whole filesystem, far cheaper than hundreds of fsyncs
+    for many small blobs; elsewhere each path is fsynced.
+    """
+    if not paths:
+        return
+    syncfs = _libc_syncfs()
+    if syncfs is not None:
+        fd = os.open(paths[0], os.O_RDONLY)
+        try:
+            if syncfs(fd) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"syncfs failed: {os.strerror(errno)}", paths[0])
+        finally:
+            os.close(fd)
+        return
+    for path in paths:
+        fsync_path(path)
+
+
+def write_file(path: str, parts: Sequence[Any]) -> None:
+    """Create or truncate ``path`` and write the buffers ``parts`` to it (no fsync)."""
+    fd = os.open(path, _WRITE_FLAGS, 0o644)
+    try:
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def zero_padding(data: Any) -> bool:
+    """Whether a chunk's padding (past the array's last row) is all zero bytes."""
+    return bytes(data).count(0) == len(data)
+
+
+class LocalFiles:
+    """Files on a local disk; :meth:`flush` makes everything written so far durable if ``fsync``."""
+
+    def __init__(self, fsync: bool) -> None:
+        self._fsync = fsync
+        self._unsynced: list[str] = []
+
+    def clear(self, path: str) -> None:
+        """Remove the tree at ``path`` if it exists."""
+        if os.path.lexists(path):
+            shutil.rmtree(path)
+
+    def mkdir(self, path: str) -> None:
+        """Create directory ``path`` (and missing parents)."""
+        os.makedirs(path, exist_ok=True)
+        self._unsynced.append(path)
+
+    def put(self, path: str, *parts: Any) -> None:
+        """Write a file from buffers."""
+        write_file(path, parts)
+        self._unsynced.append(path)
+
+    def track_tree(self, path: str) -> None:
+        """Remember every file and directory under ``path`` (written by someone else) for :meth:`flush`."""
+        for root, _dirs, files in os.walk(path):
+            self._unsynced.append(root)
+            self._unsynced.extend(os.path.join(root, name) for name in files)
+
+    def flush(self) -> None:
+        """fsync what was written (and the parent of the first path), if syncing is on."""
+        if self._fsync and self._unsynced:
+            sync_paths([*self._unsynced, os.path.dirname(self._unsynced[0])])
+        self._unsynced = []
+
+    def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
+        """Read each file, at most ``limit + 1`` bytes of it; errors are returned, not raised."""
+        out: list[bytes | OSError] = []
+        for path in paths:
+            try:
+                with open(path, "rb") as file:
+                    out.append(file.read(limit + 1))
+            except OSError as exc:
+                out.append(exc)
+        return out
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        return os.path.exists(path)
+
+    def list_tree(self, path: str) -> set[str]:
+        """Paths of the files under ``path``, relative to it, with ``/`` separators."""
+        found = set()
+        for root, _dirs, files in os.walk(path):
+            relative = os.path.relpath(root, path)
+            found.update(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/") for name in files)
+        return found
+
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[str | None]:
+        """Read each chunk into its view; yield ``None`` if it is intact, else what is wrong with it."""
+        for path, view, size in chunks:
+            try:
+                with open(path, "rb", buffering=0) as file:
+                    found = os.fstat(file.fileno()).st_size
+                    if found != size:
+                        yield f"has {found} bytes, expected {size}"
+                        continue
+                    for start in range(0, len(view), _READ_BLOCK):
+                        block = view[start:start + _READ_BLOCK]
+                        if file.readinto(block) != len(block):
+                            raise OSError(f"{path} shrank while being read")
+                    padding = file.read(size - len(view) + 1)
+            except FileNotFoundError:
+                yield "is missing"
+                continue
+            yield None if len(padding) == size - len(view) and zero_padding(padding) else "has corrupt padding"
+
+
+class RemoteFiles:
+    """Files on an fsspec filesystem (object store, ``memory://`` …); writes are batched until :meth:`flush`."""
+
+    def __init__(self, fs: AbstractFileSystem) -> None:
+        self._fs = fs
+        self._pending: dict[str, bytes] = {}
+        self._pending_bytes = 0
+
+    def clear(self, path: str) -> None:
+        """Remove every object under ``path``."""
+        self._fs.invalidate_cache(path)
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm(path, recursive=True)
+        self._fs.invalidate_cache(path)
+
+    def mkdir(self, path: str) -> None:
+        """Nothing to do: objects need no directories."""
+
+    def put(self, path: str, *parts: Any) -> None:
+        """Queue an object (copied now, so later changes of the source arrays do not leak in)."""
+        data = b"".join(memoryview(part).cast("B") for part in parts)
+        self._pending[path] = data
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= _BATCH_BYTES:
+            self.flush()
+
+    def track_tree(self, path: str) -> None:
+        """Nothing to do: object stores have no fsync."""
+
+    def flush(self) -> None:
+        """Upload the queued objects."""
+        if self._pending:
+            self._fs.pipe(self._pending)
+        self._pending, self._pending_bytes = {}, 0
+
+    def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
+        """Read each object (all of it: object stores cannot cheaply stop early); errors are returned."""
+        results = self._fs.cat_ranges(list(paths), None, None, on_error="return")
+        return [r if isinstance(r, bytes | OSError) else OSError(str(r)) for r in results]
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        return bool(self._fs.exists(path))
+
+    def list_tree(self, path: str) -> set[str]:
+        """Paths of the objects under ``path``, relative to it."""
+        self._fs.invalidate_cache(path)
+        root = path.rstrip("/") + "/"
+        return {found[len(root):] for found in self._fs.find(path) if found.startswith(root)}
+
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[str | None]:
+        """Fetch chunks in concurrent batches; copy each into its view and yield as :class:`LocalFiles` does."""
+        start = 0
+        while start < len(chunks):
+            end, budget = start, 0
+            while end < len(chunks) and (end == start or budget + chunks[end][2] <= _BATCH_BYTES):
+                budget += chunks[end][2]
+                end += 1
+            batch = chunks[start:end]
+            datas = self._fs.cat_ranges([path for path, _, _ in batch], None, None, on_error="return")
+            for (_path, view, size), data in zip(batch, datas, strict=True):
+                if isinstance(data, FileNotFoundError):
+                    yield "is missing"
+                elif isinstance(data, BaseException):
+                    raise data
+                elif len(data) != size:
+                    yield f"has {len(data)} bytes, expected {size}"
+                else:
+                    view[:] = memoryview(data)[:len(view)]
+                    yield None if zero_padding(memoryview(data)[len(view):]) else "has corrupt padding"
+            start = end
+
+
+def files_for(fs: AbstractFileSystem, fsync: bool) -> LocalFiles | RemoteFiles:
+    """The backend for ``fs``."""
+    return LocalFiles(fsync) if isinstance(fs, LocalFileSystem) else RemoteFiles(fs)

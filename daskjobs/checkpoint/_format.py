@@ -1,0 +1,285 @@
+"""Commit records and node entries: the JSON that says what a checkpoint holds (pure: no I/O).
+
+A node's save returns an *entry* (also stored in its Zarr group's attributes); the client
+gathers the entries of every node into the epoch's *commit record*::
+
+    {"format": "daskjobs-checkpoint", "format_version": 1, "daskjobs_version": "0.1.0",
+     "created": "2026-01-01T00:00:00+00:00", "job": "train", "epoch": 3,
+     "nodes": ["ps", "trainer"],
+     "node_entries": {"ps": {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16, "seconds": 0.01,
+                             "blobs": {"w": {"dtype": "<f4", "shape": [2, 2], "nbytes": 16,
+                                             "chunks": [2, 2], "checksum": "crc32c:1a2b3c4d"}}}, …},
+     "stop_values": {"done": false}, "timings": {"save_seconds": 0.02}}
+
+Everything read back is validated here before any path is built or byte is decoded: names
+with :func:`~daskjobs._validation.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
+shapes and sizes against the limits below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_dtype, validate_name
+from .._version import __version__
+from ..errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
+
+FORMAT_NAME = "daskjobs-checkpoint"
+RECORD_FORMAT_VERSION = 1
+"""Version of the commit-record schema; records of a newer version are refused, never guessed at."""
+
+ALLOWED_DTYPES = frozenset(
+    ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
+)
+"""Stored dtypes (numpy ``dtype.str``): bool, integers, floats and complex, always little-endian."""
+
+RESERVED_BLOB_NAMES = frozenset(["zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"])
+"""Blob names that would collide with Zarr metadata keys inside a node's group."""
+
+MAX_JSON_BYTES = 64 << 20
+"""Largest commit record or group metadata document read (bigger is refused unread)."""
+MAX_NODES = 4096
+MAX_BLOBS = 100_000
+MAX_NDIM = 32
+MAX_BLOB_BYTES = 1 << 40
+MAX_CHUNKS = 1 << 20
+"""Most chunk files one blob may have."""
+MAX_EPOCH = 10**12 - 1
+"""Commit records are named with 12 zero-padded digits."""
+
+_CHECKSUM_RE = re.compile(r"crc32c:[0-9a-f]{8}")
+_SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "seconds")
+_BLOB_KEYS = ("dtype", "shape", "checksum", "nbytes", "chunks")
+_RECORD_KEYS = ("format", "format_version", "daskjobs_version", "created", "job", "epoch", "nodes", "node_entries",
+                "stop_values", "timings")
+
+
+def format_checksum(crc: int) -> str:
+    """The checksum string of a CRC-32C value: ``"crc32c:<8 hex digits>"``."""
+    return f"crc32c:{crc:08x}"
+
+
+def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
+    """The little-endian dtype a blob of ``dtype`` is stored as.
+
+    Raises
+    ------
+    BlobTypeError
+        The dtype is not bool or numeric, or has no Zarr v3 data type (e.g. ``float128``).
+    """
+    check_dtype(dtype, blob)
+    stored = dtype.newbyteorder("<")
+    if stored.str not in ALLOWED_DTYPES:
+        raise BlobTypeError(f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; "
+                            f"use one of {sorted(ALLOWED_DTYPES)}")
+    return stored
+
+
+def check_blob_name(name: object) -> str:
+    """Validate a blob name for writing: :func:`validate_name` plus the Zarr-reserved names."""
+    validate_name(name, "blob")
+    if name in RESERVED_BLOB_NAMES:
+        raise JobDefinitionError(f"invalid blob name {name!r}: reserved for Zarr metadata")
+    return str(name)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact, strict JSON (no NaN or infinity) as UTF-8 bytes."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def loads(data: bytes, what: str, error: type[Exception] = CheckpointCorruptError) -> Any:
+    """Parse JSON bytes read from storage; anything else raises ``error`` naming ``what``.
+
+    Only :mod:`json` is used: nothing read from a checkpoint is ever unpickled.
+    """
+    if len(data) > MAX_JSON_BYTES:
+        raise error(f"{what} is larger than {MAX_JSON_BYTES} bytes; refusing to parse it")
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise error(f"{what} is not valid JSON (truncated, corrupt or foreign): {exc}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _fail(where: str, problem: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"{where}: {problem}")
+
+
+def _int(value: Any, where: str, field: str, low: int = 0, high: int | None = None) -> int:
+    if type(value) is not int or value < low or (high is not None and value > high):
+        bound = f" <= {high}" if high is not None else ""
+        raise _fail(where, f"{field} must be an int >= {low}{bound}, got {value!r}")
+    return value
+
+
+def _number(value: Any, where: str, field: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise _fail(where, f"{field} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _mapping(value: Any, where: str, field: str, keys: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(where, f"{field} must be a JSON object, got {type(value).__name__}")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise _fail(where, f"{field} lacks {missing}")
+    return value
+
+
+def _name(value: Any, where: str, what: str) -> str:
+    try:
+        name = validate_name(value, what)
+    except JobDefinitionError as exc:
+        raise _fail(where, str(exc)) from None
+    if what == "blob" and name in RESERVED_BLOB_NAMES:
+        raise _fail(where, f"blob name {name!r} is reserved for Zarr metadata")
+    return name
+
+
+def _validate_blob(meta: Any, where: str) -> None:
+    meta = _mapping(meta, where, "blob entry", _BLOB_KEYS)
+    dtype = meta["dtype"]
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise CheckpointFormatError(f"{where}: dtype {dtype!r} is not one daskjobs reads {sorted(ALLOWED_DTYPES)}; "
+                                    "nothing was decoded")
+    shape, chunks = meta["shape"], meta["chunks"]
+    for field, dims, low in (("shape", shape, 0), ("chunks", chunks, 1)):
+        if not isinstance(dims, list) or len(dims) > MAX_NDIM:
+            raise _fail(where, f"{field} must be a list of at most {MAX_NDIM} ints, got {dims!r}")
+        for dim in dims:
+            _int(dim, where, field, low, MAX_BLOB_BYTES)
+    if len(chunks) != len(shape):
+        raise _fail(where, f"chunks {chunks} do not match shape {shape}")
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > MAX_BLOB_BYTES:
+        raise _fail(where, f"shape {shape} of {dtype} is {nbytes} bytes, more than the limit {MAX_BLOB_BYTES}")
+    if _int(meta["nbytes"], where, "nbytes") != nbytes:
+        raise _fail(where, f"nbytes {meta['nbytes']} does not match shape {shape} and dtype {dtype}")
+    if math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True)) > MAX_CHUNKS:
+        raise _fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
+    if not isinstance(meta["checksum"], str) or not _CHECKSUM_RE.fullmatch(meta["checksum"]):
+        raise _fail(where, f"checksum must look like 'crc32c:<8 hex digits>', got {meta['checksum']!r}")
+
+
+def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = None) -> dict[str, Any]:
+    """Check one node's entry (types, names, dtypes, sizes) and that it is ``node``'s at ``epoch``.
+
+    Raises
+    ------
+    CheckpointCorruptError
+        A field is missing, mistyped, inconsistent or out of limits, or a name is invalid.
+    CheckpointFormatError
+        A blob has a dtype daskjobs does not read.
+    """
+    where = where or f"checkpoint entry of node {node!r} at epoch {epoch}"
+    entry = _mapping(obj, where, "entry", _ENTRY_KEYS)
+    if entry["node"] != node or entry["epoch"] != epoch or type(entry["epoch"]) is not int:
+        raise _fail(where, f"entry is for node {entry['node']!r} at epoch {entry['epoch']!r}")
+    if not isinstance(entry["save_id"], str) or not _SAVE_ID_RE.fullmatch(entry["save_id"]):
+        raise _fail(where, f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {entry['save_id']!r}")
+    blobs = _mapping(entry["blobs"], where, "blobs")
+    if len(blobs) > MAX_BLOBS:
+        raise _fail(where, f"{len(blobs)} blobs, more than the limit {MAX_BLOBS}")
+    for name, meta in blobs.items():
+        _validate_blob(meta, f"{where}, blob {_name(name, where, 'blob')!r}")
+    total = sum(meta["nbytes"] for meta in blobs.values())
+    if _int(entry["bytes"], where, "bytes") != total:
+        raise _fail(where, f"bytes {entry['bytes']} is not the sum of the blobs' nbytes {total}")
+    _number(entry["seconds"], where, "seconds")
+    return dict(entry)
+
+
+def make_commit_record(job: str, epoch: int, node_entries: Mapping[str, Mapping[str, Any]],
+                       stop_values: Mapping[str, Any], timings: Mapping[str, float]) -> dict[str, Any]:
+    """Build the commit record of ``epoch`` from every node's entry.
+
+    Parameters
+    ----------
+    job
+        The job's name.
+    epoch
+        The epoch being committed.
+    node_entries
+        The entry each node's save returned, by node name.
+    stop_values
+        The stop-condition values of the epoch (``bool`` or ``numpy.bool_``), by name.
+    timings
+        Durations in seconds, by name (e.g. ``{"save_seconds": 1.2}``).
+
+    Returns
+    -------
+    dict
+        A record that :func:`validate_commit_record` accepts.
+    """
+    for name, value in stop_values.items():
+        if not isinstance(value, bool | np.bool_):
+            raise TypeError(f"stop value {name!r} must be a bool, got {type(value).__name__}")
+    record = {
+        "format": FORMAT_NAME,
+        "format_version": RECORD_FORMAT_VERSION,
+        "daskjobs_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "job": job,
+        "epoch": epoch,
+        "nodes": sorted(node_entries),
+        "node_entries": {node: dict(entry) for node, entry in node_entries.items()},
+        "stop_values": {str(name): bool(value) for name, value in stop_values.items()},
+        "timings": {str(name): float(value) for name, value in timings.items()},
+    }
+    return validate_commit_record(record, epoch)
+
+
+def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
+    """Check a commit record read back (or about to be written) for ``epoch``.
+
+    Raises
+    ------
+    CheckpointFormatError
+        Not a daskjobs record, a newer ``format_version``, or an unsupported dtype.
+    CheckpointCorruptError
+        A field is missing, mistyped, inconsistent or out of limits, a name is invalid, or the
+        record is of another epoch.
+    """
+    where = f"commit record of epoch {epoch}"
+    if isinstance(obj, dict) and obj.get("format") != FORMAT_NAME and "format" in obj:
+        raise CheckpointFormatError(f"{where}: format {obj['format']!r} is not {FORMAT_NAME!r}")
+    record = _mapping(obj, where, "record", _RECORD_KEYS)
+    version = _int(record["format_version"], where, "format_version", low=1)
+    if version > RECORD_FORMAT_VERSION:
+        raise CheckpointFormatError(f"{where}: checkpoint format version {version} is newer than supported version "
+                                    f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it")
+    if _int(record["epoch"], where, "epoch", high=MAX_EPOCH) != epoch:
+        raise _fail(where, f"record says epoch {record['epoch']}")
+    for field in ("daskjobs_version", "created"):
+        if not isinstance(record[field], str) or len(record[field]) > 64:
+            raise _fail(where, f"{field} must be a short string, got {record[field]!r}")
+    _name(record["job"], where, "job")
+    nodes, entries = record["nodes"], _mapping(record["node_entries"], where, "node_entries")
+    if (not isinstance(nodes, list) or len(nodes) > MAX_NODES or not all(isinstance(n, str) for n in nodes)
+            or nodes != sorted(set(nodes)) or set(nodes) != set(entries)):
+        raise _fail(where, f"nodes must be the sorted names of node_entries, got {nodes!r}")
+    for node in nodes:
+        validate_node_entry(entries[_name(node, where, "node")], node, epoch, f"{where}, node {node!r}")
+    for field, value_ok in (("stop_values", lambda v: type(v) is bool), ("timings", _finite)):
+        values = _mapping(record[field], where, field)
+        bad = {k: v for k, v in values.items() if len(k) > 256 or not value_ok(v)}
+        if bad or len(values) > 1024:
+            raise _fail(where, f"{field} must map at most 1024 short names to values of the right type; bad: {bad}")
+    return dict(record)
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)

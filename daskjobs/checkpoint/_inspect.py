@@ -1,0 +1,247 @@
+"""Read-only inspection of committed checkpoints, without a session."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError, CheckpointNotFoundError
+from ._store import CheckpointStore
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One committed epoch: what :func:`list_checkpoints` returns."""
+
+    epoch: int
+    job: str
+    nodes: list[str]
+    nbytes: int
+    created: str
+    stop_values: dict[str, bool]
+    record: dict[str, Any]
+
+
+def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
+    """The committed epochs under ``db_prefix``, oldest first, with their commit metadata.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> list_checkpoints(tempfile.mkdtemp())
+    []
+    """
+    store = CheckpointStore(db_prefix, storage_options)
+    return [_info(store.read_commit(epoch)) for epoch in store.committed_epochs()]
+
+
+def _info(record: dict[str, Any]) -> CheckpointInfo:
+    nbytes = sum(int(entry.get("bytes", 0)) for entry in record["node_entries"].values())
+    return CheckpointInfo(record["epoch"], record["job"], list(record["nodes"]), nbytes, record.get("created", ""),
+                          dict(record.get("stop_values", {})), record)
+
+
+class NodeCheckpoint(Mapping[str, np.ndarray]):
+    """One node's blobs in a committed epoch; indexing reads and verifies a blob."""
+
+    def __init__(self, store: CheckpointStore, node: str, epoch: int, entry: dict[str, Any]) -> None:
+        self._store, self.node, self.epoch, self._entry = store, node, epoch, entry
+
+    def __getitem__(self, blob: str) -> np.ndarray:
+        if blob not in self._entry["blobs"]:
+            raise KeyError(f"node {self.node!r} has no blob {blob!r} in epoch {self.epoch}; it has {sorted(self)}")
+        return self._store.read_node(self.node, self.epoch, self._entry, [blob])[blob]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entry["blobs"]))
+
+    def __len__(self) -> int:
+        return len(self._entry["blobs"])
+
+    def lazy(self, blob: str) -> Any:
+        """A lazy ``dask.array`` over the blob's Zarr array (dtype and shape checked, checksum not:
+        use :meth:`CheckpointView.verify` for that)."""
+        import dask.array as da
+
+        meta = self._entry["blobs"].get(blob)
+        if meta is None:
+            raise KeyError(f"node {self.node!r} has no blob {blob!r} in epoch {self.epoch}")
+        array = da.from_zarr(f"{self._store.db_name(self.node, self.epoch)}/{blob}",
+                             storage_options=self._store.storage_options or None)
+        if list(array.shape) != list(meta["shape"]) or array.dtype != np.dtype(meta["dtype"]).newbyteorder("="):
+            raise CheckpointError(f"epoch {self.epoch}, node {self.node!r}, blob {blob!r}: array is "
+                                  f"{array.dtype}{list(array.shape)} but the commit record says {meta['dtype']}"
+                                  f"{meta['shape']}")
+        return array
+
+    def __repr__(self) -> str:
+        return f"NodeCheckpoint(node={self.node!r}, epoch={self.epoch}, blobs={sorted(self)})"
+
+
+class CheckpointView(Mapping[str, NodeCheckpoint]):
+    """A committed epoch: ``view[node][blob]`` is a verified numpy array.
+
+    Attributes
+    ----------
+    epoch : int
+    nodes : list of str
+    job : str
+    record : dict
+        The commit record.
+    """
+
+    def __init__(self, store: CheckpointStore, record: dict[str, Any]) -> None:
+        self._store = store
+        self.record = record
+        self.epoch: int = record["epoch"]
+        self.job: str = record["job"]
+        self.nodes: list[str] = list(record["nodes"])
+
+    def __getitem__(self, node: str) -> NodeCheckpoint:
+        if node not in self.record["node_entries"]:
+            raise KeyError(f"epoch {self.epoch} has no node {node!r}; it has {self.nodes}")
+        return NodeCheckpoint(self._store, node, self.epoch, self.record["node_entries"][node])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def verify(self) -> int:
+        """Read and verify every blob of every node; return the number of bytes checked."""
+        checked = 0
+        for node in self.nodes:
+            entry = self.record["node_entries"][node]
+            blobs = self._store.read_node(node, self.epoch, entry)
+            checked += sum(b.nbytes for b in blobs.values())
+        return checked
+
+    def __repr__(self) -> str:
+        return f"CheckpointView(job={self.job!r}, epoch={self.epoch}, nodes={self.nodes})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{meta['dtype']}</td>"
+            f"<td>{tuple(meta['shape'])}</td></tr>"
+            for node in self.nodes for name, meta in sorted(self.record["node_entries"][node]["blobs"].items())
+        )
+        return (f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch}"
+                f"<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th></tr>{rows}</table>")
+
+
+def open_checkpoint(db_prefix: str, epoch: int | None = None,
+                    storage_options: dict[str, Any] | None = None) -> CheckpointView:
+    """A read-only view of committed ``epoch`` (default: the latest) under ``db_prefix``.
+
+    Works while a runner holds the prefix's writer lock.
+
+    Raises
+    ------
+    CheckpointNotFoundError
+        No such committed epoch (or none at all).
+    """
+    store = CheckpointStore(db_prefix, storage_options)
+    if epoch is None:
+        record = store.latest_commit()
+        if record is None:
+            raise CheckpointNotFoundError(f"no committed checkpoint under {store.url}")
+        return CheckpointView(store, record)
+    return CheckpointView(store, store.read_commit(epoch))
+
+
+def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``daskjobs checkpoints list|show|verify|prune|unlock``."""
+    parser = subparsers.add_parser("checkpoints", help="inspect, verify and prune checkpoints under a prefix")
+    actions = parser.add_subparsers(dest="action", required=True)
+    for name, text in [("list", "committed epochs, one line each"), ("show", "blobs of one epoch (default latest)"),
+                       ("verify", "read and verify every blob of one epoch (default: all epochs)"),
+                       ("prune", "delete old committed epochs and uncommitted leftovers"),
+                       ("unlock", "break a stale writer lock")]:
+        action = actions.add_parser(name, help=text, description=text)
+        action.add_argument("db_prefix", help="checkpoint prefix: a path or fsspec URL")
+        if name in ("show", "verify"):
+            action.add_argument("--epoch", type=int)
+        if name in ("list", "show"):
+            action.add_argument("--json", action="store_true", help="print JSON")
+        if name == "prune":
+            action.add_argument("--keep-last", type=int, default=None)
+            action.add_argument("--keep-every", type=int, default=None)
+            action.add_argument("--dry-run", action="store_true")
+    parser.set_defaults(command=run_checkpoints)
+
+
+def run_checkpoints(args: argparse.Namespace) -> int:
+    """Carry out a ``daskjobs checkpoints`` command; returns the exit code."""
+    store = CheckpointStore(args.db_prefix)
+    if args.action == "list":
+        infos = list_checkpoints(args.db_prefix)
+        if args.json:
+            print(json.dumps([i.record for i in infos], indent=2))
+        for info in [] if args.json else infos:
+            stops = ",".join(k for k, v in info.stop_values.items() if v) or "-"
+            print(f"{info.epoch:8d}  {info.job}  nodes={','.join(info.nodes)}  {info.nbytes} bytes  "
+                  f"{info.created}  stopped={stops}")
+        if not infos and not args.json:
+            print(f"no committed checkpoints under {store.url}")
+    elif args.action == "show":
+        view = open_checkpoint(args.db_prefix, args.epoch)
+        if args.json:
+            print(json.dumps(view.record, indent=2))
+            return 0
+        print(f"job {view.job}, epoch {view.epoch}")
+        for node in view.nodes:
+            for name, meta in sorted(view.record["node_entries"][node]["blobs"].items()):
+                print(f"  {node}/{name}: {meta['dtype']} {tuple(meta['shape'])}")
+    elif args.action == "verify":
+        epochs = [args.epoch] if args.epoch is not None else store.committed_epochs()
+        for epoch in epochs:
+            size = open_checkpoint(args.db_prefix, epoch).verify()
+            print(f"epoch {epoch}: OK ({size} bytes verified)")
+    elif args.action == "prune":
+        return _prune(store, args)
+    else:
+        lock = store.read_lock()
+        store.release_lock()
+        print(f"removed lock {lock}" if lock else f"no lock under {store.url}")
+    return 0
+
+
+def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    if not args.dry_run:
+        store.acquire_lock({"host": socket.gethostname(), "pid": os.getpid(), "job": "daskjobs checkpoints prune",
+                            "started": ""})
+    try:
+        return _prune_locked(store, args)
+    finally:
+        if not args.dry_run:
+            store.release_lock()
+
+
+def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
+    epochs = store.committed_epochs()
+    keep = set(epochs[-1:])
+    if args.keep_last is not None:
+        keep.update(epochs[-args.keep_last:] if args.keep_last > 0 else [])
+    if args.keep_every is not None:
+        keep.update(e for e in epochs if e % args.keep_every == 0)
+    if args.keep_last is None and args.keep_every is None:
+        keep = set(epochs)
+    doomed = [e for e in epochs if e not in keep]
+    for epoch in doomed:
+        print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
+        if not args.dry_run:
+            store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
+    if not args.dry_run:
+        for path in store.cleanup_uncommitted():
+            print(f"removed uncommitted {path}")
+    return 0

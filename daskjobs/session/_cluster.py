@@ -1,0 +1,123 @@
+"""node_cluster: a local Dask cluster with one worker per node, on the loopback interface only."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dask.config
+from distributed import Nanny, Scheduler, SpecCluster, Worker
+
+from .._model.node import Node
+from .._validation import validate_name
+from ._placement import worker_resources
+
+_HOST = "127.0.0.1"
+
+NodesLike = Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
+"""Node names or Nodes (one worker each), or worker name -> the nodes that worker serves."""
+
+
+def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float]]]:
+    """Worker name -> (nodes it serves, extra resources those nodes need)."""
+    if isinstance(nodes, str | Node):
+        raise TypeError(f"node_cluster needs a list of nodes, got {nodes!r}")
+    groups = nodes if isinstance(nodes, Mapping) else {str(n): [n] for n in nodes}
+    plan: dict[str, tuple[list[str], dict[str, float]]] = {}
+    owner: dict[str, str] = {}
+    for worker, served in groups.items():
+        names, extra = [], {}
+        for node in [served] if isinstance(served, str | Node) else served:
+            name = validate_name(str(node), "node")
+            if name in owner:
+                raise ValueError(f"node {name!r} is listed for workers {owner[name]!r} and {worker!r}; one per node")
+            owner[name] = worker
+            names.append(name)
+            for resource, amount in (node.kwargs() if isinstance(node, Node) else {}).items():
+                extra[resource] = max(extra.get(resource, 0), amount)
+        plan[validate_name(str(worker), "worker")] = (names, extra)
+    if not owner:
+        raise ValueError("node_cluster needs at least one node")
+    return plan
+
+
+def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True, **kwargs: Any) -> SpecCluster:
+    """A ready local Dask cluster with one worker per node, listening on 127.0.0.1 only.
+
+    Each worker is named after its node and provides :func:`~daskjobs.node_resource` of it
+    (``nthreads`` units, so up to ``nthreads`` Dask tasks of the node run at once), plus the
+    extra resources of :class:`~daskjobs.Node` objects (``Node("t", GPU=1)`` adds ``GPU: 1``).
+    The scheduler fails a job task at once when its worker dies (``allowed-failures`` 0) and
+    fails tasks that wait more than 10 s for a missing worker (``no-workers-timeout``); its
+    dashboard listens on a free port of 127.0.0.1.
+
+    Parameters
+    ----------
+    nodes : sequence of str or Node, or mapping
+        The nodes, one worker each; or a mapping worker name -> nodes, for a worker that
+        serves several nodes.
+    nthreads : int
+        Threads per worker.
+    processes : bool
+        One process per worker (behind a ``Nanny`` that restarts it if it dies) when true,
+        else in-process workers (faster to start; all share this process).
+    **kwargs
+        Passed to :class:`distributed.SpecCluster` (e.g. ``name``, ``silence_logs``).
+
+    Returns
+    -------
+    distributed.SpecCluster
+        Also a context manager. Worker files go to a temporary directory that is removed
+        when the cluster object is garbage-collected.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> with dj.node_cluster(["ps", dj.Node("trainer", GPU=1)]) as cluster:  # doctest: +SKIP
+    ...     with dj.DaskSession(cluster) as session:
+    ...         print(session.nodes())
+    ['ps', 'trainer']
+    >>> cluster = dj.node_cluster({"machine0": ["ps", "trainer"]}, processes=False)  # doctest: +SKIP
+    """
+    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
+        raise ValueError(f"nthreads must be a positive integer, got {nthreads!r}")
+    plan = _worker_plan(nodes)
+    silence_logs = kwargs.pop("silence_logs", logging.ERROR)
+    directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
+    workers = {
+        name: {
+            "cls": Nanny if processes else Worker,
+            "options": {
+                "nthreads": nthreads,
+                "host": _HOST,
+                "resources": worker_resources(served, nthreads, extra),
+                "local_directory": directory,
+                "dashboard": False,
+                "silence_logs": silence_logs,
+            },
+        }
+        for name, (served, extra) in plan.items()
+    }
+    scheduler = {
+        "cls": Scheduler,
+        "options": {
+            "host": _HOST,
+            "port": 0,
+            "dashboard": True,
+            "dashboard_address": f"{_HOST}:0",
+            "allowed_failures": 0,
+        },
+    }
+    try:
+        # The scheduler reads this when it starts, inside the constructor.
+        with dask.config.set({"distributed.scheduler.no-workers-timeout": "10s"}):
+            cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **kwargs)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    weakref.finalize(cluster, shutil.rmtree, directory, ignore_errors=True)
+    return cluster

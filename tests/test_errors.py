@@ -1,0 +1,107 @@
+"""The error tree: every class pickles, subclasses DaskJobsError and the matching builtin."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import daskjobs as dj
+from daskjobs import errors
+
+BUILTIN = {
+    "DaskJobsError": Exception,
+    "JobDefinitionError": ValueError,
+    "BlobTypeError": TypeError,
+    "StopConditionError": TypeError,
+    "OutputNotReadyError": RuntimeError,
+    "SessionClosedError": RuntimeError,
+    "TaskFailedError": RuntimeError,
+    "NodePlacementError": RuntimeError,
+    "NodeLostError": RuntimeError,
+    "CheckpointError": OSError,
+    "CheckpointNotFoundError": FileNotFoundError,
+    "CheckpointCorruptError": OSError,
+    "CheckpointFormatError": OSError,
+    "CheckpointLockedError": OSError,
+    "CheckpointWriteError": OSError,
+}
+CHECKPOINT = {name for name, base in BUILTIN.items() if name.startswith("Checkpoint") and name != "CheckpointError"}
+
+
+def test_all_lists_every_expected_error():
+    """errors.__all__ is sorted and holds exactly the known error classes."""
+    assert errors.__all__ == sorted(errors.__all__)
+    assert set(errors.__all__) == set(BUILTIN)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_error_hierarchy(name):
+    """Each error subclasses DaskJobsError and its matching builtin, and has a docstring."""
+    cls = getattr(errors, name)
+    assert issubclass(cls, errors.DaskJobsError)
+    assert issubclass(cls, BUILTIN[name])
+    assert cls.__dict__.get("__doc__")
+    if name in CHECKPOINT:
+        assert issubclass(cls, errors.CheckpointError)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_error_pickles(name):
+    """Each error survives pickling with its type, message and attributes."""
+    cls = getattr(errors, name)
+    error = cls("something about node 'a' went wrong")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert str(copy) == "something about node 'a' went wrong"
+    assert copy.args == error.args
+    with pytest.raises(BUILTIN[name]) as caught:
+        raise copy
+    assert caught.value is copy
+
+
+@pytest.mark.parametrize("name", ["NodeLostError", "NodePlacementError"])
+def test_node_errors_keep_nodes_through_pickle(name):
+    """Node errors keep the nodes they name through pickling."""
+    cls = getattr(errors, name)
+    error = cls("nodes a and b have no worker", ["a", "b"])
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.nodes == ["a", "b"]
+    assert str(copy) == "nodes a and b have no worker"
+
+
+def test_task_failed_error_keeps_fields_and_cause_through_pickle():
+    """A TaskFailedError keeps job, group, node, task, epoch, traceback text and its cause through pickling."""
+    try:
+        try:
+            raise KeyError("missing blob")
+        except KeyError as cause:
+            raise errors.TaskFailedError("task failed", "job1", "epoch", "a", "a/t", 3, "Traceback ...") from cause
+    except errors.TaskFailedError as raised:
+        error = raised
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.message, copy.job, copy.group, copy.node, copy.task, copy.epoch, copy.remote_traceback) == (
+        "task failed",
+        "job1",
+        "epoch",
+        "a",
+        "a/t",
+        3,
+        "Traceback ...",
+    )
+    assert type(copy.__cause__) is KeyError
+    assert copy.__cause__.args == ("missing blob",)
+    twice = pickle.loads(pickle.dumps(copy))
+    assert type(twice.__cause__) is KeyError
+
+
+def test_task_failed_error_without_cause_pickles():
+    """A TaskFailedError without a cause pickles to one without a cause."""
+    copy = pickle.loads(pickle.dumps(errors.TaskFailedError("plain")))
+    assert copy.__cause__ is None
+    assert (copy.job, copy.epoch, copy.remote_traceback) == (None, None, "")
+
+
+def test_errors_reachable_from_package():
+    """dj.errors is the errors module."""
+    assert dj.errors is errors

@@ -1,0 +1,175 @@
+"""DaskSession on a real cluster: a ``dask scheduler`` process and ``daskjobs worker`` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+from distributed import Client, get_worker
+
+import daskjobs as dj
+from daskjobs.errors import NodeLostError
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(120)]
+
+WORKERS = {"a": ["a"], "b": ["b", "c"]}
+"""Worker process -> the nodes it serves (``daskjobs worker ... --node b --node c``)."""
+
+STARTUP_TIMEOUT = 60.0
+
+
+class RealCluster(NamedTuple):
+    """A running scheduler process and its ``daskjobs worker`` processes."""
+
+    address: str
+    restart_workers: Callable[[], None]
+    """SIGKILL every worker process tree, start new ones, and wait until every node is served again."""
+
+
+def daskjobs_command() -> list[str]:
+    """The installed ``daskjobs`` console script next to this interpreter, else the module."""
+    script = Path(sys.executable).with_name("daskjobs")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "daskjobs.cli"]
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the process's whole session (the nanny and its worker) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+
+
+def _served(client: Client) -> dict[str, str]:
+    """Node -> address of a live worker serving it."""
+    served = {}
+    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
+        for resource in info["resources"]:
+            if resource.startswith("daskjobs-node-"):
+                served[resource.removeprefix("daskjobs-node-")] = addr
+    return served
+
+
+@pytest.fixture
+def real_cluster(tmp_path: Path) -> Iterator[RealCluster]:
+    """A ``dask scheduler`` plus one ``daskjobs worker`` per entry of WORKERS; all killed afterwards."""
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT": "5s"}
+    scheduler_file = tmp_path / "scheduler.json"
+    processes: dict[str, subprocess.Popen] = {}
+    scheduler_argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
+    scheduler_argv += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
+    scheduler = _spawn(scheduler_argv, tmp_path / "scheduler.log", env)
+    client = None
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
+            assert scheduler.poll() is None, f"the scheduler exited:\n{_logs(tmp_path)}"
+            assert time.monotonic() < deadline, f"no scheduler file:\n{_logs(tmp_path)}"
+            time.sleep(0.05)
+        address = json.loads(scheduler_file.read_text())["address"]
+        assert address.startswith("tcp://127.0.0.1:")
+        client = Client(address, timeout=STARTUP_TIMEOUT, set_as_default=False)
+
+        def start_workers() -> None:
+            old = set(_served(client).values())
+            for name, nodes in WORKERS.items():
+                argv = [*daskjobs_command(), "worker", address, "--host", "127.0.0.1", "--nthreads", "2"]
+                argv += [arg for node in nodes for arg in ("--node", node)]
+                argv += ["--local-directory", str(tmp_path / "workers")]
+                processes[name] = _spawn(argv, tmp_path / f"worker-{name}.log", env)
+            wanted = {node for nodes in WORKERS.values() for node in nodes}
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while True:
+                served = _served(client)
+                if set(served) >= wanted and not old & set(served.values()):
+                    return
+                assert time.monotonic() < deadline, f"workers did not register: {served}\n{_logs(tmp_path)}"
+                time.sleep(0.1)
+
+        def restart_workers() -> None:
+            for process in processes.values():
+                _kill(process)
+            start_workers()
+
+        start_workers()
+        yield RealCluster(address, restart_workers)
+    finally:
+        if client is not None:
+            client.close()
+        for process in [*processes.values(), scheduler]:
+            _kill(process, signal.SIGTERM)
+
+
+def where(ws: dj.Workspace) -> None:
+    ws["pid"] = os.getpid()
+    ws["served_by_b"] = get_worker().name == "b+c"
+
+
+def pipeline() -> tuple[dj.TaskGroup, dict[str, dj.TaskOutput]]:
+    """Node a produces data, node b consumes it; every node reports its process."""
+    group = dj.TaskGroup(dj.WorkspaceType.GLOBAL)
+    outputs = {}
+    with group:
+        for node in ("a", "b", "c"):
+            with dj.Node(node):
+                outputs[f"pid_{node}"] = dj.Task(where, outputs="pid", name="where").outputs()[0]
+        with dj.Node("a"):
+            data = dj.Task(lambda ws: ws.update(data=np.arange(5.0)), outputs="data").outputs()[0]
+        with dj.Node("b"):
+            total = dj.Task(lambda ws: ws.update(total=ws["data_in"].sum()), inputs={"data_in": data}, outputs="total")
+            outputs["total"] = total.outputs()[0]
+    return group, outputs
+
+
+def test_group_runs_on_daskjobs_worker_processes(real_cluster):
+    """Tasks run in the worker processes serving their nodes; data flows between them."""
+    with dj.DaskSession(real_cluster.address) as session:
+        assert session.nodes() == ["a", "b", "c"]
+        group, outputs = pipeline()
+        session.run(group)
+        pids = {node: int(outputs[f"pid_{node}"].fetch()) for node in "abc"}
+        assert float(outputs["total"].fetch()) == 10.0
+        assert pids["b"] == pids["c"] != pids["a"]
+        assert os.getpid() not in pids.values()
+        assert bool(session.fetch("served_by_b", node="c"))
+        assert session.blobs("a") == ["data", "pid", "served_by_b"]
+
+
+def test_restarted_workers_are_detected(real_cluster):
+    """After the worker processes are replaced, the next run raises NodeLostError, never runs on empty state."""
+    with dj.DaskSession(real_cluster.address) as session:
+        session.feed("weights", np.ones(3), node="a")
+        session.run(pipeline()[0])
+        real_cluster.restart_workers()
+        with pytest.raises(NodeLostError) as info:
+            session.run(pipeline()[0])
+        assert set(info.value.nodes) <= {"a", "b", "c"}
+        assert info.value.nodes
+        session.wait_for_nodes(["a", "b", "c"], timeout=30)
+        session.forget_tokens()
+        group, outputs = pipeline()
+        session.run(group)
+        assert float(outputs["total"].fetch()) == 10.0
+        assert "weights" not in session.blobs("a")
