@@ -18,12 +18,13 @@ from .checkpoint import (
     open_checkpoint,
 )
 from .runner import EpochRecord, JobRunner
-from .session import LocalSession, Session
+from .session import DaskSession, LocalSession, Session, node_cluster, node_resource
 
 __all__ = [
     "CheckpointManager",
     "Cluster",
     "CopyCheckpointUploader",
+    "DaskSession",
     "EpochRecord",
     "Job",
     "JobRunner",
@@ -46,5 +47,7 @@ __all__ = [
     "final_output",
     "get_ckpt_filename",
     "list_checkpoints",
+    "node_cluster",
+    "node_resource",
     "open_checkpoint",
 ]

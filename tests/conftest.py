@@ -48,3 +48,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for module in {item.module for item in items if item.module is not None}:
         if module.__name__ in sys.modules:
             cloudpickle.register_pickle_by_value(module)
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """An S3 emulator (moto) on 127.0.0.1; yields its endpoint URL."""
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_prefix(moto_server, request):
+    """A fresh bucket on the moto server; yields ``(url, storage_options)``."""
+    import uuid
+
+    import s3fs
+
+    options = {"endpoint_url": moto_server, "key": "testing", "secret": "testing", "use_listings_cache": False}
+    bucket = f"daskjobs-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
+    return f"s3://{bucket}/ckpt", options

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import dask.config
 import numpy as np
 import psutil
 import pytest
@@ -76,6 +77,13 @@ def test_tasks_run_on_their_nodes_worker(dask_session, client):
     assert pids == worker_pids(client)
     assert pids["a"] != pids["b"] != os.getpid()
     assert dask_session.nodes() == ["a", "b"]
+
+
+def test_empty_group_runs_at_once(dask_session):
+    """A group without tasks (like a job's default download and exit groups) runs without waiting."""
+    start = time.monotonic()
+    dask_session.run_group(dj.TaskGroup(), job="empty")
+    assert time.monotonic() - start < 1
 
 
 def test_workspaces_are_isolated_per_node_and_session(dask_session, client):
@@ -272,6 +280,29 @@ def test_missing_node_fails_placement_quickly(dask_session):
     assert "daskjobs worker SCHEDULER_ADDRESS --node c" in message
 
 
+def test_check_nodes_reports_at_once(dask_session):
+    """check_nodes passes for served nodes and raises at once for a missing node or resource."""
+    dask_session.check_nodes(["a", dj.Node("b")])
+    start = time.monotonic()
+    with pytest.raises(NodePlacementError) as info:
+        dask_session.check_nodes(["a", "b", "c"], {"b": {"GPU": 1}})
+    assert time.monotonic() - start < 1
+    assert info.value.nodes == ["b", "c"]
+    assert "lacks GPU=1" in str(info.value)
+
+
+def test_missing_node_with_edges_fails_placement_quickly(dask_session):
+    """A group with dataflow edges into an unserved node fails placement just as fast."""
+    group = dj.TaskGroup()
+    with group:
+        producer = dj.Task(lambda ws: ws.update(x=1), outputs="x", node="a")
+        dj.Task(add_one, inputs={"x_in": producer.outputs()[0]}, node="c")
+    start = time.monotonic()
+    with pytest.raises(NodePlacementError, match="'c'"):
+        dask_session.run(group)
+    assert time.monotonic() - start < 4
+
+
 def test_missing_extra_resource_fails_placement_quickly(dask_session):
     """A node needing a resource its worker lacks raises NodePlacementError naming the resource."""
     start = time.monotonic()
@@ -287,9 +318,14 @@ def test_extra_resources_are_provided_by_node_cluster():
         assert int(session.fetch("counter")) == 1
 
 
-def test_node_served_by_two_workers_fails_placement_quickly():
+def test_node_served_by_two_workers_fails_placement_quickly(tmp_path):
     """Two workers providing one node's resource raise NodePlacementError naming both."""
-    options = {"nthreads": 1, "host": "127.0.0.1", "resources": {dj.node_resource("a"): 1}}
+    options = {
+        "nthreads": 1,
+        "host": "127.0.0.1",
+        "resources": {dj.node_resource("a"): 1},
+        "local_directory": str(tmp_path),
+    }
     workers = {name: {"cls": Worker, "options": options} for name in ("w1", "w2")}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False}}
     with SpecCluster(workers=workers, scheduler=scheduler) as cluster, dj.DaskSession(cluster) as session:
@@ -392,3 +428,37 @@ def test_worker_killed_mid_run_raises_node_lost(dask_session, client):
     assert info.value.nodes == ["b"]
     dask_session.wait_for_nodes(timeout=20)
     assert worker_pids(client)["b"] != pid
+
+
+def test_node_left_without_worker_mid_run_raises_node_lost():
+    """A run whose node loses its only worker (no restart) fails after daskjobs.placement-timeout."""
+    with (
+        dask.config.set({"daskjobs.placement-timeout": "1s"}),
+        dj.node_cluster(["a", "b"], processes=False) as cluster,
+        dj.DaskSession(cluster) as session,
+    ):
+        address = next(a for a, w in session.client.scheduler_info()["workers"].items() if w["name"] == "b")
+
+        async def remove(dask_scheduler):
+            await dask_scheduler.remove_worker(address, stimulus_id="test-remove", expected=True)
+
+        threading.Timer(0.3, session.client.run_on_scheduler, (remove,)).start()
+        start = time.monotonic()
+        with pytest.raises(NodeLostError, match="had no worker for 1 s") as info:
+            run_steps(session, "b", lambda ws: time.sleep(3))
+        assert time.monotonic() - start < 5
+        assert info.value.nodes == ["b"]
+
+
+def test_job_runner_trains_on_a_raw_client(client):
+    """JobRunner.train accepts a distributed.Client, runs on its workers, and leaves the client open."""
+    with dj.Cluster(), dj.Job(name="count") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.update(n=np.int64(0)), name="init")
+        dj.Task(lambda ws: ws.update(n=ws["n"] + 1, pid=os.getpid()), name="count")
+        counted = dj.final_output(["n", "pid"])
+        dj.epoch_limiter(job, 3)
+    assert dj.JobRunner(job, progress=False).train(client) == 3
+    n, pid = counted.fetch()
+    assert (int(n), int(pid)) == (3, worker_pids(client)["a"])
+    assert client.status == "running"

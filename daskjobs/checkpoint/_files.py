@@ -20,10 +20,14 @@ from fsspec.implementations.local import LocalFileSystem
 
 ChunkRead = tuple[str, memoryview, int]
 """A chunk to read: its path, where its valid bytes go, and the size the file must have."""
+ChunkEvent = tuple[int, memoryview | None, str | None]
+"""Progress of reading chunk ``i``: ``(i, block, None)`` after each block of its valid bytes was read
+into place, then ``(i, None, problem)`` once the chunk is done, ``problem`` being ``None`` if it
+is intact, else what is wrong (missing, wrong size, corrupt padding)."""
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
-_READ_BLOCK = 16 << 20
+_READ_BLOCK = 4 << 20
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -95,9 +99,12 @@ class LocalFiles:
         if os.path.lexists(path):
             shutil.rmtree(path)
 
-    def mkdir(self, path: str) -> None:
-        """Create directory ``path`` (and missing parents)."""
-        os.makedirs(path, exist_ok=True)
+    def mkdir(self, path: str, parents: bool = False) -> None:
+        """Create directory ``path`` (and, with ``parents``, missing parents)."""
+        if parents:
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.mkdir(path)
         self._unsynced.append(path)
 
     def put(self, path: str, *parts: Any) -> None:
@@ -140,24 +147,28 @@ class LocalFiles:
             found.update(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/") for name in files)
         return found
 
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[str | None]:
-        """Read each chunk into its view; yield ``None`` if it is intact, else what is wrong with it."""
-        for path, view, size in chunks:
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[ChunkEvent]:
+        """Read each chunk into its view, block by block; see :data:`ChunkEvent`."""
+        for index, (path, view, size) in enumerate(chunks):
             try:
                 with open(path, "rb", buffering=0) as file:
                     found = os.fstat(file.fileno()).st_size
                     if found != size:
-                        yield f"has {found} bytes, expected {size}"
+                        yield index, None, f"has {found} bytes, expected {size}"
                         continue
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     for start in range(0, len(view), _READ_BLOCK):
                         block = view[start:start + _READ_BLOCK]
                         if file.readinto(block) != len(block):
                             raise OSError(f"{path} shrank while being read")
+                        yield index, block, None
                     padding = file.read(size - len(view) + 1)
             except FileNotFoundError:
-                yield "is missing"
+                yield index, None, "is missing"
                 continue
-            yield None if len(padding) == size - len(view) and zero_padding(padding) else "has corrupt padding"
+            intact = len(padding) == size - len(view) and zero_padding(padding)
+            yield index, None, None if intact else "has corrupt padding"
 
 
 class RemoteFiles:
@@ -175,7 +186,7 @@ class RemoteFiles:
             self._fs.rm(path, recursive=True)
         self._fs.invalidate_cache(path)
 
-    def mkdir(self, path: str) -> None:
+    def mkdir(self, path: str, parents: bool = False) -> None:
         """Nothing to do: objects need no directories."""
 
     def put(self, path: str, *parts: Any) -> None:
@@ -210,26 +221,27 @@ class RemoteFiles:
         root = path.rstrip("/") + "/"
         return {found[len(root):] for found in self._fs.find(path) if found.startswith(root)}
 
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[str | None]:
-        """Fetch chunks in concurrent batches; copy each into its view and yield as :class:`LocalFiles` does."""
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[ChunkEvent]:
+        """Fetch chunks in concurrent batches and copy each into its view; see :data:`ChunkEvent`."""
         start = 0
         while start < len(chunks):
             end, budget = start, 0
             while end < len(chunks) and (end == start or budget + chunks[end][2] <= _BATCH_BYTES):
                 budget += chunks[end][2]
                 end += 1
-            batch = chunks[start:end]
-            datas = self._fs.cat_ranges([path for path, _, _ in batch], None, None, on_error="return")
-            for (_path, view, size), data in zip(batch, datas, strict=True):
+            datas = self._fs.cat_ranges([path for path, _, _ in chunks[start:end]], None, None, on_error="return")
+            for index, data in enumerate(datas, start):
+                _path, view, size = chunks[index]
                 if isinstance(data, FileNotFoundError):
-                    yield "is missing"
+                    yield index, None, "is missing"
                 elif isinstance(data, BaseException):
                     raise data
                 elif len(data) != size:
-                    yield f"has {len(data)} bytes, expected {size}"
+                    yield index, None, f"has {len(data)} bytes, expected {size}"
                 else:
                     view[:] = memoryview(data)[:len(view)]
-                    yield None if zero_padding(memoryview(data)[len(view):]) else "has corrupt padding"
+                    yield index, view, None
+                    yield index, None, None if zero_padding(memoryview(data)[len(view):]) else "has corrupt padding"
             start = end
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -13,15 +16,17 @@ from distributed import Client, Future
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
-from .._execute import NodeResult
+from .._execute import NodeResult, abandon_node_run
 from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
 from ..errors import NodeLostError, SessionClosedError
 from ._base import Session
-from ._placement import WorkerTable, config_timeout, node_resource, served_nodes, wait_for_placement
+from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session
 
 T = TypeVar("T")
+
+logger = logging.getLogger("daskjobs")
 
 _WATCH_INTERVAL = 1.0
 """Seconds between checks, while a run is in flight, that its nodes still have workers."""
@@ -30,7 +35,6 @@ _RECOVERY_HINT = (
     "Its workspace is gone: wait for the node's worker to return (session.wait_for_nodes) and restore "
     "the workspace from a checkpoint (JobRunner does both when given a checkpoint manager and max_failures > 0)."
 )
-
 
 _DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, CancelledError, CommClosedError)
 """What distributed raises when a node's worker dies, is missing, or the cluster connection breaks."""
@@ -61,7 +65,46 @@ def _when_all_done(futures: Sequence[Future]) -> threading.Event:
 
     for future in futures:
         future.add_done_callback(one_done)
+    if not futures:
+        event.set()
     return event
+
+
+async def _gather_within(
+    client: Client, futures: list[Future], timeout: float, pending: asyncio.Future | None = None
+) -> tuple[list[Any] | None, asyncio.Future | None]:
+    """On the client's loop: ``(results of the successful futures, None)`` once all are done, or
+    ``(None, the gather still in flight)`` after ``timeout`` seconds. The gather itself is never
+    interrupted (a cancelled gather could leave the client's shared transfer state broken)."""
+    gathering = pending or asyncio.ensure_future(client.gather(futures, errors="skip", asynchronous=True))
+    try:
+        return await asyncio.wait_for(asyncio.shield(gathering), timeout), None
+    except TimeoutError:
+        return None, gathering
+
+
+class _Watchdog:
+    """Notices nodes that stay without a worker while some of a run's futures are pending."""
+
+    def __init__(self, session: DaskSession, futures: list[Future], node_of: dict[str, str]) -> None:
+        self.session, self.futures, self.node_of = session, futures, node_of
+        self.missing_since: dict[str, float] = {}
+
+    def check(self) -> NodeLostError | None:
+        """Cancel the run and return the error once a node had no worker for ``daskjobs.placement-timeout``."""
+        tolerance = config_timeout("placement-timeout")
+        served = served_nodes(self.session._workers())
+        now = time.monotonic()
+        for node in {self.node_of[f.key] for f in self.futures if not f.done()}:
+            if node in served:
+                self.missing_since.pop(node, None)
+            else:
+                self.missing_since.setdefault(node, now)
+        lost = sorted(n for n, since in self.missing_since.items() if now - since >= tolerance)
+        if not lost:
+            return None
+        self.session._client.cancel(self.futures)
+        return NodeLostError(f"node(s) {lost} had no worker for {tolerance:g} s while running. {_RECOVERY_HINT}", lost)
 
 
 class DaskSession(Session):
@@ -85,6 +128,9 @@ class DaskSession(Session):
     -----
     Workspaces are private to the session: two sessions on one cluster never see each other's
     blobs, and :meth:`close` frees the session's workspaces on the workers.
+
+    The scheduler and the workers unpickle the tasks, so ``daskjobs`` (and the modules that
+    define your steps, unless they are defined in ``__main__``) must be importable there.
 
     Examples
     --------
@@ -151,6 +197,13 @@ class DaskSession(Session):
         }
         return self._settle_and_gather(futures, {key: node}, [key])[0]
 
+    def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
+        # Only placed nodes can hold an open run; the others failed placement or lost their worker.
+        for node in graph.nodes():
+            if node in self._placed:
+                with contextlib.suppress(Exception):
+                    self._call_on_node(node, abandon_node_run, run_key)
+
     def _known_nodes(self) -> list[str]:
         return sorted(served_nodes(self._workers()))
 
@@ -158,6 +211,8 @@ class DaskSession(Session):
         try:
             if self._client.status == "running":
                 self._client.run(drop_session, self.session_id, on_error="ignore")
+        except Exception as exc:  # best effort: workspaces also go away with their workers
+            logger.warning("could not free the workspaces of %r on the workers: %s", self, exc)
         finally:
             if self._owns_client:
                 self._client.close()
@@ -187,6 +242,28 @@ class DaskSession(Session):
         for node in nodes:
             self._placed[node] = frozenset(self._node_resources.get(node, {}))
 
+    def check_nodes(
+        self, nodes: Iterable[object] | None = None, resources: Mapping[str, Mapping[str, float]] | None = None
+    ) -> None:
+        """Raise NodePlacementError now unless each node has exactly one suitable worker.
+
+        Parameters
+        ----------
+        nodes : iterable of str or Node, optional
+            The nodes to check; default: every node this session has used.
+        resources : mapping, optional
+            Node -> extra resources its worker must provide, besides those the session's
+            groups already asked for (e.g. ``{"trainer": {"GPU": 1}}``).
+
+        Examples
+        --------
+        >>> session.check_nodes(["ps", "trainer"], {"trainer": {"GPU": 1}})  # doctest: +SKIP
+        """
+        self._check_open()
+        names = self._names(nodes)
+        needs = {n: {**self._node_resources.get(n, {}), **(resources or {}).get(n, {})} for n in names}
+        check_nodes(self._workers(), names, needs)
+
     def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:
         """Wait until each node has exactly one suitable worker again (e.g. after a worker restart).
 
@@ -208,58 +285,67 @@ class DaskSession(Session):
         >>> session.wait_for_nodes(["ps", "trainer"], timeout=30)  # doctest: +SKIP
         """
         self._check_open()
-        names = list(self._node_resources) if nodes is None else [validate_name(str(n), "node") for n in nodes]
+        names = self._names(nodes)
         for name in names:
             self._node_resources.setdefault(name, {})
         self._wait_placed(names, config_timeout("placement-timeout") if timeout is None else timeout)
 
+    def _names(self, nodes: Iterable[object] | None) -> list[str]:
+        return list(self._node_resources) if nodes is None else [validate_name(str(n), "node") for n in nodes]
+
     # -- waiting and errors ---------------------------------------------------------------
     def _settle_and_gather(self, futures: dict[str, Future], node_of: dict[str, str], keys: list[str]) -> list[Any]:
-        """Wait until every future is done (watching for lost nodes), then gather ``keys`` at once.
+        """Gather ``keys`` in one transfer once they are done, watching for lost nodes.
 
-        On failure, raise the first error in submission (dependency) order with its remote
-        traceback; distributed's failures become NodeLostError. The futures are released first
-        and no raised traceback refers to them, so failed runs leave no keys on the scheduler.
+        On failure, wait for the run's other futures too (no straggler may touch a workspace
+        after the run was reported), then raise the first error in submission (dependency)
+        order with its remote traceback; distributed's failures become NodeLostError. The
+        futures are released first and no raised traceback refers to them, so failed runs
+        leave no keys on the scheduler.
         """
+        every = list(futures.values())
+        watchdog = _Watchdog(self, every, node_of)
         tb = None
         try:
-            error: BaseException | None = self._settle(list(futures.values()), node_of)
+            results = self._gather_watched([futures[k] for k in keys], watchdog)
+            if isinstance(results, list) and len(results) == len(keys):
+                return results
+            error: BaseException | None = results if isinstance(results, NodeLostError) else self._drain(watchdog)
             if error is None:
-                erred = [f for f in futures.values() if f.status == "error"][:1]
-                if not erred:
-                    return self._client.gather([futures[k] for k in keys])
-                error, tb = erred[0].exception(), erred[0].traceback()
-                erred.clear()
+                erred = [f for f in every if f.status == "error"][:1]
+                if erred:
+                    error, tb = erred[0].exception(), erred[0].traceback()
+                    erred.clear()
+                else:
+                    error = CancelledError("the run's Dask futures were cancelled")
         except (CancelledError, CommClosedError) as exc:
             error = exc
         finally:
             futures.clear()
+            every.clear()
         if isinstance(error, _DISTRIBUTED_FAILURES):
             raise self._lost(error, node_of) from None
         if isinstance(error, NodeLostError):
             self._unplace(error.nodes)
         raise error.with_traceback(tb)
 
-    def _settle(self, futures: list[Future], node_of: dict[str, str]) -> NodeLostError | None:
-        """Block until all ``futures`` are done; cancel them and return an error if a node stays without a worker."""
-        done = _when_all_done(futures)
-        missing_since: dict[str, float] = {}
-        tolerance = config_timeout("placement-timeout")
+    def _gather_watched(self, futures: list[Future], watchdog: _Watchdog) -> list[Any] | NodeLostError:
+        """The results of the successful ``futures`` once all are done, or the watchdog's error."""
+        results, pending = self._client.sync(_gather_within, self._client, futures, _WATCH_INTERVAL)
+        while pending is not None:
+            lost = watchdog.check()
+            if lost is not None:
+                return lost
+            results, pending = self._client.sync(_gather_within, self._client, futures, _WATCH_INTERVAL, pending)
+        return results
+
+    def _drain(self, watchdog: _Watchdog) -> NodeLostError | None:
+        """Block until all of the run's futures are done, or return the watchdog's error."""
+        done = _when_all_done(watchdog.futures)
         while not done.wait(_WATCH_INTERVAL):
-            pending = {node_of[f.key] for f in futures if not f.done()}
-            served = served_nodes(self._workers())
-            now = time.monotonic()
-            for node in pending:
-                if node in served:
-                    missing_since.pop(node, None)
-                else:
-                    missing_since.setdefault(node, now)
-            lost = sorted(n for n, since in missing_since.items() if now - since >= tolerance)
-            if lost:
-                self._client.cancel(futures)
-                return NodeLostError(
-                    f"node(s) {lost} had no worker for {tolerance:g} s while running. {_RECOVERY_HINT}", lost
-                )
+            lost = watchdog.check()
+            if lost is not None:
+                return lost
         return None
 
     def _lost(self, exc: BaseException, node_of: dict[str, str]) -> NodeLostError:
@@ -268,12 +354,12 @@ class DaskSession(Session):
         nodes = [node_of[key]] if key in node_of else sorted(set(node_of.values()))
         self._unplace(nodes)
         if isinstance(exc, KilledWorker):
-            what = f"the worker of node {nodes[0]!r} died while running {key!r}"
+            what = f"the worker of node {nodes[0]!r} ({exc.last_worker.address}) died while running {key!r}"
         elif isinstance(exc, NoValidWorkerError | NoWorkerError):
             what = f"no worker served node(s) {nodes} for {exc.timeout:g} s"
         else:
-            what = f"the connection to the Dask cluster broke while running on node(s) {nodes}"
-        return NodeLostError(f"{what} ({type(exc).__name__}: {exc}). {_RECOVERY_HINT}", nodes)
+            what = f"the connection to the Dask cluster broke while running on node(s) {nodes} ({exc!r})"
+        return NodeLostError(f"{what}. {_RECOVERY_HINT}", nodes)
 
     def _unplace(self, nodes: Iterable[str]) -> None:
         for node in nodes:
