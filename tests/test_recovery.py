@@ -1,0 +1,96 @@
+"""Worker faults on a process-based cluster: detect, restore every node from the last commit, end equal."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+from daskjobs.errors import NodeLostError
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+def define_job(kill_marker: str | None = None, kill_epoch: int = 3) -> dj.Job:
+    """Two coupled nodes; with ``kill_marker``, node b's worker kills itself once, in ``kill_epoch``."""
+    with dj.Cluster(), dj.Job(name="recovery") as job:
+        with dj.Node("a"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("weights", np.zeros(8)))
+            publish = dj.Task(lambda ws: ws.__setitem__("w", ws["weights"] + ws.epoch), outputs="w")
+        with dj.Node("b"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("history", np.zeros(0)))
+
+            def consume(ws):
+                if kill_marker is not None and ws.epoch == kill_epoch and not os.path.exists(kill_marker):
+                    Path(kill_marker).touch()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                ws["history"] = np.append(ws["history"], ws["w"].sum())
+
+            dj.Task(consume, inputs={"w": publish.outputs()[0]})
+        with dj.Node("a"):
+            dj.Task(lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0), name="update")
+    return job
+
+
+def reference(epochs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Final blobs of an uninterrupted in-process run."""
+    with dj.LocalSession() as session:
+        dj.JobRunner(define_job(), max_epochs=epochs, progress=False).train(session)
+        return session.fetch("weights", "a"), session.fetch("history", "b")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with dj.node_cluster(["a", "b"], nthreads=2) as made:
+        yield made
+
+
+def test_worker_killed_mid_epoch_is_recovered(cluster, tmp_path):
+    """A worker dying inside epoch 3 is detected; all nodes restore epoch 2 and the run ends equal."""
+    prefix = str(tmp_path / "ckpt")
+    runner = dj.JobRunner(define_job(str(tmp_path / "killed")), dj.MultiNodeCheckpointManager(prefix),
+                          max_epochs=6, max_failures=2, progress=False)
+    with dj.DaskSession(cluster) as session:
+        assert runner.train(session) == 6
+        weights, history = session.fetch("weights", "a"), session.fetch("history", "b")
+    expected_weights, expected_history = reference(6)
+    assert np.array_equal(weights, expected_weights)
+    assert np.array_equal(history, expected_history)
+    assert (tmp_path / "killed").exists()
+    assert [r.epoch for r in runner.history] == [1, 2, 3, 4, 5, 6]
+    assert [r.recoveries for r in runner.history] == [0, 0, 1, 1, 1, 1]
+    view = dj.open_checkpoint(prefix)
+    assert np.array_equal(view["b"]["history"], expected_history)
+
+
+def test_worker_killed_between_epochs_is_recovered(cluster, tmp_path):
+    """A worker restarted while idle (empty workspace, new incarnation) is never used silently."""
+    prefix = str(tmp_path / "ckpt")
+    with dj.DaskSession(cluster) as session:
+        worker_b = next(addr for addr, info in session.client.scheduler_info()["workers"].items()
+                        if info["name"] == "b")
+        pid_b = session.client.run(os.getpid, workers=[worker_b])[worker_b]
+
+        def kill_after_epoch_two(record):
+            if record.epoch == 2:
+                os.kill(pid_b, signal.SIGKILL)
+
+        runner = dj.JobRunner(define_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=5, max_failures=1,
+                              on_epoch=kill_after_epoch_two, progress=False)
+        assert runner.train(session) == 5
+        history = session.fetch("history", "b")
+    assert np.array_equal(history, reference(5)[1])
+    assert sum(r.recoveries > 0 for r in runner.history) == 3
+
+
+def test_node_loss_without_checkpoints_is_an_error(cluster, tmp_path):
+    """Without a checkpoint manager a lost node raises NodeLostError naming it."""
+    runner = dj.JobRunner(define_job(str(tmp_path / "killed")), max_epochs=5, progress=False)
+    with dj.DaskSession(cluster) as session, pytest.raises(NodeLostError, match="'b'"):
+        runner.train(session)
