@@ -9,13 +9,14 @@ workspace lock; one task per node outputs the counter (like a stop condition). M
 * ``raw-4``: per epoch one ``client.submit`` per task (4), then one ``gather``, for reference;
 * ``dask``: ``DaskSession.run_group`` of the epoch group (what ``JobRunner`` does per epoch);
 * ``local``: ``LocalSession.run_group`` of the same group;
-* flat cost: DaskSession's median epoch time over the 100 epochs around epoch 50 and around
-  epoch ``--flat-epochs`` of one session.
+* flat cost: a session's median epoch time around epoch 50 and around epoch ``--flat-epochs``,
+  in its own series and interleaved with a fresh session's first 100 epochs (which cancels
+  load from elsewhere on the machine), plus the tasks and futures left behind afterwards.
 
-Blocks of the variants are interleaved so that drift of the machine affects all of them alike.
+Epochs of the cluster variants are interleaved so that drift of the machine affects all alike.
 Prints a table and writes the numbers as JSON (to stdout, or to ``--json FILE``).
 
-Run: ``python benchmarks/epoch_overhead.py [--epochs 200] [--rounds 3] [--flat-epochs 5000]``
+Run: ``python benchmarks/epoch_overhead.py [--epochs 600] [--flat-epochs 5000]``
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ def time_epochs(epoch: Callable[[], object], n: int) -> list[float]:
     return times
 
 
+def time_interleaved(variants: dict[str, Callable[[], object]], n: int) -> dict[str, list[float]]:
+    """``n`` epochs of every variant, one epoch of each in turn (rotating the order), so that
+    load from elsewhere on the machine hits all variants alike."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for i in range(n):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def raw_epoch(client: Client, tasks_per_submit: int) -> Callable[[], list[int]]:
     """One epoch of the hand-written loop: 4 increments in ``4 / tasks_per_submit`` submits."""
 
@@ -96,61 +110,88 @@ def ms(values: list[float]) -> float:
     return 1000 * statistics.median(values)
 
 
+def scheduler_state(client: Client) -> dict[str, int]:
+    """What would grow if runs leaked: tasks on the scheduler, futures held by the client."""
+    tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    return {"scheduler_tasks": tasks, "client_futures": len(client.futures)}
+
+
+def flat_cost(client: Client, epochs: int) -> dict[str, object]:
+    """Cost of epoch ~``epochs`` against epoch ~50: within one session's series, and interleaved
+    with a fresh session's first 100 epochs (insensitive to load from elsewhere)."""
+    with dj.DaskSession(client) as old, dj.DaskSession(client) as fresh:
+        series = time_epochs(session_epoch(old, epoch_group()), epochs - 50)  # epochs 1 .. N-50
+        interleaved = time_interleaved(
+            {"late": session_epoch(old, epoch_group()), "early": session_epoch(fresh, epoch_group())}, 100
+        )
+    state = scheduler_state(client)
+    early, late = ms(series[:100]), ms(series[-100:] + interleaved["late"][:50])
+    return {
+        "series_around_epoch_50_ms": early,
+        f"series_around_epoch_{epochs}_ms": late,
+        "series_ratio": late / early,
+        f"interleaved_epoch_{epochs}_ms": ms(interleaved["late"]),
+        "interleaved_fresh_epoch_50_ms": ms(interleaved["early"]),
+        "interleaved_ratio": ms(interleaved["late"]) / ms(interleaved["early"]),
+        **state,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=200, help="epochs per block and variant")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved blocks per variant")
+    parser.add_argument("--epochs", type=int, default=600, help="epochs per variant")
     parser.add_argument("--flat-epochs", type=int, default=5000, help="epoch whose cost is compared with epoch 50")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
+    if args.flat_epochs < 200:
+        parser.error("--flat-epochs must be at least 200")
 
-    times: dict[str, list[float]] = {"raw": [], "raw-4": [], "dask": [], "local": []}
+    times: dict[str, list[float]] = {}
     with dj.LocalSession() as local:
         run = session_epoch(local, epoch_group())
         time_epochs(run, 50)
-        times["local"] = time_epochs(run, args.epochs * args.rounds)
+        times["local"] = time_epochs(run, args.epochs)
 
-    with dj.node_cluster(["a", "b"]) as cluster, Client(cluster) as client, dj.DaskSession(client) as session:
-        variants = {
-            "raw": raw_epoch(client, 2),
-            "raw-4": raw_epoch(client, 1),
-            "dask": session_epoch(session, epoch_group()),
-        }
-        for run in variants.values():
-            time_epochs(run, 30)  # warm up
-        for _ in range(args.rounds):
-            for name, run in variants.items():
-                times[name] += time_epochs(run, args.epochs)
-
-    with dj.node_cluster(["a", "b"]) as cluster, dj.DaskSession(cluster) as session:
-        flat = time_epochs(session_epoch(session, epoch_group()), args.flat_epochs + 50)
-    # "around epoch N": the 100 epochs centred on N (epoch k is flat[k - 1])
-    early, late = flat[:100], flat[args.flat_epochs - 51 : args.flat_epochs + 49]
+    with dj.node_cluster(["a", "b"]) as cluster, Client(cluster) as client:
+        with dj.DaskSession(client) as session:
+            variants = {
+                "raw": raw_epoch(client, 2),
+                "raw-4": raw_epoch(client, 1),
+                "dask": session_epoch(session, epoch_group()),
+            }
+            time_interleaved(variants, 30)  # warm up
+            times.update(time_interleaved(variants, args.epochs))
+        flat = flat_cost(client, args.flat_epochs)
 
     medians = {name: ms(values) for name, values in times.items()}
     result = {
         "median_ms_per_epoch": medians,
         "ratio_dask_to_raw": medians["dask"] / medians["raw"],
         "ratio_dask_to_raw_4": medians["dask"] / medians["raw-4"],
-        "flat": {
-            "around_epoch_50_ms": ms(early),
-            f"around_epoch_{args.flat_epochs}_ms": ms(late),
-            "ratio": ms(late) / ms(early),
-        },
-        "epochs_per_variant": args.epochs * args.rounds,
+        "epochs_per_variant": args.epochs,
+        "flat": flat,
     }
+    n = args.flat_epochs
     rows = [
         ("LocalSession", f"{medians['local']:.3f} ms"),
         ("raw submit per node + gather", f"{medians['raw']:.2f} ms"),
         ("raw submit per task + gather", f"{medians['raw-4']:.2f} ms"),
         ("DaskSession.run_group", f"{medians['dask']:.2f} ms"),
         ("ratio DaskSession / raw per node", f"{result['ratio_dask_to_raw']:.3f} (target <= 1.2)"),
-        ("flat: epoch ~50", f"{ms(early):.2f} ms"),
-        (f"flat: epoch ~{args.flat_epochs}", f"{ms(late):.2f} ms (ratio {ms(late) / ms(early):.3f}, target <= 1.1)"),
+        (
+            f"flat, one series: epoch ~50 / ~{n}",
+            f"{flat['series_around_epoch_50_ms']:.2f} / "
+            f"{flat[f'series_around_epoch_{n}_ms']:.2f} ms (ratio {flat['series_ratio']:.3f})",
+        ),
+        (
+            f"flat, interleaved: epoch ~{n} / fresh ~50",
+            f"{flat[f'interleaved_epoch_{n}_ms']:.2f} / "
+            f"{flat['interleaved_fresh_epoch_50_ms']:.2f} ms (ratio {flat['interleaved_ratio']:.3f}, target <= 1.1)",
+        ),
+        ("left on scheduler / client", f"{flat['scheduler_tasks']} tasks / {flat['client_futures']} futures"),
     ]
     width = max(len(label) for label, _ in rows)
-    table = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
-    print(table, file=sys.stderr)
+    print("\n".join(f"{label:<{width}}  {value}" for label, value in rows), file=sys.stderr)
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

@@ -1,5 +1,7 @@
 """daskjobs: epoch-checkpointed jobs on Dask, with Zarr checkpoints that resume exactly."""
 
+import importlib
+
 from . import errors
 from ._model.group import TaskGroup
 from ._model.job import Job, epoch_limiter
@@ -7,18 +9,40 @@ from ._model.node import Cluster, Node
 from ._model.task import SetupNets, Task, TaskOutput, TaskOutputList, WorkspaceType, final_output
 from ._version import __version__
 from ._workspace import Workspace
-from .checkpoint import (
-    CheckpointManager,
-    CopyCheckpointUploader,
-    MultiNodeCheckpointManager,
-    UploadTaskGroupBuilder,
-    db_name,
-    get_ckpt_filename,
-    list_checkpoints,
-    open_checkpoint,
-)
-from .runner import EpochRecord, JobRunner
-from .session import DaskSession, LocalSession, Session, node_cluster, node_resource
+
+# Sessions import ``distributed`` and checkpoints import ``zarr``: load them on first use, so that
+# importing the pure model (and ``import daskjobs`` itself) stays light.
+_LAZY = {
+    "CheckpointManager": "checkpoint",
+    "CopyCheckpointUploader": "checkpoint",
+    "MultiNodeCheckpointManager": "checkpoint",
+    "UploadTaskGroupBuilder": "checkpoint",
+    "db_name": "checkpoint",
+    "get_ckpt_filename": "checkpoint",
+    "list_checkpoints": "checkpoint",
+    "open_checkpoint": "checkpoint",
+    "EpochRecord": "runner",
+    "JobRunner": "runner",
+    "DaskSession": "session",
+    "LocalSession": "session",
+    "Session": "session",
+    "node_cluster": "session",
+    "node_resource": "session",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CheckpointManager",

@@ -181,7 +181,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=DemoConfig.samples, help="samples per trainer")
     parser.add_argument("--max-epochs", type=int, default=DemoConfig.max_epochs)
     parser.add_argument("--keep-last", type=int, default=3, help="committed epochs to keep")
-    parser.set_defaults(command=run_demo)
+    parser.set_defaults(handler=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -228,4 +228,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m daskjobs.demo")
     add_demo_parser(parser.add_subparsers(required=True))
     namespace = parser.parse_args(["demo", *sys.argv[1:]])
-    sys.exit(namespace.command(namespace))
+    sys.exit(namespace.handler(namespace))

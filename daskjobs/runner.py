@@ -128,7 +128,9 @@ class JobRunner:
     ) -> None:
         if not isinstance(job, Job):
             raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
-        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < 1):
+        if max_epochs is not None and (
+            isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1
+        ):
             raise JobDefinitionError(f"max_epochs must be a positive int or None, got {max_epochs!r}")
         if on_save_error not in ("raise", "warn"):
             raise JobDefinitionError(f"on_save_error must be 'raise' or 'warn', got {on_save_error!r}")
@@ -198,8 +200,9 @@ class JobRunner:
 
         def save() -> None:
             session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
-            manager.write_checkpoint_metadata(epoch, stop_values=stop_values,
-                                              timings={"save_seconds": time.perf_counter() - started})
+            manager.write_checkpoint_metadata(
+                epoch, stop_values=stop_values, timings={"save_seconds": time.perf_counter() - started}
+            )
             if manager.pending_epoch() is None:
                 manager.report_checkpoint_stats("checkpoint_save")
 
@@ -213,8 +216,9 @@ class JobRunner:
         if pending is not None:
             self._with_retries(pending, lambda: manager.flush(session), give_up=manager.discard_pending)
 
-    def _with_retries(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None
-                      ) -> None:
+    def _with_retries(
+        self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None
+    ) -> None:
         manager = self._require_manager()
         error: BaseException | None = None
         for number in range(self.save_retries + 1):
@@ -225,8 +229,9 @@ class JobRunner:
                 raise
             except Exception as exc:
                 error = exc
-                logger.warning("saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1,
-                               self.save_retries + 1, exc)
+                logger.warning(
+                    "saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.save_retries + 1, exc
+                )
                 time.sleep(min(0.05 * 2**number, 1.0))
         if give_up is not None:
             give_up()
@@ -295,8 +300,7 @@ class JobRunner:
                 self.save_checkpoints(0, session, {})
             return 1, False
         if manager is None:
-            logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded",
-                        resume)
+            logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
             return resume + 1, False
         manager.discard_after(resume)
         session.run_group(manager.init(nodes, retrieve_from_epoch=resume), job=job.name)
@@ -327,8 +331,13 @@ class JobRunner:
         state.failures += 1
         state.recoveries += 1
         state.number += 1
-        logger.warning("node lost (%s); restoring all nodes from epoch %d (recovery %d of %d)",
-                       exc, latest[0], state.failures, self.max_failures)
+        logger.warning(
+            "node lost (%s); restoring all nodes from epoch %d (recovery %d of %d)",
+            exc,
+            latest[0],
+            state.failures,
+            self.max_failures,
+        )
         wait = getattr(session, "wait_for_nodes", None)
         if wait is not None:
             wait(nodes)
@@ -355,15 +364,23 @@ class JobRunner:
         try:
             manager.store.release_lock()
         except Exception as exc:  # noqa: BLE001 - never mask the error that ended the run
-            logger.warning("could not release the writer lock of %s: %s; run 'daskjobs checkpoints unlock %s'",
-                           manager.store.url, exc, manager.store.url)
+            logger.warning(
+                "could not release the writer lock of %s: %s; run 'daskjobs checkpoints unlock %s'",
+                manager.store.url,
+                exc,
+                manager.store.url,
+            )
 
     def _lock_holder(self) -> dict[str, Any]:
         import os
         import socket
 
-        return {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job.name,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "job": self.job.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
 
     def __repr__(self) -> str:
         last = self.history[-1].epoch if self.history else None
@@ -375,7 +392,8 @@ class JobRunner:
             f"<td>{r.checkpoint_bytes}</td><td>{html.escape(str(r.stop_values))}</td></tr>"
             for r in self.history[-20:]
         )
-        return (f"<b>JobRunner</b> for job {html.escape(self.job.name)}"
-                "<table><tr><th>epoch</th><th>seconds</th><th>checkpoint s</th><th>bytes</th><th>stop</th></tr>"
-                f"{rows}</table>")
-
+        return (
+            f"<b>JobRunner</b> for job {html.escape(self.job.name)}"
+            "<table><tr><th>epoch</th><th>seconds</th><th>checkpoint s</th><th>bytes</th><th>stop</th></tr>"
+            f"{rows}</table>"
+        )

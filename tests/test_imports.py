@@ -31,11 +31,6 @@ def test_core_does_not_import_zarr():
     assert imported_after(CORE, "zarr") is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daskjobs/__init__.py imports daskjobs.session, whose __init__ imports distributed (Client) "
-    "and DaskSession/node_cluster/node_resource eagerly; needs lazy imports in daskjobs/session",
-)
 def test_core_does_not_import_distributed():
     """Importing the job model, workspaces and executor does not import distributed."""
     assert imported_after(CORE, "distributed") is False

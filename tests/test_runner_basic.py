@@ -170,12 +170,7 @@ def test_no_stop_condition_and_no_max_epochs(session):
         -1,
         1.5,
         "3",
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True, reason="runner.JobRunner.__init__ accepts a bool max_epochs (isinstance(True, int))"
-            ),
-        ),
+        True,
     ],
 )
 def test_runner_rejects_bad_max_epochs(bad):

@@ -24,7 +24,7 @@ FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 1) + 1  # per node: 2 files per blob
 WRITER = """
 import json, os, sys
 import numpy as np
-from daskjobs.checkpoint import CheckpointStore, _files, _store
+from daskjobs.checkpoint import CheckpointStore, _files
 from daskjobs.checkpoint._format import make_commit_record
 
 prefix, exit_before_write, nodes, rows, count = sys.argv[1], int(sys.argv[2]), *json.loads(sys.argv[3])
@@ -35,7 +35,7 @@ if exit_before_write >= 0:
         if written[0] > exit_before_write:
             os._exit(3)
         real(path, parts)
-    _files.write_file = _store.write_file = write_file
+    _files.write_file = write_file
 store = CheckpointStore(prefix)
 for epoch in range(1, 10_000):
     entries = {}

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import shutil
+import uuid
 from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
@@ -139,6 +140,47 @@ class LocalFiles:
         """Whether ``path`` exists."""
         return os.path.exists(path)
 
+    def replace(self, path: str, data: bytes) -> None:
+        """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            write_file(temp, [data])
+            if self._fsync:
+                fsync_path(temp)
+            os.replace(temp, path)
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+        if self._fsync:
+            fsync_path(os.path.dirname(path))
+
+    def create(self, path: str, data: bytes) -> None:
+        """Create a small file that must not exist yet (``O_EXCL``); raises :class:`FileExistsError`."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            if self._fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self, path: str) -> None:
+        """Remove a file if it exists."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            if self._fsync:
+                fsync_path(os.path.dirname(path))
+
+    def listdir(self, path: str) -> dict[str, bool]:
+        """Entries directly under ``path``: name → whether it is a directory (symlinks are not); {} if absent."""
+        try:
+            with os.scandir(path) as entries:
+                return {entry.name: entry.is_dir(follow_symlinks=False) for entry in entries}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+
     def list_tree(self, path: str) -> set[str]:
         """Paths of the files under ``path``, relative to it, with ``/`` separators."""
         found = set()
@@ -214,6 +256,34 @@ class RemoteFiles:
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists."""
         return bool(self._fs.exists(path))
+
+    def replace(self, path: str, data: bytes) -> None:
+        """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
+        self._fs.pipe_file(path, data)
+        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
+
+    def create(self, path: str, data: bytes) -> None:
+        """Create an object that must not exist yet (on S3 a PUT with ``If-None-Match: *``).
+
+        Raises :class:`FileExistsError` if it exists.
+        """
+        self._fs.pipe_file(path, data, mode="create")
+        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
+
+    def remove(self, path: str) -> None:
+        """Remove an object if it exists."""
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm_file(path)
+        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
+
+    def listdir(self, path: str) -> dict[str, bool]:
+        """Entries directly under ``path``, listed afresh: name → whether it is a "directory"; {} if absent."""
+        self._fs.invalidate_cache(path)
+        try:
+            return {found["name"].rstrip("/").rsplit("/", 1)[-1]: found["type"] == "directory"
+                    for found in self._fs.ls(path, detail=True)}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
 
     def list_tree(self, path: str) -> set[str]:
         """Paths of the objects under ``path``, relative to it."""

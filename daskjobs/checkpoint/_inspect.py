@@ -174,7 +174,7 @@ def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
             action.add_argument("--keep-last", type=int, default=None)
             action.add_argument("--keep-every", type=int, default=None)
             action.add_argument("--dry-run", action="store_true")
-    parser.set_defaults(command=run_checkpoints)
+    parser.set_defaults(handler=run_checkpoints)
 
 
 def run_checkpoints(args: argparse.Namespace) -> int:

@@ -7,8 +7,9 @@ Layout under a prefix (a local directory or an fsspec URL)::
     __daskjobs__/lock.json                       the writer lock
 
 An epoch exists only once its commit record does. Node names cannot start with ``__``, so
-nothing of daskjobs' own can collide with a node's group. This module uses fsspec (and plain
-``os`` calls on local disks); the Zarr side lives in :mod:`._zarr`.
+nothing of daskjobs' own can collide with a node's group. File access goes through
+:mod:`._files` (plain ``os`` calls on local disks, fsspec elsewhere); the Zarr side lives in
+:mod:`._zarr`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..errors import (
     CheckpointWriteError,
     JobDefinitionError,
 )
-from ._files import LocalFiles, RemoteFiles, files_for, fsync_path, write_file
+from ._files import LocalFiles, RemoteFiles, files_for
 from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record
 from ._zarr import COMPRESSIONS, Location, read_group, read_group_entry, write_group
 
@@ -77,6 +78,8 @@ class CheckpointStore:
     ----------
     url : str
         The normalised prefix: an absolute path for local disks, else the URL without a trailing ``/``.
+    storage_options : dict
+        As given.
 
     Notes
     -----
@@ -93,7 +96,7 @@ class CheckpointStore:
         self.compression = compression
         self.fsync = bool(fsync)
         prefix = os.fspath(db_prefix)
-        if "://" not in prefix and "::" not in prefix:
+        if "://" not in prefix:
             prefix = os.path.abspath(os.path.expanduser(prefix))
         fs, root = fsspec.core.url_to_fs(prefix, **self.storage_options)
         self._fs: AbstractFileSystem | None = fs
@@ -112,10 +115,6 @@ class CheckpointStore:
         if self._fs is None:
             self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
         return self._fs
-
-    @property
-    def _local(self) -> bool:
-        return isinstance(self.fs, LocalFileSystem)
 
     def _files(self) -> LocalFiles | RemoteFiles:
         return files_for(self.fs, self.fsync)
@@ -146,33 +145,6 @@ class CheckpointStore:
 
     def _read(self, path: str) -> bytes | OSError:
         return self._files().read_small([path], MAX_JSON_BYTES)[0]
-
-    def _remove(self, path: str) -> None:
-        """Remove one file if present (and, locally, make the removal durable)."""
-        try:
-            if self._local:
-                os.unlink(path)
-                if self.fsync:
-                    fsync_path(os.path.dirname(path))
-            else:
-                self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-        finally:
-            if not self._local:
-                self.fs.invalidate_cache(path.rsplit("/", 1)[0])
-
-    def _list(self, path: str) -> dict[str, bool]:
-        """Entries directly under ``path``: name → is a directory (symlinks are not); {} if absent."""
-        try:
-            if self._local:
-                with os.scandir(path) as entries:
-                    return {e.name: e.is_dir(follow_symlinks=False) for e in entries}
-            self.fs.invalidate_cache(path)
-            return {p["name"].rstrip("/").rsplit("/", 1)[-1]: p["type"] == "directory"
-                    for p in self.fs.ls(path, detail=True)}
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
 
     # -- node side --------------------------------------------------------------------------
     def write_node(self, node: str, epoch: int, blobs: Mapping[str, np.ndarray], *, save_id: str) -> dict[str, Any]:
@@ -243,31 +215,15 @@ class CheckpointStore:
         """
         epoch = _epoch(record.get("epoch"))
         data = dumps(validate_commit_record(dict(record), epoch))
-        path = self._commit_file(epoch)
         try:
-            if not self._local:
-                self.fs.pipe_file(path, data)
-                self.fs.invalidate_cache(path.rsplit("/", 1)[0])
-                return
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            temp = f"{path}.tmp-{uuid.uuid4().hex}"
-            try:
-                write_file(temp, [data])
-                if self.fsync:
-                    fsync_path(temp)
-                os.replace(temp, path)
-            finally:
-                if os.path.exists(temp):
-                    os.unlink(temp)
-            if self.fsync:
-                fsync_path(os.path.dirname(path))
+            self._files().replace(self._commit_file(epoch), data)
         except OSError as exc:
             raise CheckpointWriteError(f"could not write the commit record of epoch {epoch} under {self.url}: "
                                        f"{exc}") from exc
 
     def committed_epochs(self) -> list[int]:
         """The committed epochs, ascending, listed afresh from the commit records (never cached)."""
-        names = self._list(self._path(_OWN, "commits"))
+        names = self._files().listdir(self._path(_OWN, "commits"))
         return sorted(int(m.group(1)) for name in names if (m := _COMMIT_RE.fullmatch(name)))
 
     def read_commit(self, epoch: int) -> dict[str, Any]:
@@ -298,7 +254,7 @@ class CheckpointStore:
     def uncommit(self, epoch: int) -> None:
         """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it)."""
         try:
-            self._remove(self._commit_file(epoch))
+            self._files().remove(self._commit_file(epoch))
         except OSError as exc:
             raise CheckpointWriteError(f"could not un-commit epoch {epoch} under {self.url}: {exc}") from exc
 
@@ -322,19 +278,19 @@ class CheckpointStore:
         """
         wanted = None if nodes is None else {validate_name(n, "node") for n in nodes}
         committed = set(self.committed_epochs())
-        removed = []
+        files, removed = self._files(), []
         try:
-            for name, is_dir in sorted(self._list(self._root).items()):
+            for name, is_dir in sorted(files.listdir(self._root).items()):
                 match = _GROUP_RE.fullmatch(name)
                 if not (is_dir and match and self._is_node(match.group(1), wanted)
                         and int(match.group(2)) not in committed):
                     continue
-                self._files().clear(self._path(name))
+                files.clear(self._path(name))
                 removed.append(f"{self.url}/{name}")
             for folder in (self._path(_OWN), self._path(_OWN, "commits")):
-                for name, is_dir in sorted(self._list(folder).items()):
+                for name, is_dir in sorted(files.listdir(folder).items()):
                     if not is_dir and _TEMP_RE.fullmatch(name):
-                        self._remove(f"{folder}/{name}")
+                        files.remove(f"{folder}/{name}")
                         removed.append(f"{self.url}{folder[len(self._root):]}/{name}")
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
@@ -361,14 +317,11 @@ class CheckpointStore:
         """
         probe = self._path(_OWN, f"probe.tmp-{uuid.uuid4().hex}")
         data = uuid.uuid4().hex.encode()
+        files = self._files()
         try:
-            if self._local:
-                os.makedirs(os.path.dirname(probe), exist_ok=True)
-                write_file(probe, [data])
-            else:
-                self.fs.pipe_file(probe, data)
+            files.replace(probe, data)
             back = self._read(probe)
-            self._remove(probe)
+            files.remove(probe)
         except OSError as exc:
             raise CheckpointWriteError(f"checkpoint prefix {self.url} is not writable: {exc}") from exc
         if back != data:
@@ -398,19 +351,9 @@ class CheckpointStore:
         data = dumps({**holder, "token": token})
         if break_lock:
             logger.warning("breaking the checkpoint lock of %s held by %s", self.url, self.read_lock())
-            self._remove(path)
+            self._files().remove(path)
         try:
-            if self._local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    os.write(fd, data)
-                    if self.fsync:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-            else:
-                self.fs.pipe_file(path, data, mode="create")
+            self._files().create(path, data)
         except FileExistsError:  # s3fs reports a failed If-None-Match precondition as this too
             raise self._locked() from None
         except OSError as exc:
@@ -435,7 +378,7 @@ class CheckpointStore:
         if mine is not None and current.get("token") != mine:
             logger.warning("not releasing the checkpoint lock of %s: it is now held by %s", self.url, current)
             return
-        self._remove(self._path(_OWN, "lock.json"))
+        self._files().remove(self._path(_OWN, "lock.json"))
 
     def read_lock(self) -> dict[str, Any] | None:
         """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError, CheckpointWriteError
 from ._files import ChunkRead, LocalFiles, RemoteFiles
-from ._format import check_blob_name, dumps, format_checksum, loads, storage_dtype, validate_node_entry
+from ._format import MAX_JSON_BYTES, check_blob_name, dumps, format_checksum, loads, storage_dtype, validate_node_entry
 
 CHUNK_BYTES = 64 << 20
 """Target chunk size: chunks split arrays along axis 0 into pieces of at most about this size."""
@@ -62,7 +62,8 @@ class Location:
     url: str
     storage_options: Mapping[str, Any]
 
-    def _store(self, read_only: bool) -> Any:
+    def zarr_store(self, read_only: bool) -> Any:
+        """A zarr store rooted at the group (for the compressed path)."""
         import zarr.storage
 
         if isinstance(self.files, LocalFiles):
@@ -146,10 +147,10 @@ def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any]
         files.mkdir(where.path, parents=True)
         for name, array in arrays.items():
             chunks = chunk_rows(array.shape, array.itemsize)
-            checksum = crc32c.crc32c(_flat(array))
             if compression is None:
-                _write_raw(files, f"{where.path}/{name}", array, chunks)
+                checksum = _write_raw(files, f"{where.path}/{name}", array, chunks)
             else:
+                checksum = crc32c.crc32c(_flat(array))
                 _write_with_zarr(where, name, array, chunks, compression)
             metas[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "checksum": format_checksum(checksum),
                            "nbytes": array.nbytes, "chunks": chunks}
@@ -169,24 +170,27 @@ def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any]
     return entry
 
 
-def _write_raw(files: LocalFiles | RemoteFiles, path: str, array: np.ndarray, chunks: list[int]) -> None:
+def _write_raw(files: LocalFiles | RemoteFiles, path: str, array: np.ndarray, chunks: list[int]) -> int:
+    """Write an array's metadata and chunk files (the last one zero-padded); return the CRC-32C of what was written."""
     files.mkdir(path)
     files.put(f"{path}/zarr.json", dumps(array_metadata(array.dtype, array.shape, chunks)))
     if array.size == 0:
-        return
-    data = _flat(array)
+        return 0
+    data, checksum = _flat(array), 0
     size = chunks[0] * array.itemsize * math.prod(array.shape[1:]) if array.ndim else array.itemsize
     tail = (0,) * (array.ndim - 1)
     for index, start in enumerate(range(0, len(data), size)):
         part = data[start:start + size]
+        checksum = crc32c.crc32c(part, checksum)
         files.put(f"{path}/{_chunk_key((index, *tail)[:array.ndim], ('default', '.'))}", part,
                   bytes(size - len(part)))
+    return checksum
 
 
 def _write_with_zarr(where: Location, name: str, array: np.ndarray, chunks: list[int], compression: str) -> None:
     import zarr
 
-    target = zarr.create_array(where._store(read_only=False), name=name, shape=array.shape, dtype=array.dtype,
+    target = zarr.create_array(where.zarr_store(read_only=False), name=name, shape=array.shape, dtype=array.dtype,
                                chunks=tuple(chunks), compressors=[_codec(compression)], fill_value=0,
                                chunk_key_encoding={"name": "default", "separator": "."},
                                config={"write_empty_chunks": True}, overwrite=True)
@@ -195,7 +199,7 @@ def _write_with_zarr(where: Location, name: str, array: np.ndarray, chunks: list
 
 def read_group_entry(where: Location, node: str, epoch: int) -> dict[str, Any] | None:
     """The entry stored in the group's attributes (validated), or ``None`` if there is no group."""
-    (data,) = where.files.read_small([f"{where.path}/zarr.json"], _META_LIMIT << 6)
+    (data,) = where.files.read_small([f"{where.path}/zarr.json"], MAX_JSON_BYTES)
     if isinstance(data, FileNotFoundError):
         return None
     if isinstance(data, OSError):
@@ -386,6 +390,6 @@ def _read_with_zarr(where: Location, label: str, plan: _Plan) -> None:
         if key not in present:
             raise CheckpointCorruptError(f"{label}, chunk {key}: the chunk file is missing")
     try:
-        plan.out[...] = zarr.open_array(where._store(read_only=True), path=plan.name, mode="r", zarr_format=3)[...]
+        plan.out[...] = zarr.open_array(where.zarr_store(read_only=True), path=plan.name, mode="r", zarr_format=3)[...]
     except Exception as exc:  # the chunks exist, so a failure to decode them means they are damaged
         raise CheckpointCorruptError(f"{label}: cannot decode the stored chunks: {exc}") from exc

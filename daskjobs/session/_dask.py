@@ -358,7 +358,7 @@ class DaskSession(Session):
         elif isinstance(exc, NoValidWorkerError | NoWorkerError):
             what = f"no worker served node(s) {nodes} for {exc.timeout:g} s"
         else:
-            what = f"the connection to the Dask cluster broke while running on node(s) {nodes} ({exc!r})"
+            what = f"the run on node(s) {nodes} was cancelled or lost its connection to the Dask cluster ({exc!r})"
         return NodeLostError(f"{what}. {_RECOVERY_HINT}", nodes)
 
     def _unplace(self, nodes: Iterable[str]) -> None:
