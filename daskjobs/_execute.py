@@ -346,6 +346,11 @@ def run_node_task(
     """Edge mode: run one task; ``producer_results`` are the captures its inputs come from."""
     state = check_token(provider.node_state(plan.node, run.token), run.token)
     spec = next(s for s in plan.tasks if s.index == index)
+    if opened not in state.runs:
+        raise NodeLostError(
+            f"node {plan.node!r} lost the run {opened!r} it opened (its worker restarted); restore from a checkpoint",
+            [plan.node],
+        )
     inputs = {local: producer_results[i][out][0] for i, (local, _, out) in enumerate(spec.inputs)}
     return state.runs[opened].run_task(spec, inputs)
 

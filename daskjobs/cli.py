@@ -10,6 +10,8 @@ Examples
 
     daskjobs --version
     daskjobs worker tcp://127.0.0.1:8786 --node ps --node trainer --nthreads 4
+    daskjobs demo --checkpoint-dir /tmp/demo
+    daskjobs checkpoints list /tmp/demo
 """
 
 from __future__ import annotations
@@ -104,6 +106,22 @@ def run_worker(args: argparse.Namespace) -> int:
         os.execv(argv[0], argv)  # never returns
     print(shlex.join(argv))
     return 0
+
+
+@subcommand
+def demo_command(subparsers: Subparsers) -> None:
+    """``daskjobs demo``: the bundled parameter-server training job."""
+    from .demo import add_demo_parser
+
+    add_demo_parser(subparsers)
+
+
+@subcommand
+def checkpoints_command(subparsers: Subparsers) -> None:
+    """``daskjobs checkpoints``: list, show, verify, prune and unlock checkpoint prefixes."""
+    from .checkpoint._inspect import add_checkpoints_parser
+
+    add_checkpoints_parser(subparsers)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,15 +12,30 @@ NODES = ["local", "a", "b", "c", "ps", "trainer_0", "trainer_1", "trainer_2"]
 """Node names tests may use: every session kind serves exactly these."""
 
 
+WORKERS = {"w0": ["local", "a", "c", "trainer_0", "trainer_2"], "w1": ["b", "ps", "trainer_1"]}
+"""How the shared test cluster spreads NODES over two worker processes."""
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """One process-based cluster for every DaskSession-parametrised test of the run."""
+    with dj.node_cluster(WORKERS, nthreads=2) as cluster:
+        yield cluster
+
+
 def _make_local(request: pytest.FixtureRequest) -> dj.Session:
     return dj.LocalSession()
 
 
-SESSION_KINDS = {"local": _make_local}
-"""Session factories by name; cluster-backed kinds are registered by the modules that provide them."""
+def _make_dask(request: pytest.FixtureRequest) -> dj.Session:
+    return dj.DaskSession(request.getfixturevalue("shared_cluster"))
 
 
-@pytest.fixture(params=sorted(SESSION_KINDS))
+SESSION_KINDS = {"local": _make_local, "dask": _make_dask}
+"""Session factories by name: in-process, and DaskSession over worker processes."""
+
+
+@pytest.fixture(params=[pytest.param("local"), pytest.param("dask", marks=pytest.mark.cluster)])
 def session(request: pytest.FixtureRequest):
     """A fresh open session of each kind, closed after the test."""
     made = SESSION_KINDS[request.param](request)

@@ -1,0 +1,113 @@
+"""The bundled demo end to end (embedded cluster, interrupt and resume) and the checkpoints CLI."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import daskjobs as dj
+from daskjobs.demo import DemoConfig, build_demo_job
+
+DASKJOBS = [sys.executable, "-m", "daskjobs.cli"]
+
+
+def daskjobs(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*DASKJOBS, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def epochs_printed(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"^epoch\s+(\d+)\s+loss", text, re.M)]
+
+
+def test_demo_job_converges_in_process():
+    """The demo's training converges: the loss falls and test accuracy beats chance by far."""
+    demo = build_demo_job(DemoConfig(samples=1000))
+    runner = dj.JobRunner(demo.job, progress=False)
+    last = runner.train(None)
+    assert 10 < last < DemoConfig.max_epochs
+    assert runner.history[-1].stop_values[demo.job.stop_conditions[0].names[0]] is True
+    assert float(demo.loss.fetch()) < 0.4
+    assert float(demo.test_accuracy.fetch()) > 0.8
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_demo_command_interrupted_and_resumed(tmp_path):
+    """`daskjobs demo` on its embedded cluster survives Ctrl-C and resumes from its checkpoints."""
+    checkpoints = str(tmp_path / "demo")
+    process = subprocess.Popen([*DASKJOBS, "demo", "--checkpoint-dir", checkpoints, "--samples", "400"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            seen.append(line)
+            if re.match(r"epoch\s+4\s+loss", line):
+                break
+        else:
+            pytest.fail(f"the demo printed no epoch 4 in time: {''.join(seen)}")
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    committed = [i.epoch for i in dj.list_checkpoints(checkpoints)]
+    assert committed and max(committed) >= 4
+    resumed = daskjobs("demo", "--checkpoint-dir", checkpoints, "--samples", "400", timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    epochs = epochs_printed(resumed.stdout)
+    assert epochs[0] == max(committed) + 1
+    assert "resumed from epoch" in resumed.stdout
+    final = dj.open_checkpoint(checkpoints)
+    assert final.epoch == epochs[-1]
+    assert final.record["stop_values"] and any(final.record["stop_values"].values())
+    assert [i.epoch for i in dj.list_checkpoints(checkpoints)] == [final.epoch - 2, final.epoch - 1, final.epoch]
+    again = daskjobs("demo", "--checkpoint-dir", checkpoints, "--samples", "400", "--local")
+    assert again.returncode == 0
+    assert "already finished" in again.stdout
+
+
+def test_checkpoints_cli(tmp_path):
+    """`daskjobs checkpoints list|show|verify|prune|unlock` work on a demo prefix."""
+    checkpoints = str(tmp_path / "demo")
+    run = daskjobs("demo", "--local", "--checkpoint-dir", checkpoints, "--samples", "200", "--max-epochs", "5",
+                   "--keep-last", "10")
+    assert run.returncode == 0, run.stderr
+    assert epochs_printed(run.stdout) == [1, 2, 3, 4, 5]
+    listed = daskjobs("checkpoints", "list", checkpoints)
+    assert [int(line.split()[0]) for line in listed.stdout.splitlines()] == [0, 1, 2, 3, 4, 5]
+    shown = daskjobs("checkpoints", "show", checkpoints, "--json")
+    assert json.loads(shown.stdout)["epoch"] == 5
+    assert "ps/weights: <f8 (17,)" in daskjobs("checkpoints", "show", checkpoints, "--epoch", "2").stdout
+    verified = daskjobs("checkpoints", "verify", checkpoints)
+    assert verified.returncode == 0
+    assert verified.stdout.count(": OK") == 6
+    pruned = daskjobs("checkpoints", "prune", checkpoints, "--keep-last", "2")
+    assert pruned.returncode == 0, pruned.stderr
+    assert [i.epoch for i in dj.list_checkpoints(checkpoints)] == [4, 5]
+    (chunk_path,) = glob.glob(os.path.join(checkpoints, "ps.5", "weights", "c*"))
+    with open(chunk_path, "r+b") as chunk:
+        chunk.seek(3)
+        byte = chunk.read(1)
+        chunk.seek(3)
+        chunk.write(bytes([byte[0] ^ 0xFF]))
+    broken = daskjobs("checkpoints", "verify", checkpoints, "--epoch", "5")
+    assert broken.returncode == 1
+    assert "epoch 5" in broken.stderr
+    assert "'ps'" in broken.stderr or "ps" in broken.stderr
+    assert "weights" in broken.stderr
+    dj.MultiNodeCheckpointManager(checkpoints).store.acquire_lock({"host": "h", "pid": 1, "job": "j", "started": ""})
+    assert "removed lock" in daskjobs("checkpoints", "unlock", checkpoints).stdout
+    missing = daskjobs("checkpoints", "show", str(tmp_path / "nothing"))
+    assert missing.returncode == 1
+    assert "no committed checkpoint" in missing.stderr
