@@ -31,10 +31,12 @@ def define_job(kill_marker: str | None = None, kill_epoch: int = 3) -> dj.Job:
                     Path(kill_marker).touch()
                     os.kill(os.getpid(), signal.SIGKILL)
                 ws["history"] = np.append(ws["history"], ws["w"].sum())
+                ws["ack"] = ws["w"].sum()
 
-            dj.Task(consume, inputs={"w": publish.outputs()[0]})
+            consumed = dj.Task(consume, inputs={"w": publish.outputs()[0]}, outputs="ack")
         with dj.Node("a"):
-            dj.Task(lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0), name="update")
+            dj.Task(lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0), name="update",
+                    inputs={"ack": consumed.outputs()[0]})
     return job
 
 
