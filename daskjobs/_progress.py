@@ -28,17 +28,32 @@ class EpochProgress:
         if enabled:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, initial=max(start - 1, 0), desc=f"job {job_name}", unit="epoch",
-                             dynamic_ncols=True, leave=True)
+            self._bar = tqdm(
+                total=total,
+                initial=max(start - 1, 0),
+                desc=f"job {job_name}",
+                unit="epoch",
+                dynamic_ncols=True,
+                leave=True,
+            )
 
     def update(self, record: EpochRecord) -> None:
         """Advance by one finished epoch."""
-        logger.info("epoch %d: %.3f s, checkpoint %.3f s (%d bytes), stop %s", record.epoch, record.seconds,
-                    record.checkpoint_seconds, record.checkpoint_bytes, record.stop_values)
+        logger.info(
+            "epoch %d: %.3f s, checkpoint %.3f s (%d bytes), stop %s",
+            record.epoch,
+            record.seconds,
+            record.checkpoint_seconds,
+            record.checkpoint_bytes,
+            record.stop_values,
+        )
         if self._bar is not None:
             stops = ",".join(f"{k}={int(v)}" for k, v in record.stop_values.items())
-            self._bar.set_postfix_str(f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s"
-                                      f"{' ' + stops if stops else ''}", refresh=False)
+            self._bar.set_postfix_str(
+                f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s"
+                f"{' ' + stops if stops else ''}",
+                refresh=False,
+            )
             self._bar.update(1)
 
     def close(self) -> None:

@@ -157,8 +157,12 @@ def build_demo_job(config: DemoConfig | None = None) -> DemoJob:
                 gradient = Task(_gradient, outputs="partial", inputs={"lookahead": publish.outputs()[0]})
                 partials[f"partial_{i}"] = gradient.outputs()[0]
         with Node("ps"):
-            apply = Task(_Apply(config.learning_rate, config.momentum, config.tolerance),
-                         inputs=partials, outputs=["loss", "converged"], name="apply")
+            apply = Task(
+                _Apply(config.learning_rate, config.momentum, config.tolerance),
+                inputs=partials,
+                outputs=["loss", "converged"],
+                name="apply",
+            )
             job.add_stop_condition(apply.outputs()[1])
             epoch_limiter(job, config.max_epochs)
             with job.download_group:
@@ -170,10 +174,17 @@ def build_demo_job(config: DemoConfig | None = None) -> DemoJob:
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``daskjobs demo``."""
-    parser = subparsers.add_parser("demo", help="train the bundled parameter-server demo, checkpointing every epoch",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint-dir", default="daskjobs-demo-checkpoints",
-                        help="checkpoint prefix (path or fsspec URL); re-running resumes from it")
+    parser = subparsers.add_parser(
+        "demo",
+        help="train the bundled parameter-server demo, checkpointing every epoch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default="daskjobs-demo-checkpoints",
+        help="checkpoint prefix (path or fsspec URL); re-running resumes from it",
+    )
     parser.add_argument("--scheduler", help="run on this existing Dask scheduler instead of an embedded cluster")
     parser.add_argument("--local", action="store_true", help="run in-process (LocalSession) instead of a cluster")
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint directory first")
@@ -198,9 +209,11 @@ def run_demo(args: argparse.Namespace) -> int:
     manager = MultiNodeCheckpointManager(args.checkpoint_dir, keep_last=args.keep_last)
 
     def report(record: EpochRecord) -> None:
-        print(f"epoch {record.epoch:4d}  loss {float(demo.loss.fetch()):.6f}  "
-              f"epoch {record.seconds * 1000:7.1f} ms  checkpoint {record.checkpoint_seconds * 1000:7.1f} ms",
-              flush=True)
+        print(
+            f"epoch {record.epoch:4d}  loss {float(demo.loss.fetch()):.6f}  "
+            f"epoch {record.seconds * 1000:7.1f} ms  checkpoint {record.checkpoint_seconds * 1000:7.1f} ms",
+            flush=True,
+        )
 
     runner = JobRunner(demo.job, manager, on_epoch=report, progress=False)
     started = time.perf_counter()
@@ -215,12 +228,15 @@ def run_demo(args: argparse.Namespace) -> int:
         with node_cluster(config.nodes(), nthreads=1) as cluster, DaskSession(cluster) as session:
             print(f"dashboard: {cluster.dashboard_link}", flush=True)
             last = runner.train(session)
-    resumed = f" (resumed from epoch {runner.history[0].epoch - 1})" if runner.history and runner.history[0].epoch > 1 \
-        else ""
+    resumed = (
+        f" (resumed from epoch {runner.history[0].epoch - 1})" if runner.history and runner.history[0].epoch > 1 else ""
+    )
     if not runner.history:
         print(f"the job had already finished at epoch {last}; use --fresh to train again")
-    print(f"finished at epoch {last}{resumed} in {time.perf_counter() - started:.1f} s: "
-          f"test accuracy {float(demo.test_accuracy.fetch()):.4f}; checkpoints in {manager.store.url}")
+    print(
+        f"finished at epoch {last}{resumed} in {time.perf_counter() - started:.1f} s: "
+        f"test accuracy {float(demo.test_accuracy.fetch()):.4f}; checkpoints in {manager.store.url}"
+    )
     return 0
 
 

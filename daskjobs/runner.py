@@ -363,7 +363,7 @@ class JobRunner:
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:
         try:
             manager.store.release_lock()
-        except Exception as exc:  # noqa: BLE001 - never mask the error that ended the run
+        except Exception as exc:
             logger.warning(
                 "could not release the writer lock of %s: %s; run 'daskjobs checkpoints unlock %s'",
                 manager.store.url,

@@ -79,10 +79,12 @@ def test_resuming_a_stopped_job_runs_no_epoch(prefix):
 
 def test_async_save_resumes(prefix):
     """A job saved asynchronously resumes from its latest commit and finishes equal."""
-    dj.JobRunner(define_job(None), dj.MultiNodeCheckpointManager(prefix, async_save=True), max_epochs=3,
-                 progress=False).train(None)
-    runner = dj.JobRunner(define_job(None), dj.MultiNodeCheckpointManager(prefix, async_save=True), max_epochs=6,
-                          progress=False)
+    dj.JobRunner(
+        define_job(None), dj.MultiNodeCheckpointManager(prefix, async_save=True), max_epochs=3, progress=False
+    ).train(None)
+    runner = dj.JobRunner(
+        define_job(None), dj.MultiNodeCheckpointManager(prefix, async_save=True), max_epochs=6, progress=False
+    )
     assert runner.train(None) == 6
     assert [r.epoch for r in runner.history] == [4, 5, 6]
     assert final_state(prefix)[1][5, 5] == triangular(6)
@@ -91,8 +93,7 @@ def test_async_save_resumes(prefix):
 def test_async_save_error_surfaces_at_the_next_save(prefix):
     """A background write that fails is raised at the next save; later epochs are not committed."""
     job = define_job(6, break_storage=(prefix, 3))
-    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix, async_save=True), save_retries=0,
-                          progress=False)
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix, async_save=True), save_retries=0, progress=False)
     with pytest.raises(CheckpointWriteError, match="epoch 2"):
         runner.train(None)
     os.remove(prefix)
@@ -100,12 +101,15 @@ def test_async_save_error_surfaces_at_the_next_save(prefix):
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1]
 
 
-@pytest.mark.parametrize(("keep_last", "keep_every", "expected"), [
-    (3, None, [18, 19, 20]),
-    (2, 5, [0, 5, 10, 15, 19, 20]),
-    (None, 7, [0, 7, 14, 20]),
-    (None, None, list(range(21))),
-])
+@pytest.mark.parametrize(
+    ("keep_last", "keep_every", "expected"),
+    [
+        (3, None, [18, 19, 20]),
+        (2, 5, [0, 5, 10, 15, 19, 20]),
+        (None, 7, [0, 7, 14, 20]),
+        (None, None, list(range(21))),
+    ],
+)
 def test_retention(prefix, keep_last, keep_every, expected):
     """Retention keeps exactly the newest keep_last and every keep_every-th epoch, never foreign files."""
     os.makedirs(prefix)
@@ -138,8 +142,9 @@ def test_s3_prefix_full_cycle(s3_prefix):
     manager = dj.MultiNodeCheckpointManager(url, storage_options=options, keep_last=2)
     dj.JobRunner(define_job(None), manager, max_epochs=3, progress=False).train(None)
     assert [i.epoch for i in dj.list_checkpoints(url, storage_options=options)] == [2, 3]
-    runner = dj.JobRunner(define_job(None), dj.MultiNodeCheckpointManager(url, storage_options=options),
-                          max_epochs=5, progress=False)
+    runner = dj.JobRunner(
+        define_job(None), dj.MultiNodeCheckpointManager(url, storage_options=options), max_epochs=5, progress=False
+    )
     assert runner.train(None) == 5
     assert [r.epoch for r in runner.history] == [4, 5]
     view = dj.open_checkpoint(url, storage_options=options)

@@ -81,7 +81,7 @@ def test_resume_from_every_epoch(session, prefix, resume_from):
     """Resuming from any saved epoch with a fresh manager reaches the same final state."""
     job, _ = make_job()
     dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(dj.LocalSession())
-    job, (total,) = make_job()
+    job, _ = make_job()
     runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), resume_from_epoch=resume_from, progress=False)
     assert runner.train(session) == 4
     assert int(session.fetch("total", "trainer_0")) == 145
@@ -165,13 +165,20 @@ def test_upload_download_exit_order(session, prefix):
     with dj.Cluster(), dj.Job(name="pipeline") as job:
         build_pipeline(job, "trainer_0")
         with job.download_group:
-            dj.Task(lambda ws: ws.__setitem__("downloaded", ws["total"] * 2 + ws["uploaded_epoch"] * 0),
-                    node="trainer_0", workspace_type=dj.WorkspaceType.GLOBAL)
+            dj.Task(
+                lambda ws: ws.__setitem__("downloaded", ws["total"] * 2 + ws["uploaded_epoch"] * 0),
+                node="trainer_0",
+                workspace_type=dj.WorkspaceType.GLOBAL,
+            )
         with job.exit_group:
-            dj.Task(lambda ws: ws.__setitem__("exited", ws["downloaded"] + 1), node="trainer_0",
-                    workspace_type=dj.WorkspaceType.GLOBAL)
-    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), upload_task_group_builder=RecordingUploader(),
-                          progress=False)
+            dj.Task(
+                lambda ws: ws.__setitem__("exited", ws["downloaded"] + 1),
+                node="trainer_0",
+                workspace_type=dj.WorkspaceType.GLOBAL,
+            )
+    runner = dj.JobRunner(
+        job, dj.MultiNodeCheckpointManager(prefix), upload_task_group_builder=RecordingUploader(), progress=False
+    )
     assert runner.train(session) == 4
     assert int(session.fetch("uploaded_epoch", "trainer_0")) == 4
     assert int(session.fetch("downloaded", "trainer_0")) == 290
@@ -182,8 +189,12 @@ def test_copy_uploader_makes_a_valid_checkpoint(session, prefix, tmp_path):
     """The ready uploader copies the final epoch to another prefix that opens and verifies."""
     destination = str(tmp_path / "uploaded")
     job, _ = make_job(NODES3[:2])
-    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False,
-                          upload_task_group_builder=dj.CopyCheckpointUploader(destination))
+    runner = dj.JobRunner(
+        job,
+        dj.MultiNodeCheckpointManager(prefix),
+        progress=False,
+        upload_task_group_builder=dj.CopyCheckpointUploader(destination),
+    )
     assert runner.train(session) == 4
     view = dj.open_checkpoint(destination)
     assert view.epoch == 4
@@ -206,12 +217,11 @@ def test_epoch_limiter_resumes_to_the_same_absolute_epoch(session, prefix):
     """epoch_limiter's counter is checkpointed: resuming from epoch 2 of 5 runs epochs 3, 4 and 5."""
 
     def define():
-        with dj.Cluster(), dj.Job(name="limited") as job:
-            with dj.Node("a"):
-                with job.init_group:
-                    dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
-                dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
-                dj.epoch_limiter(job, 5)
+        with dj.Cluster(), dj.Job(name="limited") as job, dj.Node("a"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
+            dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
+            dj.epoch_limiter(job, 5)
         return job
 
     assert dj.JobRunner(define(), dj.MultiNodeCheckpointManager(prefix), progress=False).train(session) == 5
@@ -246,7 +256,7 @@ def test_unwritable_prefix_is_detected_before_init(session, tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("not a directory")
     job, _ = make_job()
-    with pytest.raises(CheckpointWriteError, match="file.txt"):
+    with pytest.raises(CheckpointWriteError, match=r"file\.txt"):
         dj.JobRunner(job, dj.MultiNodeCheckpointManager(str(blocker / "ckpt")), progress=False).train(session)
     assert "trainer_0" not in session.nodes() or session.blobs("trainer_0") == []
 
@@ -271,8 +281,9 @@ def test_failing_save(prefix, policy, caplog):
         build_pipeline(job, "local")
         with dj.Node("local"):
             dj.Task(_vanish_prefix_at(prefix, 2, 4 if policy == "warn" else None), name="storage")
-    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), on_save_error=policy, save_retries=1,
-                          progress=False)
+    runner = dj.JobRunner(
+        job, dj.MultiNodeCheckpointManager(prefix), on_save_error=policy, save_retries=1, progress=False
+    )
     if policy == "raise":
         with pytest.raises(CheckpointWriteError, match="epoch 2"):
             runner.train(None)
@@ -326,7 +337,7 @@ def test_unknown_db_type_is_refused(prefix):
 
 def test_single_node_manager(session, prefix):
     """CheckpointManager handles exactly one node and refuses more."""
-    job, (total,) = make_job()
+    job, _ = make_job()
     manager = dj.CheckpointManager(prefix, "trainer_0")
     assert dj.JobRunner(job, manager, progress=False).train(session) == 4
     assert manager.blob_list() == ["cursor", "data", "total"]

@@ -43,8 +43,13 @@ def test_demo_job_converges_in_process():
 def test_demo_command_interrupted_and_resumed(tmp_path):
     """`daskjobs demo` on its embedded cluster survives Ctrl-C and resumes from its checkpoints."""
     checkpoints = str(tmp_path / "demo")
-    process = subprocess.Popen([*DASKJOBS, "demo", "--checkpoint-dir", checkpoints, "--samples", "400"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [*DASKJOBS, "demo", "--checkpoint-dir", checkpoints, "--samples", "400"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     try:
         deadline = time.monotonic() + 120
@@ -62,7 +67,8 @@ def test_demo_command_interrupted_and_resumed(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
     committed = [i.epoch for i in dj.list_checkpoints(checkpoints)]
-    assert committed and max(committed) >= 4
+    assert committed
+    assert max(committed) >= 4
     resumed = daskjobs("demo", "--checkpoint-dir", checkpoints, "--samples", "400", timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     epochs = epochs_printed(resumed.stdout)
@@ -70,7 +76,8 @@ def test_demo_command_interrupted_and_resumed(tmp_path):
     assert "resumed from epoch" in resumed.stdout
     final = dj.open_checkpoint(checkpoints)
     assert final.epoch == epochs[-1]
-    assert final.record["stop_values"] and any(final.record["stop_values"].values())
+    assert final.record["stop_values"]
+    assert any(final.record["stop_values"].values())
     assert [i.epoch for i in dj.list_checkpoints(checkpoints)] == [final.epoch - 2, final.epoch - 1, final.epoch]
     again = daskjobs("demo", "--checkpoint-dir", checkpoints, "--samples", "400", "--local")
     assert again.returncode == 0
@@ -80,8 +87,9 @@ def test_demo_command_interrupted_and_resumed(tmp_path):
 def test_checkpoints_cli(tmp_path):
     """`daskjobs checkpoints list|show|verify|prune|unlock` work on a demo prefix."""
     checkpoints = str(tmp_path / "demo")
-    run = daskjobs("demo", "--local", "--checkpoint-dir", checkpoints, "--samples", "200", "--max-epochs", "5",
-                   "--keep-last", "10")
+    run = daskjobs(
+        "demo", "--local", "--checkpoint-dir", checkpoints, "--samples", "200", "--max-epochs", "5", "--keep-last", "10"
+    )
     assert run.returncode == 0, run.stderr
     assert epochs_printed(run.stdout) == [1, 2, 3, 4, 5]
     listed = daskjobs("checkpoints", "list", checkpoints)

@@ -17,6 +17,10 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     """The notebook executes without an error."""
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    NotebookClient(
+        notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+    ]
     assert not errors

@@ -35,8 +35,11 @@ def define_job(kill_marker: str | None = None, kill_epoch: int = 3) -> dj.Job:
 
             consumed = dj.Task(consume, inputs={"w": publish.outputs()[0]}, outputs="ack")
         with dj.Node("a"):
-            dj.Task(lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0), name="update",
-                    inputs={"ack": consumed.outputs()[0]})
+            dj.Task(
+                lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0),
+                name="update",
+                inputs={"ack": consumed.outputs()[0]},
+            )
     return job
 
 
@@ -56,8 +59,13 @@ def cluster():
 def test_worker_killed_mid_epoch_is_recovered(cluster, tmp_path):
     """A worker dying inside epoch 3 is detected; all nodes restore epoch 2 and the run ends equal."""
     prefix = str(tmp_path / "ckpt")
-    runner = dj.JobRunner(define_job(str(tmp_path / "killed")), dj.MultiNodeCheckpointManager(prefix),
-                          max_epochs=6, max_failures=2, progress=False)
+    runner = dj.JobRunner(
+        define_job(str(tmp_path / "killed")),
+        dj.MultiNodeCheckpointManager(prefix),
+        max_epochs=6,
+        max_failures=2,
+        progress=False,
+    )
     with dj.DaskSession(cluster) as session:
         assert runner.train(session) == 6
         weights, history = session.fetch("weights", "a"), session.fetch("history", "b")
@@ -75,16 +83,23 @@ def test_worker_killed_between_epochs_is_recovered(cluster, tmp_path):
     """A worker restarted while idle (empty workspace, new incarnation) is never used silently."""
     prefix = str(tmp_path / "ckpt")
     with dj.DaskSession(cluster) as session:
-        worker_b = next(addr for addr, info in session.client.scheduler_info()["workers"].items()
-                        if info["name"] == "b")
+        worker_b = next(
+            addr for addr, info in session.client.scheduler_info()["workers"].items() if info["name"] == "b"
+        )
         pid_b = session.client.run(os.getpid, workers=[worker_b])[worker_b]
 
         def kill_after_epoch_two(record):
             if record.epoch == 2:
                 os.kill(pid_b, signal.SIGKILL)
 
-        runner = dj.JobRunner(define_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=5, max_failures=1,
-                              on_epoch=kill_after_epoch_two, progress=False)
+        runner = dj.JobRunner(
+            define_job(),
+            dj.MultiNodeCheckpointManager(prefix),
+            max_epochs=5,
+            max_failures=1,
+            on_epoch=kill_after_epoch_two,
+            progress=False,
+        )
         assert runner.train(session) == 5
         history = session.fetch("history", "b")
     assert np.array_equal(history, reference(5)[1])

@@ -35,8 +35,9 @@ def snapshot(blobs: dict[str, np.ndarray], buffers: dict[str, np.ndarray]) -> di
 class BackgroundSave:
     """One node's checkpoint write running in a thread; at most one per node."""
 
-    def __init__(self, store: CheckpointStore, node: str, epoch: int, save_id: str,
-                 blobs: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self, store: CheckpointStore, node: str, epoch: int, save_id: str, blobs: dict[str, np.ndarray]
+    ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
         self._entry: dict[str, Any] | None = None
         self._error: BaseException | None = None
@@ -46,7 +47,7 @@ class BackgroundSave:
     def _write(self) -> None:
         try:
             self._entry = self.store.write_node(self.node, self.epoch, self.blobs, save_id=self.save_id)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by result()
+        except BaseException as exc:
             self._error = exc
 
     def done(self) -> bool:
@@ -78,8 +79,9 @@ class AsyncSaveStep:
         state = ws._state
         running = state.services.get(SAVER)
         if running is not None and not running.done():
-            raise CheckpointError(f"node {self.node!r} still writes epoch {running.epoch}; wait for it before saving "
-                                  f"epoch {self.epoch}")
+            raise CheckpointError(
+                f"node {self.node!r} still writes epoch {running.epoch}; wait for it before saving epoch {self.epoch}"
+            )
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies

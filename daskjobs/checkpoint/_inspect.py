@@ -43,8 +43,15 @@ def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = No
 
 def _info(record: dict[str, Any]) -> CheckpointInfo:
     nbytes = sum(int(entry.get("bytes", 0)) for entry in record["node_entries"].values())
-    return CheckpointInfo(record["epoch"], record["job"], list(record["nodes"]), nbytes, record.get("created", ""),
-                          dict(record.get("stop_values", {})), record)
+    return CheckpointInfo(
+        record["epoch"],
+        record["job"],
+        list(record["nodes"]),
+        nbytes,
+        record.get("created", ""),
+        dict(record.get("stop_values", {})),
+        record,
+    )
 
 
 class NodeCheckpoint(Mapping[str, np.ndarray]):
@@ -72,12 +79,15 @@ class NodeCheckpoint(Mapping[str, np.ndarray]):
         meta = self._entry["blobs"].get(blob)
         if meta is None:
             raise KeyError(f"node {self.node!r} has no blob {blob!r} in epoch {self.epoch}")
-        array = da.from_zarr(f"{self._store.db_name(self.node, self.epoch)}/{blob}",
-                             storage_options=self._store.storage_options or None)
+        array = da.from_zarr(
+            f"{self._store.db_name(self.node, self.epoch)}/{blob}", storage_options=self._store.storage_options or None
+        )
         if list(array.shape) != list(meta["shape"]) or array.dtype != np.dtype(meta["dtype"]).newbyteorder("="):
-            raise CheckpointError(f"epoch {self.epoch}, node {self.node!r}, blob {blob!r}: array is "
-                                  f"{array.dtype}{list(array.shape)} but the commit record says {meta['dtype']}"
-                                  f"{meta['shape']}")
+            raise CheckpointError(
+                f"epoch {self.epoch}, node {self.node!r}, blob {blob!r}: array is "
+                f"{array.dtype}{list(array.shape)} but the commit record says {meta['dtype']}"
+                f"{meta['shape']}"
+            )
         return array
 
     def __repr__(self) -> str:
@@ -130,14 +140,18 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         rows = "".join(
             f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{meta['dtype']}</td>"
             f"<td>{tuple(meta['shape'])}</td></tr>"
-            for node in self.nodes for name, meta in sorted(self.record["node_entries"][node]["blobs"].items())
+            for node in self.nodes
+            for name, meta in sorted(self.record["node_entries"][node]["blobs"].items())
         )
-        return (f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch}"
-                f"<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th></tr>{rows}</table>")
+        return (
+            f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch}"
+            f"<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th></tr>{rows}</table>"
+        )
 
 
-def open_checkpoint(db_prefix: str, epoch: int | None = None,
-                    storage_options: dict[str, Any] | None = None) -> CheckpointView:
+def open_checkpoint(
+    db_prefix: str, epoch: int | None = None, storage_options: dict[str, Any] | None = None
+) -> CheckpointView:
     """A read-only view of committed ``epoch`` (default: the latest) under ``db_prefix``.
 
     Works while a runner holds the prefix's writer lock.
@@ -160,10 +174,13 @@ def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``daskjobs checkpoints list|show|verify|prune|unlock``."""
     parser = subparsers.add_parser("checkpoints", help="inspect, verify and prune checkpoints under a prefix")
     actions = parser.add_subparsers(dest="action", required=True)
-    for name, text in [("list", "committed epochs, one line each"), ("show", "blobs of one epoch (default latest)"),
-                       ("verify", "read and verify every blob of one epoch (default: all epochs)"),
-                       ("prune", "delete old committed epochs and uncommitted leftovers"),
-                       ("unlock", "break a stale writer lock")]:
+    for name, text in [
+        ("list", "committed epochs, one line each"),
+        ("show", "blobs of one epoch (default latest)"),
+        ("verify", "read and verify every blob of one epoch (default: all epochs)"),
+        ("prune", "delete old committed epochs and uncommitted leftovers"),
+        ("unlock", "break a stale writer lock"),
+    ]:
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("db_prefix", help="checkpoint prefix: a path or fsspec URL")
         if name in ("show", "verify"):
@@ -186,8 +203,10 @@ def run_checkpoints(args: argparse.Namespace) -> int:
             print(json.dumps([i.record for i in infos], indent=2))
         for info in [] if args.json else infos:
             stops = ",".join(k for k, v in info.stop_values.items() if v) or "-"
-            print(f"{info.epoch:8d}  {info.job}  nodes={','.join(info.nodes)}  {info.nbytes} bytes  "
-                  f"{info.created}  stopped={stops}")
+            print(
+                f"{info.epoch:8d}  {info.job}  nodes={','.join(info.nodes)}  {info.nbytes} bytes  "
+                f"{info.created}  stopped={stops}"
+            )
         if not infos and not args.json:
             print(f"no committed checkpoints under {store.url}")
     elif args.action == "show":
@@ -218,8 +237,9 @@ def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
     import socket
 
     if not args.dry_run:
-        store.acquire_lock({"host": socket.gethostname(), "pid": os.getpid(), "job": "daskjobs checkpoints prune",
-                            "started": ""})
+        store.acquire_lock(
+            {"host": socket.gethostname(), "pid": os.getpid(), "job": "daskjobs checkpoints prune", "started": ""}
+        )
     try:
         return _prune_locked(store, args)
     finally:
@@ -231,7 +251,7 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
     epochs = store.committed_epochs()
     keep = set(epochs[-1:])
     if args.keep_last is not None:
-        keep.update(epochs[-args.keep_last:] if args.keep_last > 0 else [])
+        keep.update(epochs[-args.keep_last :] if args.keep_last > 0 else [])
     if args.keep_every is not None:
         keep.update(e for e in epochs if e % args.keep_every == 0)
     if args.keep_last is None and args.keep_every is None:

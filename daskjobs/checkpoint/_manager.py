@@ -149,10 +149,19 @@ class MultiNodeCheckpointManager:
     True
     """
 
-    def __init__(self, db_prefix: str, db_type: str = "zarr", metadata_handler: MetadataHandler | None = None,
-                 *, storage_options: dict[str, Any] | None = None, keep_last: int | None = None,
-                 keep_every: int | None = None, compression: str | None = None, fsync: bool = True,
-                 async_save: bool = False) -> None:
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str = "zarr",
+        metadata_handler: MetadataHandler | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        compression: str | None = None,
+        fsync: bool = True,
+        async_save: bool = False,
+    ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
         for label, value in (("keep_last", keep_last), ("keep_every", keep_every)):
@@ -180,16 +189,27 @@ class MultiNodeCheckpointManager:
     def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
         return [validate_name(str(n), "node") for n in nodes]
 
-    def set_params(self, nodes: Sequence[str | Node], path_prefix: str | None = None, path_type: str | None = None,
-                   *, job_name: str | None = None) -> None:
+    def set_params(
+        self,
+        nodes: Sequence[str | Node],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        job_name: str | None = None,
+    ) -> None:
         """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
         self._nodes = self._node_names(nodes)
         if job_name is not None:
             self._job_name = validate_name(job_name, "job")
         self._path_prefix = path_prefix or self._path_prefix
         self._path_type = path_type or self._path_type
-        self._handler.set_params(db_prefix=self.db_prefix, db_type=self.db_type, node_names=list(self._nodes),
-                                 path_prefix=path_prefix, path_type=path_type)
+        self._handler.set_params(
+            db_prefix=self.db_prefix,
+            db_type=self.db_type,
+            node_names=list(self._nodes),
+            path_prefix=path_prefix,
+            path_type=path_type,
+        )
 
     def nodes(self) -> list[str]:
         """The checkpointed nodes (after :meth:`init` or :meth:`set_params`)."""
@@ -229,8 +249,13 @@ class MultiNodeCheckpointManager:
             make_task(group, node)
         return group
 
-    def init(self, nodes: Sequence[str | Node] | None = None, retrieve_from_epoch: int | None = None,
-             path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
+    def init(
+        self,
+        nodes: Sequence[str | Node] | None = None,
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> TaskGroup:
         """A group checking, on each node, that the prefix is writable (or ``retrieve_from_epoch`` readable)."""
         if nodes is not None:
             names = self._node_names(nodes)
@@ -241,8 +266,11 @@ class MultiNodeCheckpointManager:
             self._nodes = self._initialised_nodes = names
         if path_type not in (None, "zarr"):
             raise JobDefinitionError(f"unsupported path_type {path_type!r}: daskjobs checkpoints are 'zarr'")
-        return self._group(lambda group, node: Task(_CheckStep(self.store, node, retrieve_from_epoch), group=group,
-                                                    node=node, name="checkpoint_init"))
+        return self._group(
+            lambda group, node: Task(
+                _CheckStep(self.store, node, retrieve_from_epoch), group=group, node=node, name="checkpoint_init"
+            )
+        )
 
     def save(self, epoch: int) -> TaskGroup:
         """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
@@ -251,15 +279,29 @@ class MultiNodeCheckpointManager:
         ``async_save``, by the :meth:`flush` after the background writes finished).
         """
         if self._pending is not None:
-            raise CheckpointError(f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}")
+            raise CheckpointError(
+                f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
+            )
         save_id = self._save_ids[epoch] = uuid.uuid4().hex
         if self.async_save:
-            return self._group(lambda g, node: Task(AsyncSaveStep(self.store, node, epoch, save_id), group=g,
-                                                    node=node, name="checkpoint_save"))
+            return self._group(
+                lambda g, node: Task(
+                    AsyncSaveStep(self.store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
+                )
+            )
         tasks: list[Task] = []
-        group = self._group(lambda g, node: tasks.append(Task(_SaveStep(self.store, node, epoch, save_id), group=g,
-                                                              node=node, name="checkpoint_save", outputs=ENTRY_BLOB)),
-                            WorkspaceType.PRIVATE)
+        group = self._group(
+            lambda g, node: tasks.append(
+                Task(
+                    _SaveStep(self.store, node, epoch, save_id),
+                    group=g,
+                    node=node,
+                    name="checkpoint_save",
+                    outputs=ENTRY_BLOB,
+                )
+            ),
+            WorkspaceType.PRIVATE,
+        )
         self._save_tasks[epoch] = tasks
         return group
 
@@ -270,10 +312,18 @@ class MultiNodeCheckpointManager:
         epoch, stop_values, timings = self._pending
         save_id = self._save_ids[epoch]
         tasks: list[Task] = []
-        group = self._group(lambda g, node: tasks.append(Task(WaitSaveStep(node, epoch, save_id, ENTRY_BLOB), group=g,
-                                                              node=node, name="checkpoint_wait",
-                                                              outputs=ENTRY_BLOB)),
-                            WorkspaceType.PRIVATE)
+        group = self._group(
+            lambda g, node: tasks.append(
+                Task(
+                    WaitSaveStep(node, epoch, save_id, ENTRY_BLOB),
+                    group=g,
+                    node=node,
+                    name="checkpoint_wait",
+                    outputs=ENTRY_BLOB,
+                )
+            ),
+            WorkspaceType.PRIVATE,
+        )
         session.run_group(group, job=self._job_name, epoch=epoch)
         self._pending = None
         self._save_tasks[epoch] = tasks
@@ -299,21 +349,31 @@ class MultiNodeCheckpointManager:
         store, record = self._commit_of(epoch, path_prefix)
         missing = [n for n in self.nodes() if n not in record["nodes"]]
         if missing:
-            raise CheckpointError(f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; "
-                                  f"it holds {record['nodes']}")
+            raise CheckpointError(
+                f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
+            )
         entries = record["node_entries"]
         self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
-        return self._group(lambda g, node: Task(_LoadStep(store, node, epoch, entries[node]), group=g, node=node,
-                                                name="checkpoint_load"))
+        return self._group(
+            lambda g, node: Task(
+                _LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
+            )
+        )
 
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
         """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``."""
         names = tuple(validate_name(b, "blob") for b in blob_names)
         _, record = self._commit_of(epoch)
         entries = record["node_entries"]
-        return self._group(lambda g, node: Task(_LoadStep(self.store, node, epoch, entries[node], names), group=g,
-                                                node=node, name="checkpoint_partial_load"))
+        return self._group(
+            lambda g, node: Task(
+                _LoadStep(self.store, node, epoch, entries[node], names),
+                group=g,
+                node=node,
+                name="checkpoint_partial_load",
+            )
+        )
 
     def check_db_exists(self, epoch: int) -> bool:
         """Whether ``epoch`` is committed and holds every checkpointed node."""
@@ -323,8 +383,9 @@ class MultiNodeCheckpointManager:
             return False
         return all(n in record["nodes"] for n in self.nodes())
 
-    def load_blobs_locally(self, nodes: Sequence[str | Node], blob_names: Sequence[str], epoch: int,
-                           session: Session) -> bool:
+    def load_blobs_locally(
+        self, nodes: Sequence[str | Node], blob_names: Sequence[str], epoch: int, session: Session
+    ) -> bool:
         """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
 
         Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
@@ -342,8 +403,9 @@ class MultiNodeCheckpointManager:
         return True
 
     # -- commit ---------------------------------------------------------------------------
-    def write_checkpoint_metadata(self, epoch: int, *, stop_values: dict[str, bool] | None = None,
-                                  timings: dict[str, float] | None = None) -> None:
+    def write_checkpoint_metadata(
+        self, epoch: int, *, stop_values: dict[str, bool] | None = None, timings: dict[str, float] | None = None
+    ) -> None:
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
 
         With ``async_save`` the commit waits for :meth:`flush`.
@@ -378,7 +440,7 @@ class MultiNodeCheckpointManager:
         epochs = self.store.committed_epochs()
         keep = {newest}
         if self.keep_last is not None:
-            keep.update(epochs[-self.keep_last:])
+            keep.update(epochs[-self.keep_last :])
         if self.keep_every is not None:
             keep.update(e for e in epochs if e % self.keep_every == 0)
         for epoch in epochs:
@@ -397,8 +459,9 @@ class MultiNodeCheckpointManager:
         for later in newer:
             self.store.uncommit(later)
         if newer:
-            logger.warning("resuming from epoch %d: discarded newer committed epochs %s under %s",
-                           epoch, newer, self.store.url)
+            logger.warning(
+                "resuming from epoch %d: discarded newer committed epochs %s under %s", epoch, newer, self.store.url
+            )
         return newer
 
     # -- statistics -----------------------------------------------------------------------
@@ -417,8 +480,10 @@ class MultiNodeCheckpointManager:
 
     def _repr_html_(self) -> str:
         epochs = self.store.committed_epochs()
-        return (f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
-                f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}")
+        return (
+            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
+            f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}"
+        )
 
 
 class CheckpointManager(MultiNodeCheckpointManager):
@@ -431,8 +496,14 @@ class CheckpointManager(MultiNodeCheckpointManager):
     ['trainer']
     """
 
-    def __init__(self, db_prefix: str, node_name: str | Node, db_type: str = "zarr",
-                 metadata_handler: MetadataHandler | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        db_prefix: str,
+        node_name: str | Node,
+        db_type: str = "zarr",
+        metadata_handler: MetadataHandler | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(db_prefix, db_type, metadata_handler, **options)
         self.node_name = validate_name(str(node_name), "node")
         self._nodes = [self.node_name]
@@ -446,8 +517,14 @@ class CheckpointManager(MultiNodeCheckpointManager):
             )
         return [self.node_name]
 
-    def set_params(self, nodes: Sequence[str | Node], path_prefix: str | None = None, path_type: str | None = None,
-                   *, job_name: str | None = None) -> None:
+    def set_params(
+        self,
+        nodes: Sequence[str | Node],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        job_name: str | None = None,
+    ) -> None:
         """As :meth:`MultiNodeCheckpointManager.set_params`; ``nodes`` is ignored (always this node)."""
         super().set_params([self.node_name], path_prefix, path_type, job_name=job_name)
 

@@ -17,8 +17,14 @@ logger = logging.getLogger("daskjobs")
 class MetadataHandler(Protocol):
     """What a checkpoint manager asks about the checkpoints it writes (Caffe2's protocol)."""
 
-    def set_params(self, db_prefix: str, db_type: str, node_names: list[str], path_prefix: str | None = None,
-                   path_type: str | None = None) -> None:
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: list[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         """Where the checkpoints live and for which nodes."""
 
     def last_epoch(self, user_epoch: int | None = None) -> int | None:
@@ -45,8 +51,14 @@ class CommitRecordHandler:
         self._store = store
         self.last_report: tuple[str, dict[str, Any]] | None = None
 
-    def set_params(self, db_prefix: str, db_type: str, node_names: list[str], path_prefix: str | None = None,
-                   path_type: str | None = None) -> None:
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: list[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         """Nothing to remember: the manager's store knows the prefix."""
 
     def last_epoch(self, user_epoch: int | None = None) -> int | None:

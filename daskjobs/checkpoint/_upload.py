@@ -47,8 +47,10 @@ class _CopyStep:
         if src_fs.isfile(src_root):
             pairs = [(src_root, dst_root)]
         else:
-            pairs = [(path, f"{dst_root.rstrip('/')}/{path[len(src_root.rstrip('/')) + 1:]}")
-                     for path in src_fs.find(src_root)]
+            pairs = [
+                (path, f"{dst_root.rstrip('/')}/{path[len(src_root.rstrip('/')) + 1 :]}")
+                for path in src_fs.find(src_root)
+            ]
         for source, target in pairs:
             dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
             dst_fs.pipe_file(target, src_fs.cat_file(source))
@@ -83,12 +85,17 @@ class CopyCheckpointUploader(UploadTaskGroupBuilder):
         group = TaskGroup(WorkspaceType.PRIVATE)
         done = {}
         for node in checkpoint_manager.nodes():
-            step = _CopyStep(store.db_name(node, epoch), f"{self.destination}/{node}.{epoch}",
-                             store.storage_options, self.storage_options)
-            done[f"{_DONE}.{node}"] = Task(step, group=group, node=node, name="checkpoint_upload",
-                                           outputs=_DONE).outputs()[0]
+            step = _CopyStep(
+                store.db_name(node, epoch),
+                f"{self.destination}/{node}.{epoch}",
+                store.storage_options,
+                self.storage_options,
+            )
+            done[f"{_DONE}.{node}"] = Task(
+                step, group=group, node=node, name="checkpoint_upload", outputs=_DONE
+            ).outputs()[0]
         commit = store.commit_path(epoch)
-        relative = commit[len(store.url) + 1:]
+        relative = commit[len(store.url) + 1 :]
         step = _CopyStep(commit, f"{self.destination}/{relative}", store.storage_options, self.storage_options)
         Task(step, group=group, node=checkpoint_manager.nodes()[0], name="checkpoint_upload_commit", inputs=done)
         return group
