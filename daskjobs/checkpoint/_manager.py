@@ -11,14 +11,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
-from ._async import AsyncSaveStep, WaitSaveStep
+from ._async import AsyncSaveStep, WaitSaveStep, entry_array
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
 from ._store import CheckpointStore
@@ -54,10 +52,6 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     return f"{db_prefix.rstrip('/')}/{name}"
 
 
-def _entry_array(entry: dict[str, Any]) -> np.ndarray:
-    return np.frombuffer(json.dumps(entry).encode(), dtype=np.uint8).copy()
-
-
 def _node_state(ws: Workspace) -> Any:
     return ws._state
 
@@ -76,7 +70,7 @@ class _SaveStep:
         with state.lock:
             blobs = dict(state.scope.blobs)
         entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
-        ws[ENTRY_BLOB] = _entry_array(entry)
+        ws[ENTRY_BLOB] = entry_array(entry)
 
 
 @dataclass(frozen=True)
