@@ -22,7 +22,7 @@ from daskjobs.errors import NodeLostError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(120)]
 
-WORKERS = {"a": ["a"], "b": ["b", "c"]}
+WORKERS = {"a": ["a", "ps"], "b": ["b", "c", "trainer_0", "trainer_1"]}
 """Worker process -> the nodes it serves (``daskjobs worker ... --node b --node c``)."""
 
 STARTUP_TIMEOUT = 60.0
@@ -146,7 +146,7 @@ def pipeline() -> tuple[dj.TaskGroup, dict[str, dj.TaskOutput]]:
 def test_group_runs_on_daskjobs_worker_processes(real_cluster):
     """Tasks run in the worker processes serving their nodes; data flows between them."""
     with dj.DaskSession(real_cluster.address) as session:
-        assert session.nodes() == ["a", "b", "c"]
+        assert session.nodes() == ["a", "b", "c", "ps", "trainer_0", "trainer_1"]
         group, outputs = pipeline()
         session.run(group)
         pids = {node: int(outputs[f"pid_{node}"].fetch()) for node in "abc"}
@@ -173,3 +173,28 @@ def test_restarted_workers_are_detected(real_cluster):
         session.run(group)
         assert float(outputs["total"].fetch()) == 10.0
         assert "weights" not in session.blobs("a")
+
+
+def test_checkpointed_job_resumes_after_workers_restart(real_cluster, tmp_path):
+    """The demo job on a real cluster ends as on LocalSession; after a restart of every worker it resumes."""
+    from daskjobs.demo import DemoConfig, build_demo_job
+
+    config = DemoConfig(trainers=2, samples=300, max_epochs=12)
+    reference = build_demo_job(config)
+    with dj.LocalSession() as local:
+        assert dj.JobRunner(reference.job, progress=False).train(local) == 12
+        expected = local.fetch("weights", "ps")
+
+    prefix = str(tmp_path / "ckpt")
+    first = build_demo_job(DemoConfig(trainers=2, samples=300, max_epochs=12))
+    with dj.DaskSession(real_cluster.address) as session:
+        runner = dj.JobRunner(first.job, dj.MultiNodeCheckpointManager(prefix), max_epochs=7, progress=False)
+        assert runner.train(session) == 7
+    real_cluster.restart_workers()
+    second = build_demo_job(DemoConfig(trainers=2, samples=300, max_epochs=12))
+    with dj.DaskSession(real_cluster.address) as session:
+        runner = dj.JobRunner(second.job, dj.MultiNodeCheckpointManager(prefix), progress=False)
+        assert runner.train(session) == 12
+        assert [r.epoch for r in runner.history] == [8, 9, 10, 11, 12]
+        assert np.array_equal(session.fetch("weights", "ps"), expected)
+    assert np.array_equal(dj.open_checkpoint(prefix)["ps"]["weights"], expected)
