@@ -124,7 +124,7 @@ def real_cluster(tmp_path: Path) -> Iterator[RealCluster]:
 
 def where(ws: dj.Workspace) -> None:
     ws["pid"] = os.getpid()
-    ws["served_by_b"] = get_worker().name == "b+c"
+    ws["served_by_b"] = get_worker().name == "+".join(WORKERS["b"])
 
 
 def pipeline() -> tuple[dj.TaskGroup, dict[str, dj.TaskOutput]]:
