@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -13,6 +15,7 @@ import numpy as np
 from ._model.job import Job
 from ._progress import EpochProgress
 from .errors import (
+    CheckpointLockedError,
     CheckpointWriteError,
     JobDefinitionError,
     NodeLostError,
@@ -50,6 +53,17 @@ class _Attempt:
     recoveries: int = 0
     failures: int = 0
     history: list[EpochRecord] = field(default_factory=list)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
@@ -99,6 +113,9 @@ class JobRunner:
         Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
     on_epoch
         Called with each :class:`EpochRecord` once its epoch is checkpointed.
+    break_lock
+        Take over the checkpoint prefix even if another runner's lock is on it. Without it, a
+        lock is broken only when its holder is a process of this host that no longer exists.
 
     Examples
     --------
@@ -125,6 +142,7 @@ class JobRunner:
         save_retries: int = 2,
         progress: bool | None = None,
         on_epoch: Callable[[EpochRecord], None] | None = None,
+        break_lock: bool = False,
     ) -> None:
         if not isinstance(job, Job):
             raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
@@ -146,6 +164,7 @@ class JobRunner:
         self.save_retries = save_retries
         self.progress = progress
         self.on_epoch = on_epoch
+        self.break_lock = break_lock
         self.history: list[EpochRecord] = []
         self._last_save: tuple[float, int] = (0.0, 0)
 
@@ -168,7 +187,7 @@ class JobRunner:
             if manager is not None:
                 manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
                 manager.store.check_writable()
-                manager.store.acquire_lock(self._lock_holder())
+                self._acquire_lock(manager)
             try:
                 if manager is not None:
                     for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
@@ -359,6 +378,17 @@ class JobRunner:
             raise JobDefinitionError("this JobRunner has no checkpoint manager")
         return self.checkpoint_manager
 
+    def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
+        holder = self._lock_holder()
+        try:
+            manager.store.acquire_lock(holder, break_lock=self.break_lock)
+        except CheckpointLockedError:
+            held = manager.store.read_lock() or {}
+            if held.get("host") != holder["host"] or not isinstance(held.get("pid"), int) or _alive(held["pid"]):
+                raise
+            logger.warning("breaking the stale checkpoint lock of %s: its holder %s is gone", manager.store.url, held)
+            manager.store.acquire_lock(holder, break_lock=True)
+
     @staticmethod
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:
         try:
@@ -372,9 +402,6 @@ class JobRunner:
             )
 
     def _lock_holder(self) -> dict[str, Any]:
-        import os
-        import socket
-
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -351,3 +354,48 @@ def test_naming():
     assert dj.get_ckpt_filename("trainer_0", 5) == "trainer_0.5"
     assert dj.db_name(5, "trainer_0", "T") == "T/trainer_0.5"
     assert dj.db_name(5, "trainer_0", "T", path_prefix="U/x_") == "U/x_trainer_0.5"
+
+
+def test_concurrent_runner_is_refused_while_the_first_trains(prefix):
+    """A second train() on a prefix another runner is training on is refused; the first finishes intact."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ws):
+        started.set()
+        release.wait(timeout=30)
+
+    with dj.Cluster(), dj.Job(name="pipeline") as job:
+        build_pipeline(job, "trainer_0")
+        dj.Task(slow, node="trainer_0", name="slow")
+    results = []
+    first = threading.Thread(
+        target=lambda: results.append(
+            dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
+        )
+    )
+    first.start()
+    try:
+        assert started.wait(timeout=30)
+        other, _ = make_job()
+        with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()}"):
+            dj.JobRunner(other, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
+    finally:
+        release.set()
+        first.join(timeout=60)
+    assert results == [4]
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3, 4]
+
+
+def test_stale_lock_of_a_dead_local_process_is_broken(prefix):
+    """A lock left by a process of this host that no longer exists is taken over with a warning."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    store = dj.MultiNodeCheckpointManager(prefix).store
+    store.check_writable()
+    store.acquire_lock({"host": socket.gethostname(), "pid": int(dead.stdout), "job": "pipeline", "started": ""})
+    job, _ = make_job()
+    assert dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None) == 4
+    assert store.read_lock() is None
