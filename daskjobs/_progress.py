@@ -21,7 +21,8 @@ def _interactive() -> bool:
 class EpochProgress:
     """Shows epoch time, checkpoint time and stop values as epochs complete."""
 
-    def __init__(self, enabled: bool | None, job_name: str, *, start: int, total: int | None) -> None:
+    def __init__(self, enabled: bool | None, job_name: str, *, start: int, total: int | None,
+                 dashboard: str | None = None) -> None:
         self._bar = None
         if enabled is None:
             enabled = _interactive()
@@ -36,6 +37,8 @@ class EpochProgress:
                 dynamic_ncols=True,
                 leave=True,
             )
+            if dashboard:
+                self._bar.write(f"Dask dashboard: {dashboard}")
 
     def update(self, record: EpochRecord) -> None:
         """Advance by one finished epoch."""

@@ -279,7 +279,10 @@ class JobRunner:
         resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
         state = _Attempt()
         epoch, stop = self._start(session, resume, state)
-        bar = EpochProgress(self.progress, job.name, start=epoch, total=self.max_epochs)
+        dashboard = getattr(getattr(session, "client", None), "dashboard_link", None)
+        if dashboard:
+            logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
+        bar = EpochProgress(self.progress, job.name, start=epoch, total=self.max_epochs, dashboard=dashboard)
         try:
             while not stop:
                 started = time.perf_counter()

@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from unittest import mock
@@ -128,6 +129,25 @@ def test_multi_chunk_arrays_with_padding(store, monkeypatch):
     store.fs.pipe_file(last, bytes(data))
     with pytest.raises(CheckpointCorruptError, match=r"blob 'rows', chunk c\.10\.0: .*padding"):
         store.read_node("a", 1, entry)
+
+
+def test_background_checksums_and_aligned_outputs(store, monkeypatch):
+    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_zarr, "_BACKGROUND_FROM", 0)  # checksum in the helper thread even for small reads
+    monkeypatch.setattr(_zarr, "_ALIGN_FROM", 0)
+    blobs = {"w": np.arange(10_000, dtype="f8"), "v": np.arange(3000, dtype="i4").reshape(1000, 3)}
+    entry = save(store, 1, {"a": blobs})["node_entries"]["a"]
+    threads = threading.active_count()
+    got = store.read_node("a", 1, entry)
+    assert_same(got, blobs)
+    assert all(array.ctypes.data % 4096 == 0 for array in got.values())
+    CHUNK_FAULTS["flip"](store.fs, fs_path(store, "a.1", "w", "c.5"))
+    with pytest.raises(CheckpointCorruptError, match="blob 'w': checksum mismatch"):
+        store.read_node("a", 1, entry)
+    CHUNK_FAULTS["truncate_by_one"](store.fs, fs_path(store, "a.1", "v", "c.2.0"))
+    with pytest.raises(CheckpointCorruptError, match=r"blob 'v', chunk c\.2\.0: the chunk file has 4007 bytes"):
+        store.read_node("a", 1, entry, ["v"])
+    assert threading.active_count() == threads
 
 
 @pytest.mark.parametrize("compression", ["zstd", "blosc", "gzip"])

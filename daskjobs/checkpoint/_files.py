@@ -1,8 +1,9 @@
 """Plain file access for checkpoint groups: a local disk (with fsync) or any fsspec filesystem.
 
 Both backends offer the same small interface, used by :mod:`._zarr` to write and read the raw
-chunk files and JSON documents of a node's Zarr group. Paths are the filesystem's own paths
-(absolute OS paths for the local backend).
+chunk files and JSON documents of a node's Zarr group, and by :mod:`._store` for commit
+records, listings and the lock. Paths are the filesystem's own paths (absolute OS paths for
+the local backend). :class:`Checksums` computes the CRC-32C of what is read.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
 
+import crc32c
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
@@ -29,6 +33,7 @@ is intact, else what is wrong (missing, wrong size, corrupt padding)."""
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
 _READ_BLOCK = 4 << 20
+_FSYNC_EACH_UP_TO = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -52,12 +57,12 @@ def fsync_path(path: str) -> None:
 def sync_paths(paths: Sequence[str]) -> None:
     """Make ``paths`` (files and directories of one filesystem) durable.
 
-    On Linux one ``syncfs`` flushes the whole filesystem, far cheaper than hundreds of fsyncs
-    for many small blobs; elsewhere each path is fsynced.
+    A few paths are fsynced one by one. For more, on Linux, one ``syncfs`` flushes the whole
+    filesystem: it costs a few fsyncs, far less than hundreds of them for many small blobs.
     """
     if not paths:
         return
-    syncfs = _libc_syncfs()
+    syncfs = _libc_syncfs() if len(paths) > _FSYNC_EACH_UP_TO else None
     if syncfs is not None:
         fd = os.open(paths[0], os.O_RDONLY)
         try:
@@ -86,6 +91,38 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
 def zero_padding(data: Any) -> bool:
     """Whether a chunk's padding (past the array's last row) is all zero bytes."""
     return bytes(data).count(0) == len(data)
+
+
+class Checksums:
+    """Running CRC-32C per blob; for big reads computed in a helper thread, overlapping the next read."""
+
+    def __init__(self, background: bool) -> None:
+        self._values: dict[str, int] = {}
+        self._queue: queue.SimpleQueue[tuple[str, memoryview] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="daskjobs-crc32c", daemon=True) if background else None
+        if self._thread is not None:
+            self._thread.start()
+
+    def add(self, name: str, block: memoryview) -> None:
+        """Extend blob ``name``'s checksum by ``block`` (which must not change until :meth:`close`)."""
+        if self._thread is None:
+            self._update(name, block)
+        else:
+            self._queue.put((name, block))
+
+    def _update(self, name: str, block: memoryview) -> None:
+        self._values[name] = crc32c.crc32c(block, self._values.get(name, 0))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._update(*item)
+
+    def close(self) -> dict[str, int]:
+        """Wait for the pending blocks; return the checksums by blob."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+        return self._values
 
 
 class LocalFiles:

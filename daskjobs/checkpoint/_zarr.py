@@ -19,10 +19,9 @@ entry, every chunk must be present, and the checksum must match. Nothing is ever
 from __future__ import annotations
 
 import math
-import queue
-import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ import crc32c
 import numpy as np
 
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError, CheckpointWriteError
-from ._files import ChunkRead, LocalFiles, RemoteFiles
+from ._files import Checksums, ChunkRead, LocalFiles, RemoteFiles
 from ._format import MAX_JSON_BYTES, check_blob_name, dumps, format_checksum, loads, storage_dtype, validate_node_entry
 
 CHUNK_BYTES = 64 << 20
@@ -51,6 +50,7 @@ _META_LIMIT = 1 << 20
 _PAGE = 4096
 _ALIGN_FROM = 1 << 20
 _BACKGROUND_FROM = 32 << 20
+_WRITERS = 4
 
 
 @dataclass(frozen=True)
@@ -145,16 +145,13 @@ def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any]
     try:
         files.clear(where.path)
         files.mkdir(where.path, parents=True)
-        for name, array in arrays.items():
-            chunks = chunk_rows(array.shape, array.itemsize)
-            if compression is None:
-                checksum = _write_raw(files, f"{where.path}/{name}", array, chunks)
-            else:
-                checksum = crc32c.crc32c(_flat(array))
+        if compression is None:
+            metas = _write_all_raw(files, where.path, arrays)
+        else:
+            for name, array in arrays.items():
+                chunks = chunk_rows(array.shape, array.itemsize)
                 _write_with_zarr(where, name, array, chunks, compression)
-            metas[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "checksum": format_checksum(checksum),
-                           "nbytes": array.nbytes, "chunks": chunks}
-        if compression is not None:
+                metas[name] = _blob_meta(array, chunks, crc32c.crc32c(_flat(array)))
             files.track_tree(where.path)
         files.flush()
         entry = {"node": node, "epoch": epoch, "save_id": save_id, "blobs": metas,
@@ -168,6 +165,24 @@ def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any]
         raise CheckpointWriteError(f"could not write the checkpoint of node {node!r} at epoch {epoch} to "
                                    f"{where.url}: {exc}") from exc
     return entry
+
+
+def _blob_meta(array: np.ndarray, chunks: list[int], checksum: int) -> dict[str, Any]:
+    return {"dtype": array.dtype.str, "shape": list(array.shape), "checksum": format_checksum(checksum),
+            "nbytes": array.nbytes, "chunks": chunks}
+
+
+def _write_all_raw(files: LocalFiles | RemoteFiles, path: str, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Write uncompressed arrays; on local disks several at once (creating files is costly there)."""
+    def write(item: tuple[str, np.ndarray]) -> tuple[str, dict[str, Any]]:
+        name, array = item
+        chunks = chunk_rows(array.shape, array.itemsize)
+        return name, _blob_meta(array, chunks, _write_raw(files, f"{path}/{name}", array, chunks))
+
+    if isinstance(files, LocalFiles) and len(arrays) > 1:
+        with ThreadPoolExecutor(min(_WRITERS, len(arrays)), thread_name_prefix="daskjobs-write") as pool:
+            return dict(pool.map(write, arrays.items()))
+    return dict(map(write, arrays.items()))
 
 
 def _write_raw(files: LocalFiles | RemoteFiles, path: str, array: np.ndarray, chunks: list[int]) -> int:
@@ -334,7 +349,7 @@ def _read_raw(where: Location, context: str, plans: list[_Plan]) -> dict[str, in
             key = _chunk_key((index, *tail)[:plan.out.ndim], plan.key_encoding)
             reads.append((f"{where.path}/{plan.name}/{key}", data[start:start + size], size))
             owners.append(plan.name)
-    checksums = _Checksums(background=sum(len(view) for _, view, _ in reads) >= _BACKGROUND_FROM)
+    checksums = Checksums(background=sum(len(view) for _, view, _ in reads) >= _BACKGROUND_FROM)
     try:
         for index, block, problem in where.files.read_chunks(reads):
             if problem is not None:
@@ -345,38 +360,6 @@ def _read_raw(where: Location, context: str, plans: list[_Plan]) -> dict[str, in
     finally:
         values = checksums.close()
     return values
-
-
-class _Checksums:
-    """Running CRC-32C per blob; for big reads computed in a helper thread, overlapping the next read."""
-
-    def __init__(self, background: bool) -> None:
-        self._values: dict[str, int] = {}
-        self._queue: queue.SimpleQueue[tuple[str, memoryview] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="daskjobs-crc32c", daemon=True) if background else None
-        if self._thread is not None:
-            self._thread.start()
-
-    def add(self, name: str, block: memoryview) -> None:
-        """Extend blob ``name``'s checksum by ``block`` (which must not change until :meth:`close`)."""
-        if self._thread is None:
-            self._update(name, block)
-        else:
-            self._queue.put((name, block))
-
-    def _update(self, name: str, block: memoryview) -> None:
-        self._values[name] = crc32c.crc32c(block, self._values.get(name, 0))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._update(*item)
-
-    def close(self) -> dict[str, int]:
-        """Wait for the pending blocks; return the checksums by blob."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-        return self._values
 
 
 def _read_with_zarr(where: Location, label: str, plan: _Plan) -> None:
