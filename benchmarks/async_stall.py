@@ -29,8 +29,11 @@ def define_job(mib: int, work_seconds: float) -> dj.Job:
         for node in ("a", "b"):
             with dj.Node(node):
                 with job.init_group:
-                    dj.Task(lambda ws: ws.__setitem__("weights", np.random.default_rng(0).standard_normal(
-                        elements, dtype=np.float32)))
+                    dj.Task(
+                        lambda ws: ws.__setitem__(
+                            "weights", np.random.default_rng(0).standard_normal(elements, dtype=np.float32)
+                        )
+                    )
 
                 def train(ws):
                     deadline = time.perf_counter() + work_seconds
@@ -73,8 +76,10 @@ def main() -> None:
         "target": "<= 0.10",
     }
     print(f"{'workspace':>12} {'sync save':>12} {'async stall':>12} {'ratio':>8}")
-    print(f"{result['workspace_mib']:>9} MiB {result['sync_save_median_s']:>10.3f} s "
-          f"{result['async_stall_median_s']:>10.3f} s {result['ratio']:>8.3f}")
+    print(
+        f"{result['workspace_mib']:>9} MiB {result['sync_save_median_s']:>10.3f} s "
+        f"{result['async_stall_median_s']:>10.3f} s {result['ratio']:>8.3f}"
+    )
     print(json.dumps(result))
 
 

@@ -102,8 +102,10 @@ def bulk(root: str, runs: int, total_mib: int, drop_caches: bool) -> dict[str, o
     """Bulk save and restore: 2 nodes x 4 float32 arrays, ``total_mib`` in all."""
     rng = np.random.default_rng(0)
     per_array = total_mib * MIB // 8 // 4
-    nodes = {node: {f"w{i}": rng.standard_normal(per_array, dtype=np.float32) for i in range(4)}
-             for node in ("ps", "trainer")}
+    nodes = {
+        node: {f"w{i}": rng.standard_normal(per_array, dtype=np.float32) for i in range(4)}
+        for node in ("ps", "trainer")
+    }
     flat = {f"{node}_{name}": array for node, arrays in nodes.items() for name, array in arrays.items()}
     nbytes = sum(a.nbytes for a in flat.values())
     store = CheckpointStore(os.path.join(root, "ckpt"))
@@ -206,21 +208,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-runs", type=int, default=21)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--drop-caches", action="store_true",
-                        help="also time restores after dropping the page cache (root only; slows the whole "
-                             "machine's file metadata for a while, so the small-blob benchmark runs first)")
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="also time restores after dropping the page cache (root only; slows the whole "
+        "machine's file metadata for a while, so the small-blob benchmark runs first)",
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         root = args.dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="daskjobs-bench-"))
         os.makedirs(root, exist_ok=True)
-        results = {"small": small(root, args.small_runs),
-                   "bulk": bulk(root, args.runs, args.size_mib, args.drop_caches)}
+        results = {
+            "small": small(root, args.small_runs),
+            "bulk": bulk(root, args.runs, args.size_mib, args.drop_caches),
+        }
     results["summary"] = summarise(results)
-    print(f"{'benchmark (seconds, median of runs)':40s} {'baseline':>9s} {'daskjobs':>9s} {'ratio':>6s} "
-          f"{'best-run ratio':>14s} {'target':>8s}")
+    print(
+        f"{'benchmark (seconds, median of runs)':40s} {'baseline':>9s} {'daskjobs':>9s} {'ratio':>6s} "
+        f"{'best-run ratio':>14s} {'target':>8s}"
+    )
     for row in results["summary"]:
-        print(f"{row['benchmark']:40s} {row['baseline_median_s']:9.4f} {row['daskjobs_median_s']:9.4f} "
-              f"{row['ratio_median']:6.2f} {row['ratio_best']:14.2f} {row['target']:>8s}")
+        print(
+            f"{row['benchmark']:40s} {row['baseline_median_s']:9.4f} {row['daskjobs_median_s']:9.4f} "
+            f"{row['ratio_median']:6.2f} {row['ratio_best']:14.2f} {row['target']:>8s}"
+        )
     if args.drop_caches and not results["bulk"]["page_cache_dropped"]:
         print("note: the page cache could not be dropped (not root?): 'cold' reads were warm", file=sys.stderr)
     text = json.dumps(results, indent=2)

@@ -56,13 +56,17 @@ def trial(cluster: object, kill_after: int = 3) -> dict[str, float]:
         logging.getLogger("daskjobs").addHandler(handler)
         try:
             manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp(prefix="daskjobs-recovery-"))
-            dj.JobRunner(define_job(), manager, max_epochs=kill_after + 3, on_epoch=on_epoch,
-                         progress=False).train(session)
+            dj.JobRunner(define_job(), manager, max_epochs=kill_after + 3, on_epoch=on_epoch, progress=False).train(
+                session
+            )
         finally:
             logging.getLogger("daskjobs").removeHandler(handler)
     total = marks["next_epoch_done"] - marks["killed"]
-    return {"kill_to_next_epoch_done_s": total, "next_epoch_s": marks["next_epoch_seconds"],
-            "detect_and_restore_s": total - marks["next_epoch_seconds"]}
+    return {
+        "kill_to_next_epoch_done_s": total,
+        "next_epoch_s": marks["next_epoch_seconds"],
+        "detect_and_restore_s": total - marks["next_epoch_seconds"],
+    }
 
 
 def main() -> None:

@@ -21,8 +21,9 @@ def _interactive() -> bool:
 class EpochProgress:
     """Shows epoch time, checkpoint time and stop values as epochs complete."""
 
-    def __init__(self, enabled: bool | None, job_name: str, *, start: int, total: int | None,
-                 dashboard: str | None = None) -> None:
+    def __init__(
+        self, enabled: bool | None, job_name: str, *, start: int, total: int | None, dashboard: str | None = None
+    ) -> None:
         self._bar = None
         if enabled is None:
             enabled = _interactive()

@@ -36,12 +36,14 @@ def validate_name(name: object, what: str) -> str:
 
 
 def check_dtype(dtype: np.dtype, blob: str) -> None:
-    """Raise :class:`BlobTypeError` unless ``dtype`` is a fixed-size bool or numeric dtype."""
+    """Raise :class:`BlobTypeError` unless ``dtype`` is a fixed-size bool or numeric dtype Zarr v3 stores."""
     if dtype.kind not in ALLOWED_DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise BlobTypeError(
             f"blob {blob!r} has dtype {dtype} ({dtype.kind!r}); workspaces hold only bool, integer, "
             "unsigned, float and complex arrays"
         )
+    if dtype.itemsize > (16 if dtype.kind == "c" else 8):
+        raise BlobTypeError(f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use float64 or complex128")
 
 
 def as_blob(value: object, blob: str) -> np.ndarray:

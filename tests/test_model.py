@@ -766,8 +766,7 @@ def test_job_repr():
         dj.Task(noop, node="trainer_0")
         job.add_stop_condition(dj.Task(noop, node="trainer_0", outputs="done").outputs()[0])
     assert repr(job) == (
-        "Job(name='reader', tasks=(init=1, epoch=2, download=0, exit=0), stop_conditions=1, "
-        "nodes=['ps', 'trainer_0'])"
+        "Job(name='reader', tasks=(init=1, epoch=2, download=0, exit=0), stop_conditions=1, nodes=['ps', 'trainer_0'])"
     )
     html = job._repr_html_()
     assert html.startswith("<b>Job</b> reader &mdash; stop conditions: done; checkpointed nodes: ps<table>")

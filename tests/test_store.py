@@ -82,13 +82,22 @@ def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None
 def every_kind() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
     blobs = {f"a_{code}": (rng.standard_normal(12) * 100).astype(code).reshape(3, 4) for code in ALLOWED}
-    blobs.update({
-        "scalar": np.array(3.25), "scalar_bool": np.array(True), "empty": np.zeros((0, 3), "f4"),
-        "empty_inner": np.zeros((4, 0), "i8"), "fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-        "big_endian": np.arange(10, dtype=">i4"), "big_endian_c": np.array([1 + 2j, -3j], ">c16"),
-        "zeros": np.zeros((5, 5), "f8"), "false": np.zeros(7, bool), "strided": np.arange(20.0)[::3],
-        "cube": rng.integers(0, 9, (2, 3, 4), dtype="u2"), "nan": np.array([np.nan, np.inf, -0.0], "f4"),
-    })
+    blobs.update(
+        {
+            "scalar": np.array(3.25),
+            "scalar_bool": np.array(True),
+            "empty": np.zeros((0, 3), "f4"),
+            "empty_inner": np.zeros((4, 0), "i8"),
+            "fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+            "big_endian": np.arange(10, dtype=">i4"),
+            "big_endian_c": np.array([1 + 2j, -3j], ">c16"),
+            "zeros": np.zeros((5, 5), "f8"),
+            "false": np.zeros(7, bool),
+            "strided": np.arange(20.0)[::3],
+            "cube": rng.integers(0, 9, (2, 3, 4), dtype="u2"),
+            "nan": np.array([np.nan, np.inf, -0.0], "f4"),
+        }
+    )
     return blobs
 
 
@@ -177,8 +186,11 @@ def test_compressed_on_memory():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([np.dtype(c) for c in ALLOWED] + [np.dtype(f">{c}") for c in ALLOWED[3:]])
-       .flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6))))
+@given(
+    st.sampled_from([np.dtype(c) for c in ALLOWED] + [np.dtype(f">{c}") for c in ALLOWED[3:]]).flatmap(
+        lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6))
+    )
+)
 def test_property_round_trip(array):
     store = CheckpointStore(f"memory://dj-{uuid.uuid4().hex}")
     with mock.patch.object(_zarr, "CHUNK_BYTES", 24):
@@ -219,7 +231,11 @@ def test_only_committed_epochs_count(store):
     assert store.committed_epochs() == []
     assert store.latest_commit() is None
     save(store, 0, {"a": {"w": np.zeros(2)}, "b": {"w": np.ones(2)}})
-    save(store, 2, {"a": {"w": np.full(2, 2.0)}, "b": {"w": np.ones(2)}}, )
+    save(
+        store,
+        2,
+        {"a": {"w": np.full(2, 2.0)}, "b": {"w": np.ones(2)}},
+    )
     store.write_node("a", 3, {"w": np.full(2, 3.0)}, save_id="s3")  # never committed
     assert store.committed_epochs() == [0, 2]
     latest = store.latest_commit()
@@ -251,9 +267,18 @@ def test_cleanup_removes_only_uncommitted_groups_and_own_temp_files(store):
         store.write_node("a", epoch, {"w": np.ones(2)}, save_id="x")
     store.write_node("b.x", 7, {"w": np.ones(2)}, save_id="x")
     fs = store.fs
-    foreign = {"notes.txt": b"mine", "foo.partial": b"p", "x.tmp-1": b"t", "a.7": b"a file, not a group",
-               "weird/data.bin": b"w", "a.07/zarr.json": b"{}", "__x.3/f": b"f", "a.3.tmp-1/f": b"f",
-               "__daskjobs__/commits/notes.json": b"n", "__daskjobs__/commits/epoch-5.json": b"{}"}
+    foreign = {
+        "notes.txt": b"mine",
+        "foo.partial": b"p",
+        "x.tmp-1": b"t",
+        "a.7": b"a file, not a group",
+        "weird/data.bin": b"w",
+        "a.07/zarr.json": b"{}",
+        "__x.3/f": b"f",
+        "a.3.tmp-1/f": b"f",
+        "__daskjobs__/commits/notes.json": b"n",
+        "__daskjobs__/commits/epoch-5.json": b"{}",
+    }
     for name, data in foreign.items():
         put(store, name, data)
     own_temp = f"__daskjobs__/commits/epoch-000000000004.json.tmp-{uuid.uuid4().hex}"
@@ -346,8 +371,9 @@ def test_chunk_faults_are_named(store, fault, blob):
         store.read_node("a", 3, entry)
 
 
-@pytest.mark.parametrize(("field", "value"), [("data_type", "int32"), ("data_type", "float64"), ("shape", [4, 6]),
-                                              ("shape", [6, 5])])
+@pytest.mark.parametrize(
+    ("field", "value"), [("data_type", "int32"), ("data_type", "float64"), ("shape", [4, 6]), ("shape", [6, 5])]
+)
 def test_edited_array_metadata_is_detected(store, field, value):
     entry = _corrupt_store(store)
     path = fs_path(store, "a.3", "w", "zarr.json")
@@ -400,15 +426,19 @@ def test_corrupt_commit_record(store, fault):
         store.read_commit(3)
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    ({"format_version": RECORD_FORMAT_VERSION + 1}, "format version 2 is newer than supported version 1"),
-    ({"format": "orbax"}, "not 'daskjobs-checkpoint'"),
-    ({"node_entries": {"a": {"blobs": {}}}, "nodes": ["a"]}, None),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"format_version": RECORD_FORMAT_VERSION + 1}, "format version 2 is newer than supported version 1"),
+        ({"format": "orbax"}, "not 'daskjobs-checkpoint'"),
+        ({"node_entries": {"a": {"blobs": {}}}, "nodes": ["a"]}, None),
+    ],
+)
 def test_commit_record_format(store, edit, message):
     record = _corrupt_store(store) and store.read_commit(3)
-    store.fs.pipe_file(fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"),
-                       json.dumps({**record, **edit}).encode())
+    store.fs.pipe_file(
+        fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"), json.dumps({**record, **edit}).encode()
+    )
     error = CheckpointFormatError if message else CheckpointCorruptError
     with pytest.raises(error, match=message or "lacks"):
         store.read_commit(3)
@@ -461,8 +491,16 @@ def no_unpickling(monkeypatch, tmp_path):
 def _zarr_v2_object_array(fs, folder: str, payload: bytes) -> None:
     fs.rm(folder, recursive=True)
     fs.makedirs(folder, exist_ok=True)
-    zarray = {"zarr_format": 2, "shape": [1], "chunks": [1], "dtype": "|O", "compressor": None,
-              "fill_value": None, "filters": [{"id": "pickle"}], "order": "C"}
+    zarray = {
+        "zarr_format": 2,
+        "shape": [1],
+        "chunks": [1],
+        "dtype": "|O",
+        "compressor": None,
+        "fill_value": None,
+        "filters": [{"id": "pickle"}],
+        "order": "C",
+    }
     fs.pipe_file(f"{folder}/.zarray", json.dumps(zarray).encode())
     fs.pipe_file(f"{folder}/0", payload)
 
@@ -516,8 +554,12 @@ def test_npy_object_array_instead_of_a_chunk(store, no_unpickling, tmp_path):
     entry = _corrupt_store(store)
     npy = tmp_path / "obj.npy"
     with open(npy, "wb") as file:  # np.save pickles object arrays itself; only loading is guarded
-        file.write(b"\x93NUMPY\x01\x00v\x00{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
-                   + b" " * 53 + b"\n" + no_unpickling)
+        file.write(
+            b"\x93NUMPY\x01\x00v\x00{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+            + b" " * 53
+            + b"\n"
+            + no_unpickling
+        )
     store.fs.pipe_file(fs_path(store, "a.3", "w", "c.0.0"), npy.read_bytes())
     with pytest.raises(CheckpointCorruptError, match=r"blob 'w', chunk c\.0\.0"):
         store.read_node("a", 3, entry)
@@ -529,7 +571,8 @@ BAD_NAMES = ["../x", "/abs", "a/b", "__x", "..", ".", "", "a\\b", "a b", "x" * 1
 
 def _tree(root) -> dict[str, bytes]:
     return {os.path.join(d, f): open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(root) for f in fs} | {
-        d: b"<dir>" for d, _, _ in os.walk(root)}
+        d: b"<dir>" for d, _, _ in os.walk(root)
+    }
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -546,8 +589,17 @@ def test_bad_names_write_nothing(tmp_path, name):
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("value", [np.array(["a"]), np.array([b"x"]), np.array([object()]), np.zeros(2, "M8[s]"),
-                                   np.zeros(2, [("a", "f4")]), np.zeros(2, np.longdouble)])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array(["a"]),
+        np.array([b"x"]),
+        np.array([object()]),
+        np.zeros(2, "M8[s]"),
+        np.zeros(2, [("a", "f4")]),
+        np.zeros(2, np.longdouble),
+    ],
+)
 def test_unstorable_dtypes_write_nothing(tmp_path, value):
     store = CheckpointStore(tmp_path / "ckpt")
     if value.dtype == np.longdouble and value.dtype.itemsize == 8:
@@ -578,8 +630,9 @@ def test_hostile_names_in_a_commit_record_are_rejected(store, where):
     else:
         record["node_entries"]["../x"] = dict(record["node_entries"].pop("a"), node="../x")
         record["nodes"] = ["../x"]
-    store.fs.pipe_file(fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"),
-                       json.dumps(record).encode())
+    store.fs.pipe_file(
+        fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"), json.dumps(record).encode()
+    )
     with pytest.raises(CheckpointCorruptError, match=r"invalid \w+ name '\.\./"):
         store.read_commit(3)
     hostile = dict(entry, blobs={"../../x": entry["blobs"]["w"]})

@@ -53,9 +53,11 @@ def expected(epoch: int, n: int, i: int) -> np.ndarray:
 
 def run_writer(prefix: str, exit_before_write: int = -1, kill_after: float | None = None) -> list[int]:
     """Run the writer until it exits or, once it has committed, for ``kill_after`` seconds; then SIGKILL it."""
-    process = subprocess.Popen([sys.executable, "-c", WRITER, prefix, str(exit_before_write),
-                                json.dumps([NODES, ROWS, BLOBS])],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, prefix, str(exit_before_write), json.dumps([NODES, ROWS, BLOBS])],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     selector = selectors.DefaultSelector()
     selector.register(process.stdout, selectors.EVENT_READ)
     lines, deadline, kill_at = [], time.monotonic() + 30, None
@@ -91,8 +93,10 @@ def check_recovery(store: CheckpointStore, committed: list[int]) -> int:
     epochs = store.committed_epochs()
     left = sorted(os.listdir(store.url))
     assert left == sorted(["__daskjobs__", *(f"{node}.{e}" for node in NODES for e in epochs)]), (left, removed)
-    assert all(name.startswith("epoch-") and name.endswith(".json")
-               for name in os.listdir(os.path.join(store.url, "__daskjobs__", "commits")))
+    assert all(
+        name.startswith("epoch-") and name.endswith(".json")
+        for name in os.listdir(os.path.join(store.url, "__daskjobs__", "commits"))
+    )
     return latest["epoch"]
 
 
@@ -103,8 +107,9 @@ def test_sigkill_at_a_random_moment(tmp_path, trial):
     check_recovery(store, committed)
 
 
-@pytest.mark.parametrize("writes_into_epoch_2", [0, 1, 2 * BLOBS, 2 * BLOBS + 1, FILES_PER_EPOCH - 2,
-                                                 FILES_PER_EPOCH - 1])
+@pytest.mark.parametrize(
+    "writes_into_epoch_2", [0, 1, 2 * BLOBS, 2 * BLOBS + 1, FILES_PER_EPOCH - 2, FILES_PER_EPOCH - 1]
+)
 def test_crash_at_each_step_of_a_save(tmp_path, writes_into_epoch_2):
     """Exit before the k-th file of epoch 2: first array, mid-node, node entry, second node, commit record."""
     store = CheckpointStore(tmp_path / "ckpt")

@@ -39,8 +39,11 @@ def s3() -> Iterator[dict]:
         endpoint = f"http://{host}:{port}"
         try:
             boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-            yield {"key": "testing", "secret": "testing",
-                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+            yield {
+                "key": "testing",
+                "secret": "testing",
+                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            }
         finally:
             server.stop()
 
@@ -53,6 +56,7 @@ def url() -> str:
 @pytest.fixture
 def no_rename(monkeypatch):
     """Fail the test if anything copies, moves or renames objects."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("no rename, move or copy on object stores")
 
@@ -68,8 +72,12 @@ def save(store: CheckpointStore, epoch: int, nodes: dict[str, dict[str, np.ndarr
 
 
 def blobs_of(epoch: int) -> dict[str, np.ndarray]:
-    return {"w": np.arange(300, dtype="f4").reshape(100, 3) + epoch, "zeros": np.zeros(40, "i8"),
-            "step": np.array(epoch), "flag": np.array([True, False])}
+    return {
+        "w": np.arange(300, dtype="f4").reshape(100, 3) + epoch,
+        "zeros": np.zeros(40, "i8"),
+        "step": np.array(epoch),
+        "flag": np.array([True, False]),
+    }
 
 
 def test_full_cycle(s3, url, no_rename, monkeypatch):
@@ -87,7 +95,7 @@ def test_full_cycle(s3, url, no_rename, monkeypatch):
         for name, array in blobs_of(sign).items():
             assert np.array_equal(got[name], array)
             assert got[name].dtype == array.dtype
-    fs, root = store.fs, url[len("s3://"):]
+    fs, root = store.fs, url[len("s3://") :]
     chunk = f"{root}/ps.1/w/c.3.0"
     data = fs.cat_file(chunk)
     fs.pipe_file(chunk, data[:7] + bytes([data[7] ^ 1]) + data[8:])
@@ -130,14 +138,17 @@ def test_another_process_commit_is_seen_at_once(s3, url):
     reader.fs.ls(f"{url[5:]}/__daskjobs__/commits")  # a listing now sits in the reader's cache
     save(writer, 2, {"ps": blobs_of(2)})
     assert reader.committed_epochs() == [1, 2]
-    script = ("import json, sys, numpy as np\n"
-              "from daskjobs.checkpoint import CheckpointStore\n"
-              "from daskjobs.checkpoint._format import make_commit_record\n"
-              "store = CheckpointStore(sys.argv[1], json.loads(sys.argv[2]))\n"
-              "entry = store.write_node('ps', 3, {'w': np.ones(3)}, save_id='other')\n"
-              "store.commit(make_commit_record('job', 3, {'ps': entry}, {}, {}))\n")
-    subprocess.run([sys.executable, "-c", script, url, json.dumps(s3)], check=True, timeout=60,
-                   env={**os.environ, **CREDENTIALS})
+    script = (
+        "import json, sys, numpy as np\n"
+        "from daskjobs.checkpoint import CheckpointStore\n"
+        "from daskjobs.checkpoint._format import make_commit_record\n"
+        "store = CheckpointStore(sys.argv[1], json.loads(sys.argv[2]))\n"
+        "entry = store.write_node('ps', 3, {'w': np.ones(3)}, save_id='other')\n"
+        "store.commit(make_commit_record('job', 3, {'ps': entry}, {}, {}))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, url, json.dumps(s3)], check=True, timeout=60, env={**os.environ, **CREDENTIALS}
+    )
     assert reader.committed_epochs() == [1, 2, 3]
     latest = reader.latest_commit()
     assert latest["epoch"] == 3

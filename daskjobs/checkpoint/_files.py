@@ -83,7 +83,7 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
         for part in parts:
             view = memoryview(part).cast("B")
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -238,7 +238,7 @@ class LocalFiles:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     for start in range(0, len(view), _READ_BLOCK):
-                        block = view[start:start + _READ_BLOCK]
+                        block = view[start : start + _READ_BLOCK]
                         if file.readinto(block) != len(block):
                             raise OSError(f"{path} shrank while being read")
                         yield index, block, None
@@ -317,8 +317,10 @@ class RemoteFiles:
         """Entries directly under ``path``, listed afresh: name → whether it is a "directory"; {} if absent."""
         self._fs.invalidate_cache(path)
         try:
-            return {found["name"].rstrip("/").rsplit("/", 1)[-1]: found["type"] == "directory"
-                    for found in self._fs.ls(path, detail=True)}
+            return {
+                found["name"].rstrip("/").rsplit("/", 1)[-1]: found["type"] == "directory"
+                for found in self._fs.ls(path, detail=True)
+            }
         except (FileNotFoundError, NotADirectoryError):
             return {}
 
@@ -326,7 +328,7 @@ class RemoteFiles:
         """Paths of the objects under ``path``, relative to it."""
         self._fs.invalidate_cache(path)
         root = path.rstrip("/") + "/"
-        return {found[len(root):] for found in self._fs.find(path) if found.startswith(root)}
+        return {found[len(root) :] for found in self._fs.find(path) if found.startswith(root)}
 
     def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[ChunkEvent]:
         """Fetch chunks in concurrent batches and copy each into its view; see :data:`ChunkEvent`."""
@@ -346,9 +348,9 @@ class RemoteFiles:
                 elif len(data) != size:
                     yield index, None, f"has {len(data)} bytes, expected {size}"
                 else:
-                    view[:] = memoryview(data)[:len(view)]
+                    view[:] = memoryview(data)[: len(view)]
                     yield index, view, None
-                    yield index, None, None if zero_padding(memoryview(data)[len(view):]) else "has corrupt padding"
+                    yield index, None, None if zero_padding(memoryview(data)[len(view) :]) else "has corrupt padding"
             start = end
 
 

@@ -58,8 +58,18 @@ _CHECKSUM_RE = re.compile(r"crc32c:[0-9a-f]{8}")
 _SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "seconds")
 _BLOB_KEYS = ("dtype", "shape", "checksum", "nbytes", "chunks")
-_RECORD_KEYS = ("format", "format_version", "daskjobs_version", "created", "job", "epoch", "nodes", "node_entries",
-                "stop_values", "timings")
+_RECORD_KEYS = (
+    "format",
+    "format_version",
+    "daskjobs_version",
+    "created",
+    "job",
+    "epoch",
+    "nodes",
+    "node_entries",
+    "stop_values",
+    "timings",
+)
 
 
 def format_checksum(crc: int) -> str:
@@ -78,8 +88,9 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
     check_dtype(dtype, blob)
     stored = dtype.newbyteorder("<")
     if stored.str not in ALLOWED_DTYPES:
-        raise BlobTypeError(f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; "
-                            f"use one of {sorted(ALLOWED_DTYPES)}")
+        raise BlobTypeError(
+            f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use one of {sorted(ALLOWED_DTYPES)}"
+        )
     return stored
 
 
@@ -153,8 +164,9 @@ def _validate_blob(meta: Any, where: str) -> None:
     meta = _mapping(meta, where, "blob entry", _BLOB_KEYS)
     dtype = meta["dtype"]
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
-        raise CheckpointFormatError(f"{where}: dtype {dtype!r} is not one daskjobs reads {sorted(ALLOWED_DTYPES)}; "
-                                    "nothing was decoded")
+        raise CheckpointFormatError(
+            f"{where}: dtype {dtype!r} is not one daskjobs reads {sorted(ALLOWED_DTYPES)}; nothing was decoded"
+        )
     shape, chunks = meta["shape"], meta["chunks"]
     for field, dims, low in (("shape", shape, 0), ("chunks", chunks, 1)):
         if not isinstance(dims, list) or len(dims) > MAX_NDIM:
@@ -202,8 +214,13 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
     return dict(entry)
 
 
-def make_commit_record(job: str, epoch: int, node_entries: Mapping[str, Mapping[str, Any]],
-                       stop_values: Mapping[str, Any], timings: Mapping[str, float]) -> dict[str, Any]:
+def make_commit_record(
+    job: str,
+    epoch: int,
+    node_entries: Mapping[str, Mapping[str, Any]],
+    stop_values: Mapping[str, Any],
+    timings: Mapping[str, float],
+) -> dict[str, Any]:
     """Build the commit record of ``epoch`` from every node's entry.
 
     Parameters
@@ -259,8 +276,10 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
     record = _mapping(obj, where, "record", _RECORD_KEYS)
     version = _int(record["format_version"], where, "format_version", low=1)
     if version > RECORD_FORMAT_VERSION:
-        raise CheckpointFormatError(f"{where}: checkpoint format version {version} is newer than supported version "
-                                    f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it")
+        raise CheckpointFormatError(
+            f"{where}: checkpoint format version {version} is newer than supported version "
+            f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it"
+        )
     if _int(record["epoch"], where, "epoch", high=MAX_EPOCH) != epoch:
         raise _fail(where, f"record says epoch {record['epoch']}")
     for field in ("daskjobs_version", "created"):
@@ -268,8 +287,13 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
             raise _fail(where, f"{field} must be a short string, got {record[field]!r}")
     _name(record["job"], where, "job")
     nodes, entries = record["nodes"], _mapping(record["node_entries"], where, "node_entries")
-    if (not isinstance(nodes, list) or len(nodes) > MAX_NODES or not all(isinstance(n, str) for n in nodes)
-            or nodes != sorted(set(nodes)) or set(nodes) != set(entries)):
+    if (
+        not isinstance(nodes, list)
+        or len(nodes) > MAX_NODES
+        or not all(isinstance(n, str) for n in nodes)
+        or nodes != sorted(set(nodes))
+        or set(nodes) != set(entries)
+    ):
         raise _fail(where, f"nodes must be the sorted names of node_entries, got {nodes!r}")
     for node in nodes:
         validate_node_entry(entries[_name(node, where, "node")], node, epoch, f"{where}, node {node!r}")

@@ -88,8 +88,14 @@ class CheckpointStore:
     keeps a second runner off the prefix.
     """
 
-    def __init__(self, db_prefix: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, *,
-                 compression: str | None = None, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        db_prefix: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        compression: str | None = None,
+        fsync: bool = True,
+    ) -> None:
         if compression is not None and compression not in COMPRESSIONS:
             raise JobDefinitionError(f"unknown compression {compression!r}: use None or one of {list(COMPRESSIONS)}")
         self.storage_options = dict(storage_options or {})
@@ -172,8 +178,9 @@ class CheckpointStore:
         validate_name(node, "node")
         if not isinstance(save_id, str) or not _SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
-        return write_group(self._group(node, epoch), node, _epoch(epoch), blobs, save_id=save_id,
-                           compression=self.compression)
+        return write_group(
+            self._group(node, epoch), node, _epoch(epoch), blobs, save_id=save_id, compression=self.compression
+        )
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
         """The entry ``node`` wrote for ``epoch`` (validated), whether committed or not.
@@ -188,8 +195,9 @@ class CheckpointStore:
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
 
-    def read_node(self, node: str, epoch: int, entry: Mapping[str, Any],
-                  names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    def read_node(
+        self, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Read ``node``'s blobs of ``epoch``, verified against ``entry`` (from the commit record).
 
         Parameters
@@ -218,8 +226,9 @@ class CheckpointStore:
         try:
             self._files().replace(self._commit_file(epoch), data)
         except OSError as exc:
-            raise CheckpointWriteError(f"could not write the commit record of epoch {epoch} under {self.url}: "
-                                       f"{exc}") from exc
+            raise CheckpointWriteError(
+                f"could not write the commit record of epoch {epoch} under {self.url}: {exc}"
+            ) from exc
 
     def committed_epochs(self) -> list[int]:
         """The committed epochs, ascending, listed afresh from the commit records (never cached)."""
@@ -282,8 +291,9 @@ class CheckpointStore:
         try:
             for name, is_dir in sorted(files.listdir(self._root).items()):
                 match = _GROUP_RE.fullmatch(name)
-                if not (is_dir and match and self._is_node(match.group(1), wanted)
-                        and int(match.group(2)) not in committed):
+                if not (
+                    is_dir and match and self._is_node(match.group(1), wanted) and int(match.group(2)) not in committed
+                ):
                     continue
                 files.clear(self._path(name))
                 removed.append(f"{self.url}/{name}")
@@ -291,7 +301,7 @@ class CheckpointStore:
                 for name, is_dir in sorted(files.listdir(folder).items()):
                     if not is_dir and _TEMP_RE.fullmatch(name):
                         files.remove(f"{folder}/{name}")
-                        removed.append(f"{self.url}{folder[len(self._root):]}/{name}")
+                        removed.append(f"{self.url}{folder[len(self._root) :]}/{name}")
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
         if removed:
@@ -325,8 +335,10 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointWriteError(f"checkpoint prefix {self.url} is not writable: {exc}") from exc
         if back != data:
-            raise CheckpointWriteError(f"checkpoint prefix {self.url} is not usable: a probe file read back "
-                                       f"{back!r} instead of what was written")
+            raise CheckpointWriteError(
+                f"checkpoint prefix {self.url} is not usable: a probe file read back "
+                f"{back!r} instead of what was written"
+            )
 
     def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
         """Become the one writer of the prefix.
@@ -363,8 +375,11 @@ class CheckpointStore:
     def _locked(self) -> CheckpointLockedError:
         held = self.read_lock() or {}
         who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "job", "started") if k in held) or str(held)
-        return CheckpointLockedError(f"checkpoint prefix {self.url} is locked by another writer ({who}); if it is "
-                                     "gone, break the lock with acquire_lock(..., break_lock=True)")
+        return CheckpointLockedError(
+            f"checkpoint prefix {self.url} is locked by another writer ({who}); if it is "
+            "gone, run `daskjobs checkpoints unlock "
+            f"{self.url}` or pass JobRunner(..., break_lock=True)"
+        )
 
     def release_lock(self) -> None:
         """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).

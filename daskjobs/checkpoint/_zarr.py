@@ -38,14 +38,40 @@ COMPRESSIONS = ("zstd", "blosc", "gzip")
 ENTRY_KEY = "daskjobs"
 """Key of the node entry in the group's attributes."""
 
-_ZARR_TYPES = {"|b1": "bool", "|i1": "int8", "|u1": "uint8", "<i2": "int16", "<i4": "int32", "<i8": "int64",
-               "<u2": "uint16", "<u4": "uint32", "<u8": "uint64", "<f2": "float16", "<f4": "float32",
-               "<f8": "float64", "<c8": "complex64", "<c16": "complex128"}
+_ZARR_TYPES = {
+    "|b1": "bool",
+    "|i1": "int8",
+    "|u1": "uint8",
+    "<i2": "int16",
+    "<i4": "int32",
+    "<i8": "int64",
+    "<u2": "uint16",
+    "<u4": "uint32",
+    "<u8": "uint64",
+    "<f2": "float16",
+    "<f4": "float32",
+    "<f8": "float64",
+    "<c8": "complex64",
+    "<c16": "complex128",
+}
 _NUMPY_TYPES = {zarr_name: dtype for dtype, zarr_name in _ZARR_TYPES.items()}
 _FILL = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": [0.0, 0.0]}
 _CODECS = frozenset(["bytes", *COMPRESSIONS, "crc32c"])
-_ARRAY_KEYS = frozenset(["zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
-                         "fill_value", "codecs", "attributes", "storage_transformers", "dimension_names"])
+_ARRAY_KEYS = frozenset(
+    [
+        "zarr_format",
+        "node_type",
+        "shape",
+        "data_type",
+        "chunk_grid",
+        "chunk_key_encoding",
+        "fill_value",
+        "codecs",
+        "attributes",
+        "storage_transformers",
+        "dimension_names",
+    ]
+)
 _META_LIMIT = 1 << 20
 _PAGE = 4096
 _ALIGN_FROM = 1 << 20
@@ -68,8 +94,9 @@ class Location:
 
         if isinstance(self.files, LocalFiles):
             return zarr.storage.LocalStore(self.path, read_only=read_only)
-        return zarr.storage.FsspecStore.from_url(self.url, storage_options=dict(self.storage_options),
-                                                 read_only=read_only)
+        return zarr.storage.FsspecStore.from_url(
+            self.url, storage_options=dict(self.storage_options), read_only=read_only
+        )
 
 
 def chunk_rows(shape: tuple[int, ...], itemsize: int) -> list[int]:
@@ -102,7 +129,7 @@ def empty_aligned(shape: list[int], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
     buffer = np.empty(nbytes + _PAGE, np.uint8)
     start = -buffer.ctypes.data % _PAGE
-    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+    return buffer[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _chunk_key(index: tuple[int, ...], encoding: tuple[str, str]) -> str:
@@ -117,10 +144,18 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...], chunks: list[int]) -
     codec: dict[str, Any] = {"name": "bytes"}
     if dtype.itemsize > 1:
         codec["configuration"] = {"endian": "little"}
-    return {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": _ZARR_TYPES[dtype.str],
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
-            "fill_value": _FILL[dtype.kind], "codecs": [codec], "attributes": {}, "storage_transformers": []}
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(shape),
+        "data_type": _ZARR_TYPES[dtype.str],
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
+        "fill_value": _FILL[dtype.kind],
+        "codecs": [codec],
+        "attributes": {},
+        "storage_transformers": [],
+    }
 
 
 def _flat(array: np.ndarray) -> memoryview:
@@ -133,8 +168,9 @@ def _codec(name: str) -> Any:
     return {"zstd": zarr.codecs.ZstdCodec, "blosc": zarr.codecs.BloscCodec, "gzip": zarr.codecs.GzipCodec}[name]()
 
 
-def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any], *, save_id: str,
-                compression: str | None) -> dict[str, Any]:
+def write_group(
+    where: Location, node: str, epoch: int, blobs: Mapping[str, Any], *, save_id: str, compression: str | None
+) -> dict[str, Any]:
     """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store)."""
     started = time.perf_counter()
     arrays = {}
@@ -154,26 +190,40 @@ def write_group(where: Location, node: str, epoch: int, blobs: Mapping[str, Any]
                 metas[name] = _blob_meta(array, chunks, crc32c.crc32c(_flat(array)))
             files.track_tree(where.path)
         files.flush()
-        entry = {"node": node, "epoch": epoch, "save_id": save_id, "blobs": metas,
-                 "bytes": sum(a.nbytes for a in arrays.values()), "seconds": time.perf_counter() - started}
-        files.put(f"{where.path}/zarr.json", dumps({"zarr_format": 3, "node_type": "group",
-                                                     "attributes": {ENTRY_KEY: entry}}))
+        entry = {
+            "node": node,
+            "epoch": epoch,
+            "save_id": save_id,
+            "blobs": metas,
+            "bytes": sum(a.nbytes for a in arrays.values()),
+            "seconds": time.perf_counter() - started,
+        }
+        files.put(
+            f"{where.path}/zarr.json", dumps({"zarr_format": 3, "node_type": "group", "attributes": {ENTRY_KEY: entry}})
+        )
         files.flush()
     except CheckpointError:
         raise
     except OSError as exc:
-        raise CheckpointWriteError(f"could not write the checkpoint of node {node!r} at epoch {epoch} to "
-                                   f"{where.url}: {exc}") from exc
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
+        ) from exc
     return entry
 
 
 def _blob_meta(array: np.ndarray, chunks: list[int], checksum: int) -> dict[str, Any]:
-    return {"dtype": array.dtype.str, "shape": list(array.shape), "checksum": format_checksum(checksum),
-            "nbytes": array.nbytes, "chunks": chunks}
+    return {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "checksum": format_checksum(checksum),
+        "nbytes": array.nbytes,
+        "chunks": chunks,
+    }
 
 
 def _write_all_raw(files: LocalFiles | RemoteFiles, path: str, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Write uncompressed arrays; on local disks several at once (creating files is costly there)."""
+
     def write(item: tuple[str, np.ndarray]) -> tuple[str, dict[str, Any]]:
         name, array = item
         chunks = chunk_rows(array.shape, array.itemsize)
@@ -195,20 +245,27 @@ def _write_raw(files: LocalFiles | RemoteFiles, path: str, array: np.ndarray, ch
     size = chunks[0] * array.itemsize * math.prod(array.shape[1:]) if array.ndim else array.itemsize
     tail = (0,) * (array.ndim - 1)
     for index, start in enumerate(range(0, len(data), size)):
-        part = data[start:start + size]
+        part = data[start : start + size]
         checksum = crc32c.crc32c(part, checksum)
-        files.put(f"{path}/{_chunk_key((index, *tail)[:array.ndim], ('default', '.'))}", part,
-                  bytes(size - len(part)))
+        files.put(f"{path}/{_chunk_key((index, *tail)[: array.ndim], ('default', '.'))}", part, bytes(size - len(part)))
     return checksum
 
 
 def _write_with_zarr(where: Location, name: str, array: np.ndarray, chunks: list[int], compression: str) -> None:
     import zarr
 
-    target = zarr.create_array(where.zarr_store(read_only=False), name=name, shape=array.shape, dtype=array.dtype,
-                               chunks=tuple(chunks), compressors=[_codec(compression)], fill_value=0,
-                               chunk_key_encoding={"name": "default", "separator": "."},
-                               config={"write_empty_chunks": True}, overwrite=True)
+    target = zarr.create_array(
+        where.zarr_store(read_only=False),
+        name=name,
+        shape=array.shape,
+        dtype=array.dtype,
+        chunks=tuple(chunks),
+        compressors=[_codec(compression)],
+        fill_value=0,
+        chunk_key_encoding={"name": "default", "separator": "."},
+        config={"write_empty_chunks": True},
+        overwrite=True,
+    )
     target[...] = array
 
 
@@ -241,8 +298,9 @@ class _Plan:
     checksum: str
 
 
-def read_group(where: Location, node: str, epoch: int, entry: Mapping[str, Any],
-               names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def read_group(
+    where: Location, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
+) -> dict[str, np.ndarray]:
     """Read and verify blobs of the group at ``where`` against ``entry`` (see the store's ``read_node``)."""
     context = f"epoch {epoch}, node {node!r}"
     entry = validate_node_entry(entry, node, epoch, f"entry of {context}")
@@ -251,11 +309,15 @@ def read_group(where: Location, node: str, epoch: int, entry: Mapping[str, Any],
     if stored is None:
         raise CheckpointCorruptError(f"{context}: the node's group {where.url} is missing")
     if stored["save_id"] != entry["save_id"]:
-        raise CheckpointCorruptError(f"{context}: {where.url} holds save {stored['save_id']}, not the committed "
-                                     f"save {entry['save_id']} (overwritten after the commit?)")
+        raise CheckpointCorruptError(
+            f"{context}: {where.url} holds save {stored['save_id']}, not the committed "
+            f"save {entry['save_id']} (overwritten after the commit?)"
+        )
     documents = where.files.read_small([f"{where.path}/{n}/zarr.json" for n in wanted], _META_LIMIT)
-    plans = [_plan(where, f"{context}, blob {name!r}", name, entry["blobs"][name], data)
-             for name, data in zip(wanted, documents, strict=True)]
+    plans = [
+        _plan(where, f"{context}, blob {name!r}", name, entry["blobs"][name], data)
+        for name, data in zip(wanted, documents, strict=True)
+    ]
     try:
         checksums = _read_raw(where, context, [p for p in plans if p.raw and p.out.size])
         for plan in plans:
@@ -268,8 +330,9 @@ def read_group(where: Location, node: str, epoch: int, entry: Mapping[str, Any],
         raise CheckpointError(f"{context}: reading {where.url} failed: {exc}") from exc
     for plan in plans:
         if format_checksum(checksums.get(plan.name, 0)) != plan.checksum:
-            raise CheckpointCorruptError(f"{context}, blob {plan.name!r}: checksum mismatch (the data differs from "
-                                         "what was committed)")
+            raise CheckpointCorruptError(
+                f"{context}, blob {plan.name!r}: checksum mismatch (the data differs from what was committed)"
+            )
     return {plan.name: plan.out for plan in plans}
 
 
@@ -295,8 +358,9 @@ def _plan(where: Location, label: str, name: str, expected: Mapping[str, Any], d
     shape, chunks = meta["shape"], _config(meta["chunk_grid"], label).get("chunk_shape")
     for field, value in {"dtype": dtype.str, "shape": shape, "chunks": chunks}.items():
         if value != expected[field]:
-            raise CheckpointCorruptError(f"{label}: {field} is {value} in zarr.json but {expected[field]} in the "
-                                         "commit record")
+            raise CheckpointCorruptError(
+                f"{label}: {field} is {value} in zarr.json but {expected[field]} in the commit record"
+            )
     kind = meta["chunk_key_encoding"]["name"]
     separator = _config(meta["chunk_key_encoding"], label).get("separator", "." if kind == "v2" else "/")
     if separator not in (".", "/"):
@@ -308,14 +372,20 @@ def _plan(where: Location, label: str, name: str, expected: Mapping[str, Any], d
 
 def _check_metadata(meta: Any, label: str) -> dict[str, Any]:
     """Refuse anything but a Zarr v3 array of an allowlisted data type and codecs (nothing decoded yet)."""
+
     def refuse(problem: str) -> CheckpointFormatError:
-        return CheckpointFormatError(f"{label}: {problem}; daskjobs reads only numeric Zarr v3 arrays with codecs "
-                                     f"{sorted(_CODECS)}, nothing was decoded")
+        return CheckpointFormatError(
+            f"{label}: {problem}; daskjobs reads only numeric Zarr v3 arrays with codecs "
+            f"{sorted(_CODECS)}, nothing was decoded"
+        )
 
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
         raise refuse("not a Zarr v3 array")
-    unknown = [k for k, v in meta.items()
-               if k not in _ARRAY_KEYS and not (isinstance(v, dict) and v.get("must_understand") is False)]
+    unknown = [
+        k
+        for k, v in meta.items()
+        if k not in _ARRAY_KEYS and not (isinstance(v, dict) and v.get("must_understand") is False)
+    ]
     if unknown or meta.get("storage_transformers"):
         raise refuse(f"unsupported extensions {unknown or meta['storage_transformers']}")
     if not isinstance(meta.get("data_type"), str) or meta["data_type"] not in _NUMPY_TYPES:
@@ -346,15 +416,17 @@ def _read_raw(where: Location, context: str, plans: list[_Plan]) -> dict[str, in
         size = plan.chunks[0] * plan.out.itemsize * math.prod(plan.out.shape[1:]) if plan.out.ndim else len(data)
         tail = (0,) * (plan.out.ndim - 1)
         for index, start in enumerate(range(0, len(data), size)):
-            key = _chunk_key((index, *tail)[:plan.out.ndim], plan.key_encoding)
-            reads.append((f"{where.path}/{plan.name}/{key}", data[start:start + size], size))
+            key = _chunk_key((index, *tail)[: plan.out.ndim], plan.key_encoding)
+            reads.append((f"{where.path}/{plan.name}/{key}", data[start : start + size], size))
             owners.append(plan.name)
     checksums = Checksums(background=sum(len(view) for _, view, _ in reads) >= _BACKGROUND_FROM)
     try:
         for index, block, problem in where.files.read_chunks(reads):
             if problem is not None:
-                raise CheckpointCorruptError(f"{context}, blob {owners[index]!r}, chunk "
-                                             f"{reads[index][0].rsplit('/', 1)[1]}: the chunk file {problem}")
+                raise CheckpointCorruptError(
+                    f"{context}, blob {owners[index]!r}, chunk "
+                    f"{reads[index][0].rsplit('/', 1)[1]}: the chunk file {problem}"
+                )
             if block is not None:
                 checksums.add(owners[index], block)
     finally:
