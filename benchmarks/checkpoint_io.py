@@ -35,16 +35,9 @@ from collections.abc import Callable
 import numpy as np
 
 from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._files import fsync_path
 
 MIB = 1 << 20
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _drop_caches() -> bool:
@@ -72,7 +65,7 @@ def _np_save(folder: str, arrays: dict[str, np.ndarray]) -> None:
             np.save(file, array)
             file.flush()
             os.fsync(file.fileno())
-    _fsync(folder)
+    fsync_path(folder)
 
 
 def _np_load(folder: str, names: list[str]) -> dict[str, np.ndarray]:

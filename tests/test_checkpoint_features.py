@@ -125,6 +125,14 @@ def test_retention(prefix, keep_last, keep_every, expected):
     assert final_state(prefix)[2].tolist() == list(range(1, 21))
 
 
+def test_file_url_prefix_full_cycle(tmp_path):
+    """A file:// URL prefix behaves like the plain path it names."""
+    url = f"file://{tmp_path / 'ckpt'}"
+    dj.JobRunner(define_job(3), dj.MultiNodeCheckpointManager(url), progress=False).train(None)
+    assert [i.epoch for i in dj.list_checkpoints(str(tmp_path / "ckpt"))] == [0, 1, 2, 3]
+    assert final_state(url)[2].tolist() == [1, 2, 3]
+
+
 def test_memory_prefix_full_cycle():
     """A memory:// prefix saves, resumes from an earlier epoch and finishes equal."""
     prefix = f"memory://daskjobs-{os.getpid()}-{id(object())}/ckpt"

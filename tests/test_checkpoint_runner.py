@@ -381,6 +381,8 @@ def test_concurrent_runner_is_refused_while_the_first_trains(prefix):
         other, _ = make_job()
         with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()}"):
             dj.JobRunner(other, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
+        assert dj.list_checkpoints(prefix)[0].epoch == 0
+        assert int(dj.open_checkpoint(prefix, 0)["trainer_0"]["total"]) == 100
     finally:
         release.set()
         first.join(timeout=60)
