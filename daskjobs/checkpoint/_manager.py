@@ -8,7 +8,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._model.group import TaskGroup
@@ -16,19 +15,15 @@ from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
-from ._async import AsyncSaveStep, WaitSaveStep, entry_array
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
+from ._steps import ENTRY_BLOB, AsyncSaveStep, CheckStep, LoadStep, SaveStep, WaitSaveStep
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
     from ..session import Session
 
 logger = logging.getLogger("daskjobs")
-
-ENTRY_BLOB = "daskjobs.checkpoint_entry"
-"""Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
 
 
 def get_ckpt_filename(node_name: str, epoch: int) -> str:
@@ -50,62 +45,6 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     if path_prefix:
         return f"{path_prefix}{name}"
     return f"{db_prefix.rstrip('/')}/{name}"
-
-
-def _node_state(ws: Workspace) -> Any:
-    return ws._state
-
-
-@dataclass(frozen=True)
-class _SaveStep:
-    """Writes the node's whole GLOBAL workspace; returns the entry as the task output."""
-
-    store: CheckpointStore
-    node: str
-    epoch: int
-    save_id: str
-
-    def __call__(self, ws: Workspace) -> None:
-        state = _node_state(ws)
-        with state.lock:
-            blobs = dict(state.scope.blobs)
-        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
-        ws[ENTRY_BLOB] = entry_array(entry)
-
-
-@dataclass(frozen=True)
-class _LoadStep:
-    """Reads a node's verified blobs; a full load replaces the workspace, a partial one adds."""
-
-    store: CheckpointStore
-    node: str
-    epoch: int
-    entry: dict[str, Any]
-    names: tuple[str, ...] | None = None
-
-    def __call__(self, ws: Workspace) -> None:
-        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
-        state = _node_state(ws)
-        if self.names is None:
-            state.replace_blobs(blobs)
-        else:
-            with state.lock:
-                state.scope.blobs.update(blobs)
-
-
-@dataclass(frozen=True)
-class _CheckStep:
-    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable."""
-
-    store: CheckpointStore
-    node: str
-    epoch: int | None
-
-    def __call__(self, ws: Workspace) -> None:
-        if self.epoch is None:
-            self.store.check_writable()
-        else:
-            self.store.read_node_entry(self.node, self.epoch)
 
 
 class MultiNodeCheckpointManager:
@@ -262,7 +201,7 @@ class MultiNodeCheckpointManager:
             raise JobDefinitionError(f"unsupported path_type {path_type!r}: daskjobs checkpoints are 'zarr'")
         return self._group(
             lambda group, node: Task(
-                _CheckStep(self.store, node, retrieve_from_epoch), group=group, node=node, name="checkpoint_init"
+                CheckStep(self.store, node, retrieve_from_epoch), group=group, node=node, name="checkpoint_init"
             )
         )
 
@@ -287,7 +226,7 @@ class MultiNodeCheckpointManager:
         group = self._group(
             lambda g, node: tasks.append(
                 Task(
-                    _SaveStep(self.store, node, epoch, save_id),
+                    SaveStep(self.store, node, epoch, save_id),
                     group=g,
                     node=node,
                     name="checkpoint_save",
@@ -309,7 +248,7 @@ class MultiNodeCheckpointManager:
         group = self._group(
             lambda g, node: tasks.append(
                 Task(
-                    WaitSaveStep(node, epoch, save_id, ENTRY_BLOB),
+                    WaitSaveStep(node, epoch, save_id),
                     group=g,
                     node=node,
                     name="checkpoint_wait",
@@ -351,7 +290,7 @@ class MultiNodeCheckpointManager:
         self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
         return self._group(
             lambda g, node: Task(
-                _LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
+                LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
             )
         )
 
@@ -362,7 +301,7 @@ class MultiNodeCheckpointManager:
         entries = record["node_entries"]
         return self._group(
             lambda g, node: Task(
-                _LoadStep(self.store, node, epoch, entries[node], names),
+                LoadStep(self.store, node, epoch, entries[node], names),
                 group=g,
                 node=node,
                 name="checkpoint_partial_load",

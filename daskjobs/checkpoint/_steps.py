@@ -1,4 +1,4 @@
-"""Asynchronous saves: snapshot a node's workspace at the epoch boundary, write it in the background."""
+"""Checkpoint steps that run on a node's worker: save (now or in the background), wait, load, check."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from .._workspace import Workspace
     from ._store import CheckpointStore
 
+ENTRY_BLOB = "daskjobs.checkpoint_entry"
+"""Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
 
@@ -100,7 +102,6 @@ class WaitSaveStep:
     node: str
     epoch: int
     save_id: str
-    entry_blob: str
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -109,4 +110,56 @@ class WaitSaveStep:
             raise CheckpointError(f"node {self.node!r} has no save of epoch {self.epoch} in flight")
         entry = saver.result()
         state.services.pop(SAVER, None)
-        ws[self.entry_blob] = entry_array(entry)
+        ws[ENTRY_BLOB] = entry_array(entry)
+
+
+@dataclass(frozen=True)
+class SaveStep:
+    """Writes the node's whole GLOBAL workspace; returns the entry as the task output."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        with state.lock:
+            blobs = dict(state.scope.blobs)
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
+        ws[ENTRY_BLOB] = entry_array(entry)
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """Reads a node's verified blobs; a full load replaces the workspace, a partial one adds."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    entry: dict[str, Any]
+    names: tuple[str, ...] | None = None
+
+    def __call__(self, ws: Workspace) -> None:
+        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
+        state = ws._state
+        if self.names is None:
+            state.replace_blobs(blobs)
+        else:
+            with state.lock:
+                state.scope.blobs.update(blobs)
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int | None
+
+    def __call__(self, ws: Workspace) -> None:
+        if self.epoch is None:
+            self.store.check_writable()
+        else:
+            self.store.read_node_entry(self.node, self.epoch)
