@@ -401,3 +401,14 @@ def test_stale_lock_of_a_dead_local_process_is_broken(prefix):
     job, _ = make_job()
     assert dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None) == 4
     assert store.read_lock() is None
+
+
+def test_a_committed_epoch_is_never_overwritten(prefix):
+    """Saving an epoch that is already committed is refused; its data stays intact and verifies."""
+    job, _ = make_job()
+    manager = dj.MultiNodeCheckpointManager(prefix)
+    dj.JobRunner(job, manager, progress=False).train(None)
+    with pytest.raises(CheckpointError, match="already committed"):
+        manager.save(3)
+    assert int(dj.open_checkpoint(prefix, 3)["trainer_0"]["total"]) == 136
+    assert dj.open_checkpoint(prefix, 3).verify() > 0

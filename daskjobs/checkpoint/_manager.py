@@ -215,6 +215,11 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
+        if epoch in self.store.committed_epochs():
+            raise CheckpointError(
+                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
+                f"overwritten: delete it first, or resume from an earlier epoch (which discards newer commits)"
+            )
         save_id = self._save_ids[epoch] = uuid.uuid4().hex
         if self.async_save:
             return self._group(
