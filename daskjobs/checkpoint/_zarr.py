@@ -18,6 +18,7 @@ entry, every chunk must be present, and the checksum must match. Nothing is ever
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -158,6 +159,12 @@ def array_metadata(dtype: np.dtype, shape: tuple[int, ...], chunks: list[int]) -
     }
 
 
+@functools.lru_cache(maxsize=4096)
+def _array_metadata_bytes(dtype: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...]) -> bytes:
+    # The same arrays are saved every epoch: encode their zarr.json once.
+    return dumps(array_metadata(dtype, shape, list(chunks)))
+
+
 def _flat(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
@@ -189,7 +196,6 @@ def write_group(
                 _write_with_zarr(where, name, array, chunks, compression)
                 metas[name] = _blob_meta(array, chunks, crc32c.crc32c(_flat(array)))
             files.track_tree(where.path)
-        files.flush()
         entry = {
             "node": node,
             "epoch": epoch,
@@ -238,7 +244,7 @@ def _write_all_raw(files: LocalFiles | RemoteFiles, path: str, arrays: Mapping[s
 def _write_raw(files: LocalFiles | RemoteFiles, path: str, array: np.ndarray, chunks: list[int]) -> int:
     """Write an array's metadata and chunk files (the last one zero-padded); return the CRC-32C of what was written."""
     files.mkdir(path)
-    files.put(f"{path}/zarr.json", dumps(array_metadata(array.dtype, array.shape, chunks)))
+    files.put(f"{path}/zarr.json", _array_metadata_bytes(array.dtype, array.shape, tuple(chunks)))
     if array.size == 0:
         return 0
     data, checksum = _flat(array), 0
