@@ -136,8 +136,8 @@ def check_token(state: NodeState, token: str | None) -> NodeState:
 
 def run_concurrently(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run ``calls`` at the same time (the last one in this thread); raise the first failure."""
-    if len(calls) == 1:
-        return [calls[0]()]
+    if len(calls) <= 1:
+        return [call() for call in calls]
     futures: list[Future] = [_pool.submit(call) for call in calls[:-1]]
     results, errors = [None] * len(calls), []
     try:
@@ -194,7 +194,10 @@ def _capture(spec: TaskSpec, ws: Workspace) -> Captured:
         values = []
         for name in names:
             if name not in ws:
-                raise KeyError(f"task {spec.name!r} declares output {name!r} but no such blob exists when it finishes")
+                raise KeyError(
+                    f"task {spec.name!r} declares output {name!r} but no such blob exists when it finishes; "
+                    "assign ws[{name!r}] in one of its steps or drop the output"
+                )
             values.append(np.array(ws[name], copy=True))
         captured.append(values)
     return captured
@@ -262,8 +265,9 @@ class NodeRun:
         wrap = self.failure.wrap
         wrap(spec.name, lambda: _call_steps(spec.task_init, ws))
         if spec.subtasks:
-            sub = run_concurrently([lambda t=t: self._run_task(t, ws, {}) for t in spec.subtasks if t.has_work])
-            sub_by_index = {t.index: c for t, c in zip([t for t in spec.subtasks if t.has_work], sub, strict=True)}
+            working = [t for t in spec.subtasks if t.has_work]
+            results = run_concurrently([lambda t=t: self._run_task(t, ws, {}) for t in working])
+            sub_by_index = {t.index: c for t, c in zip(working, results, strict=True)}
             wrap(spec.name, lambda: _call_steps(spec.task_exit, ws))
             return [
                 out

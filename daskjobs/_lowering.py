@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dask.core import literal
+
 from ._execute import NodePlan, NodeStateProvider, RunInfo, TaskSpec, close_node, open_node, run_node, run_node_task
 from ._model.group import TaskGroup
 from ._model.task import Task, WorkspaceType
@@ -35,10 +37,6 @@ class LoweredTask:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
 
-    def deps(self) -> list[str]:
-        """Keys this task depends on."""
-        return [a.key for a in self.args if isinstance(a, Dep)]
-
 
 @dataclass
 class LoweredGraph:
@@ -60,8 +58,6 @@ class LoweredGraph:
 def _quote(value: Any) -> Any:
     # Dask would treat tuples starting with a callable as tasks and strings equal to keys as
     # references; wrap literals so they pass through unchanged.
-    from dask.core import literal
-
     return literal(value) if isinstance(value, tuple | list | dict | str) else value
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -45,14 +45,6 @@ class EpochRecord:
     stop_values: dict[str, bool]
     recoveries: int
     """Node losses recovered from before this epoch completed."""
-
-
-@dataclass
-class _Attempt:
-    number: int = 0
-    recoveries: int = 0
-    failures: int = 0
-    history: list[EpochRecord] = field(default_factory=list)
 
 
 def _alive(pid: int) -> bool:
@@ -166,7 +158,6 @@ class JobRunner:
         self.on_epoch = on_epoch
         self.break_lock = break_lock
         self.history: list[EpochRecord] = []
-        self._last_save: tuple[float, int] = (0.0, 0)
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -209,10 +200,14 @@ class JobRunner:
         and this one is committed later. Failures are retried ``save_retries`` times; then
         ``on_save_error`` decides.
         """
+        self._save(epoch, session, stop_values or {})
+
+    def _save(self, epoch: int, session: Session, stop_values: dict[str, bool]) -> tuple[float, int]:
+        """:meth:`save_checkpoints`; returns the seconds it took and the bytes it committed."""
         manager = self._require_manager()
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
-            return
+            return 0.0, 0
         started = time.perf_counter()
         manager.last_commit_bytes = 0
         self._flush(session)
@@ -226,7 +221,7 @@ class JobRunner:
                 manager.report_checkpoint_stats("checkpoint_save")
 
         self._with_retries(epoch, save)
-        self._last_save = (time.perf_counter() - started, manager.last_commit_bytes)
+        return time.perf_counter() - started, manager.last_commit_bytes
 
     def _flush(self, session: Session) -> None:
         """Commit the manager's asynchronous save in flight, if any."""
@@ -277,8 +272,8 @@ class JobRunner:
         manager = self.checkpoint_manager
         job = self.job
         resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
-        state = _Attempt()
-        epoch, stop = self._start(session, resume, state)
+        recoveries = 0
+        epoch, stop = self._start(session, resume)
         dashboard = getattr(getattr(session, "client", None), "dashboard_link", None)
         if dashboard:
             logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
@@ -287,16 +282,15 @@ class JobRunner:
             while not stop:
                 started = time.perf_counter()
                 try:
-                    session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=state.number)
+                    session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=recoveries)
                     values = self._stop_values()
                     elapsed = time.perf_counter() - started
-                    self._last_save = (0.0, 0)
-                    if manager is not None:
-                        self.save_checkpoints(epoch, session, values)
+                    saved = self._save(epoch, session, values) if manager is not None else (0.0, 0)
                 except NodeLostError as exc:
-                    epoch = self._recover(session, exc, state)
+                    epoch = self._recover(session, exc, recoveries)
+                    recoveries += 1
                     continue
-                record = EpochRecord(epoch, elapsed, *self._last_save, values, state.recoveries)
+                record = EpochRecord(epoch, elapsed, *saved, values, recoveries)
                 self.history.append(record)
                 bar.update(record)
                 if self.on_epoch is not None:
@@ -310,7 +304,7 @@ class JobRunner:
         self._finish(session, epoch)
         return epoch
 
-    def _start(self, session: Session, resume: int | None, state: _Attempt) -> tuple[int, bool]:
+    def _start(self, session: Session, resume: int | None) -> tuple[int, bool]:
         """Init from scratch (saving epoch 0) or restore ``resume``; return the first epoch and
         whether the job had already stopped."""
         manager, job = self.checkpoint_manager, self.job
@@ -319,7 +313,7 @@ class JobRunner:
             session.run_group(job.init_group, job=job.name)
             if manager is not None:
                 session.run_group(manager.init(nodes), job=job.name)
-                self.save_checkpoints(0, session, {})
+                self._save(0, session, {})
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
@@ -341,30 +335,30 @@ class JobRunner:
             values[key] = stop_value(output, output.fetch())
         return values
 
-    def _recover(self, session: Session, exc: NodeLostError, state: _Attempt) -> int:
-        """Wait for every node, restore all of them from the latest commit; return the epoch to run."""
+    def _recover(self, session: Session, exc: NodeLostError, recoveries: int) -> int:
+        """Wait for every node, restore all of them from the latest commit; return the epoch to run.
+
+        ``recoveries`` counts the earlier recoveries of this run; the restore runs as attempt
+        ``recoveries + 1``.
+        """
         manager = self.checkpoint_manager
-        nodes = self.job.nodes()
         latest = manager.store.committed_epochs()[-1:] if manager is not None else []
-        if manager is None or state.failures >= self.max_failures or not latest:
+        if manager is None or recoveries >= self.max_failures or not latest:
             where = f"last committed epoch {latest[0]}" if latest else "no committed epoch"
-            raise NodeLostError(f"{exc} — giving up after {state.failures} recoveries ({where})") from exc
+            raise NodeLostError(f"{exc} — giving up after {recoveries} recoveries ({where})", exc.nodes) from exc
         manager.discard_pending()
-        state.failures += 1
-        state.recoveries += 1
-        state.number += 1
         logger.warning(
             "node lost (%s); restoring all nodes from epoch %d (recovery %d of %d)",
             exc,
             latest[0],
-            state.failures,
+            recoveries + 1,
             self.max_failures,
         )
         wait = getattr(session, "wait_for_nodes", None)
         if wait is not None:
-            wait(nodes)
+            wait(self.job.nodes())
         session.forget_tokens()
-        session.run_group(manager.load(latest[0]), job=self.job.name, attempt=state.number)
+        session.run_group(manager.load(latest[0]), job=self.job.name, attempt=recoveries + 1)
         return latest[0] + 1
 
     def _finish(self, session: Session, epoch: int) -> None:

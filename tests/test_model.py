@@ -57,7 +57,7 @@ def test_context_threads_do_not_interfere():
     start = threading.Barrier(8)
 
     def worker(i: int) -> None:
-        start.wait()
+        start.wait(timeout=30)
         for outer in range(100):
             with Ctx((i, outer)) as mine:
                 for inner in range(30):

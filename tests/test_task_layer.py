@@ -887,3 +887,13 @@ def test_to_task_runs_every_task_on_one_node(session):
     session.run(merged)
     assert session.blobs("c") == ["u", "v"]
     assert [int(o.fetch()) for o in merged.outputs()] == [1, 2]
+
+
+def test_to_task_of_only_stepless_tasks_reads_the_node_workspace(session):
+    """A merged task whose tasks are all step-less captures their blobs from the node workspace."""
+    session.feed("u", 5, node="c")
+    with dj.TaskGroup(GLOBAL) as group:
+        dj.final_output("u")
+    merged = group.to_task("c")
+    session.run(merged)
+    assert [int(o.fetch()) for o in merged.outputs()] == [5]

@@ -82,7 +82,7 @@ class TaskGroup(Managed):
 
     def _check_unused(self, what: str) -> None:
         if self._used:
-            raise RuntimeError(f"cannot {what} {self!r}: the group has already been used")
+            raise RuntimeError(f"cannot {what} {self!r}: the group has already been used; build a new TaskGroup")
 
     def add(self, task: Task) -> None:
         """Add ``task``, giving it the group's workspace type.
@@ -102,7 +102,9 @@ class TaskGroup(Managed):
         task_type = task.workspace_type()
         if self._workspace_type is not None and task_type is not None and task_type != self._workspace_type:
             raise JobDefinitionError(
-                f"task {task.name!r} is {task_type.name} but its group is {self._workspace_type.name}"
+                f"task {task.name!r} is {task_type.name} but its group is {self._workspace_type.name} "
+                f"(a group takes its first task's type): give the task the group's type, or give the group "
+                f"its type up front, e.g. TaskGroup(WorkspaceType.{task_type.name})"
             )
         if self._workspace_type is None:
             # As Caffe2: an untyped group takes its first task's type, and an untyped task is PRIVATE.

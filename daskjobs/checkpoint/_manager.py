@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._model.group import TaskGroup
@@ -111,8 +111,6 @@ class MultiNodeCheckpointManager:
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
-        self._path_prefix: str | None = None
-        self._path_type: str | None = None
         self._save_ids: dict[int, str] = {}
         self._save_tasks: dict[int, list[Task]] = {}
         self._stats: dict[str, int] = {}
@@ -134,8 +132,6 @@ class MultiNodeCheckpointManager:
         self._nodes = self._node_names(nodes)
         if job_name is not None:
             self._job_name = validate_name(job_name, "job")
-        self._path_prefix = path_prefix or self._path_prefix
-        self._path_type = path_type or self._path_type
         self._handler.set_params(
             db_prefix=self.db_prefix,
             db_type=self.db_type,
@@ -180,6 +176,17 @@ class MultiNodeCheckpointManager:
         group = TaskGroup(workspace_type)
         for node in self.nodes():
             make_task(group, node)
+        return group
+
+    def _entry_group(self, epoch: int, make_step: Callable[[str], Any], name: str) -> TaskGroup:
+        """A PRIVATE group of one task per node whose output is that node's checkpoint entry;
+        :meth:`_commit` reads the entries of ``epoch`` from those tasks."""
+        tasks: list[Task] = []
+        group = self._group(
+            lambda g, node: tasks.append(Task(make_step(node), group=g, node=node, name=name, outputs=ENTRY_BLOB)),
+            WorkspaceType.PRIVATE,
+        )
+        self._save_tasks[epoch] = tasks
         return group
 
     def init(
@@ -227,21 +234,7 @@ class MultiNodeCheckpointManager:
                     AsyncSaveStep(self.store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
                 )
             )
-        tasks: list[Task] = []
-        group = self._group(
-            lambda g, node: tasks.append(
-                Task(
-                    SaveStep(self.store, node, epoch, save_id),
-                    group=g,
-                    node=node,
-                    name="checkpoint_save",
-                    outputs=ENTRY_BLOB,
-                )
-            ),
-            WorkspaceType.PRIVATE,
-        )
-        self._save_tasks[epoch] = tasks
-        return group
+        return self._entry_group(epoch, lambda node: SaveStep(self.store, node, epoch, save_id), "checkpoint_save")
 
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
@@ -249,22 +242,9 @@ class MultiNodeCheckpointManager:
             return None
         epoch, stop_values, timings = self._pending
         save_id = self._save_ids[epoch]
-        tasks: list[Task] = []
-        group = self._group(
-            lambda g, node: tasks.append(
-                Task(
-                    WaitSaveStep(node, epoch, save_id),
-                    group=g,
-                    node=node,
-                    name="checkpoint_wait",
-                    outputs=ENTRY_BLOB,
-                )
-            ),
-            WorkspaceType.PRIVATE,
-        )
+        group = self._entry_group(epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait")
         session.run_group(group, job=self._job_name, epoch=epoch)
         self._pending = None
-        self._save_tasks[epoch] = tasks
         self._commit(epoch, stop_values, timings)
         return epoch
 
@@ -279,7 +259,7 @@ class MultiNodeCheckpointManager:
         return None if self._pending is None else self._pending[0]
 
     def _commit_of(self, epoch: int, path_prefix: str | None = None) -> tuple[CheckpointStore, dict[str, Any]]:
-        store = self.store if not path_prefix else CheckpointStore(path_prefix)
+        store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
         return store, store.read_commit(epoch)
 
     def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
@@ -301,9 +281,11 @@ class MultiNodeCheckpointManager:
 
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
         """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``."""
+        return self._partial_load(self.store.read_commit(epoch), blob_names)
+
+    def _partial_load(self, record: dict[str, Any], blob_names: Sequence[str]) -> TaskGroup:
         names = tuple(validate_name(b, "blob") for b in blob_names)
-        _, record = self._commit_of(epoch)
-        entries = record["node_entries"]
+        entries, epoch = record["node_entries"], record["epoch"]
         return self._group(
             lambda g, node: Task(
                 LoadStep(self.store, node, epoch, entries[node], names),
@@ -313,13 +295,17 @@ class MultiNodeCheckpointManager:
             )
         )
 
-    def check_db_exists(self, epoch: int) -> bool:
-        """Whether ``epoch`` is committed and holds every checkpointed node."""
+    def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
+        """The commit record of ``epoch`` if it holds every checkpointed node, else ``None``."""
         try:
             record = self.store.read_commit(epoch)
         except CheckpointNotFoundError:
-            return False
-        return all(n in record["nodes"] for n in self.nodes())
+            return None
+        return record if all(n in record["nodes"] for n in self.nodes()) else None
+
+    def check_db_exists(self, epoch: int) -> bool:
+        """Whether ``epoch`` is committed and holds every checkpointed node."""
+        return self._complete_commit(epoch) is not None
 
     def load_blobs_locally(
         self, nodes: Sequence[str | Node], blob_names: Sequence[str], epoch: int, session: Session
@@ -332,10 +318,11 @@ class MultiNodeCheckpointManager:
         if self._nodes is not None and sorted(names) != sorted(self._nodes):
             raise JobDefinitionError(f"checkpoint manager is set up for nodes {self._nodes}, not {names}")
         self._nodes = names
-        if not self.check_db_exists(epoch):
+        record = self._complete_commit(epoch)
+        if record is None:
             return False
         started = time.perf_counter()
-        session.run_group(self.load_blobs_from_checkpoint(blob_names, epoch), job=self._job_name)
+        session.run_group(self._partial_load(record, blob_names), job=self._job_name)
         elapsed = int((time.perf_counter() - started) * 1e9)
         self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
         return True
@@ -363,7 +350,9 @@ class MultiNodeCheckpointManager:
         save_id = self._save_ids.pop(epoch)
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
-            raise CheckpointError(f"epoch {epoch}: nodes {stale} returned entries of another save; not committing")
+            raise CheckpointError(
+                f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
+            )
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
         self.store.commit(record)
         self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())

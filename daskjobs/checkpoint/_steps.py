@@ -107,7 +107,10 @@ class WaitSaveStep:
         state = ws._state
         saver = state.services.get(SAVER)
         if saver is None or saver.save_id != self.save_id:
-            raise CheckpointError(f"node {self.node!r} has no save of epoch {self.epoch} in flight")
+            raise CheckpointError(
+                f"node {self.node!r} has no save of epoch {self.epoch} in flight (its worker restarted?); "
+                "save the epoch again"
+            )
         entry = saver.result()
         state.services.pop(SAVER, None)
         ws[ENTRY_BLOB] = entry_array(entry)

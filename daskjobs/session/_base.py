@@ -136,10 +136,6 @@ class Session(abc.ABC):
             with contextlib.suppress(Exception):
                 self._call_on_node(node, abandon_node_run, run_key)
 
-    def expect_tokens(self, tokens: dict[str, str]) -> None:
-        """Record the node generations the next runs must find (after a restore)."""
-        self._tokens.update(tokens)
-
     def forget_tokens(self, nodes: Sequence[str] | None = None) -> None:
         """Accept whatever generation ``nodes`` (default: all) have at their next run."""
         for node in list(self._tokens) if nodes is None else nodes:
