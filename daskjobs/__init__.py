@@ -21,7 +21,7 @@ _LAZY = {
     "get_ckpt_filename": "checkpoint",
     "list_checkpoints": "checkpoint",
     "open_checkpoint": "checkpoint",
-    "EpochRecord": "runner",
+    "EpochRecord": "history",
     "JobRunner": "runner",
     "DaskSession": "session",
     "LocalSession": "session",

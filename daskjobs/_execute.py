@@ -21,6 +21,7 @@ from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
 from ._workspace import Scope, Workspace
 from .errors import NodeLostError, TaskFailedError
+from .history import MetricLog, MetricSums
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
 
@@ -82,10 +83,12 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class NodeResult:
-    """What a node returns from a group run: its generation token and captured outputs by task index."""
+    """What a node returns from a group run: its generation token, captured outputs by task
+    index, and the metrics its steps logged."""
 
     token: str
     captured: dict[int, Captured]
+    metrics: MetricSums = field(default_factory=dict)
 
 
 @dataclass
@@ -105,9 +108,9 @@ class NodeState:
         """Changes when the worker restarts (incarnation) or the workspace is restored."""
         return f"{self.incarnation}.{self.generation}"
 
-    def workspace(self, epoch: int | None = None) -> Workspace:
-        """The GLOBAL workspace."""
-        return Workspace(self.scope, node=self.node, lock=self.lock, epoch=epoch, state=self)
+    def workspace(self, epoch: int | None = None, metrics: MetricLog | None = None) -> Workspace:
+        """The GLOBAL workspace (``metrics`` collects what steps log through it)."""
+        return Workspace(self.scope, node=self.node, lock=self.lock, epoch=epoch, state=self, metrics=metrics)
 
     def replace_blobs(self, blobs: dict[str, np.ndarray]) -> None:
         """Make the GLOBAL workspace hold exactly ``blobs`` and start a new generation."""
@@ -239,7 +242,8 @@ class NodeRun:
     def __init__(self, state: NodeState, plan: NodePlan, run: RunInfo) -> None:
         self.state, self.plan, self.run = state, plan, run
         self.failure = _Failure(plan, run)
-        global_ws = state.workspace(run.epoch)
+        self.metrics = MetricLog()
+        global_ws = state.workspace(run.epoch, self.metrics)
         self.base = global_ws if plan.workspace_type is WorkspaceType.GLOBAL else global_ws.child()
         self._saved_reserved = self.base._scope.reserved
         self.base._scope.reserved = plan.reserved
@@ -327,7 +331,7 @@ def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeR
         ok = True
     finally:
         node_run.close(captured, ok=ok)
-    return NodeResult(state.token, captured)
+    return NodeResult(state.token, captured, node_run.metrics.sums())
 
 
 def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
@@ -367,7 +371,7 @@ def close_node(
     node_run = state.runs.pop(opened)
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
-    return NodeResult(state.token, node_run.close(captured, ok=True))
+    return NodeResult(state.token, node_run.close(captured, ok=True), node_run.metrics.sums())
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .runner import EpochRecord
+    from .history import EpochRecord
 
 logger = logging.getLogger("daskjobs")
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._validation import as_blob, validate_name
+
+if TYPE_CHECKING:
+    from .history import MetricLog
 
 
 class Scope:
@@ -89,6 +95,7 @@ class Workspace(MutableMapping[str, np.ndarray]):
         epoch: int | None = None,
         instance_id: int = 0,
         state: object = None,
+        metrics: MetricLog | None = None,
     ) -> None:
         self._scope = scope
         self.node = node
@@ -96,6 +103,7 @@ class Workspace(MutableMapping[str, np.ndarray]):
         self.epoch = epoch
         self.instance_id = instance_id
         self._state = state
+        self._metrics = metrics
 
     def child(self, instance_id: int | None = None) -> Workspace:
         """A new child workspace that reads through to this one."""
@@ -106,7 +114,33 @@ class Workspace(MutableMapping[str, np.ndarray]):
             epoch=self.epoch,
             instance_id=self.instance_id if instance_id is None else instance_id,
             state=self._state,
+            metrics=self._metrics,
         )
+
+    def log(self, name: str, value: float) -> None:
+        """Record ``value`` of metric ``name`` (e.g. a loss) for the current run.
+
+        An epoch's value of a metric is the mean of everything logged under that name by all
+        steps on all nodes during that epoch; it shows in ``runner.history``, the progress bar
+        and the epoch's commit record.
+
+        Raises
+        ------
+        TypeError
+            ``value`` is not a real number (a one-element array is fine).
+        ValueError
+            ``value`` is NaN or infinite, or ``name`` is not a valid name.
+        """
+        validate_name(name, "metric")
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.reshape(())[()]
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            raise TypeError(f"metric {name!r} must be a real number, got {type(value).__name__}: {value!r}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"metric {name!r} must be finite, got {number}")
+        if self._metrics is not None:
+            self._metrics.add(name, number)
 
     def __getitem__(self, name: str) -> np.ndarray:
         scope = self._scope.find(name)

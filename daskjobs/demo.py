@@ -25,7 +25,7 @@ from ._model.task import Task, TaskOutput, final_output
 
 if TYPE_CHECKING:
     from ._workspace import Workspace
-    from .runner import EpochRecord
+    from .history import EpochRecord
 
 logger = logging.getLogger("daskjobs")
 

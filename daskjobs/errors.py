@@ -11,6 +11,8 @@ The tree::
     ├── TaskFailedError(RuntimeError)         user code raised; the cause is chained
     ├── NodePlacementError(RuntimeError)      a node has no worker, or more than one
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
+    ├── SessionLostError(ConnectionError)     the Dask scheduler went away
+    ├── JobInterruptedError(RuntimeError)     a graceful stop on SIGTERM (SIGINT raises KeyboardInterrupt)
     └── CheckpointError(OSError)
         ├── CheckpointNotFoundError(FileNotFoundError)
         ├── CheckpointCorruptError            data does not match its commit record
@@ -37,10 +39,12 @@ __all__ = [
     "CheckpointWriteError",
     "DaskJobsError",
     "JobDefinitionError",
+    "JobInterruptedError",
     "NodeLostError",
     "NodePlacementError",
     "OutputNotReadyError",
     "SessionClosedError",
+    "SessionLostError",
     "StopConditionError",
     "TaskFailedError",
 ]
@@ -131,6 +135,29 @@ class NodeLostError(_NodesError):
 
     :attr:`nodes` lists the nodes whose workspaces are gone.
     """
+
+
+class SessionLostError(DaskJobsError, ConnectionError):
+    """The Dask scheduler went away (or cannot be reached within ``daskjobs.connect-timeout``).
+
+    The message names the scheduler address and the last committed epoch; committed checkpoints
+    are intact, and running the job again on a new scheduler resumes from them.
+    """
+
+
+class JobInterruptedError(DaskJobsError, RuntimeError):
+    """A run was stopped gracefully by SIGTERM after committing its current epoch.
+
+    :attr:`epoch` is the last committed epoch (``None`` if nothing was committed).
+    """
+
+    def __init__(self, message: str = "", epoch: int | None = None) -> None:
+        super().__init__(message, epoch)
+        self.message = message
+        self.epoch = epoch
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class CheckpointError(DaskJobsError, OSError):

@@ -7,7 +7,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -21,6 +20,7 @@ from .errors import (
     NodeLostError,
     StopConditionError,
 )
+from .history import EpochRecord, means
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
@@ -31,20 +31,6 @@ if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """What happened in one epoch of :meth:`JobRunner.train`."""
-
-    epoch: int
-    seconds: float
-    """Wall time of the epoch group run."""
-    checkpoint_seconds: float
-    checkpoint_bytes: int
-    stop_values: dict[str, bool]
-    recoveries: int
-    """Node losses recovered from before this epoch completed."""
 
 
 def _alive(pid: int) -> bool:
@@ -282,7 +268,7 @@ class JobRunner:
             while not stop:
                 started = time.perf_counter()
                 try:
-                    session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=recoveries)
+                    sums = session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=recoveries)
                     values = self._stop_values()
                     elapsed = time.perf_counter() - started
                     saved = self._save(epoch, session, values) if manager is not None else (0.0, 0)
@@ -290,7 +276,7 @@ class JobRunner:
                     epoch = self._recover(session, exc, recoveries)
                     recoveries += 1
                     continue
-                record = EpochRecord(epoch, elapsed, *saved, values, recoveries)
+                record = EpochRecord(epoch, elapsed, saved[0], saved[1], 0, values, means(sums), recoveries)
                 self.history.append(record)
                 bar.update(record)
                 if self.on_epoch is not None:

@@ -18,6 +18,7 @@ from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
 from .._validation import as_blob, validate_name
 from ..errors import JobDefinitionError, SessionClosedError
+from ..history import MetricSums, merge_sums
 
 T = TypeVar("T")
 
@@ -107,8 +108,13 @@ class Session(abc.ABC):
             raise JobDefinitionError("session.run needs something to run, got None")
         self.run_group(as_group(runnable, workspace_type))
 
-    def run_group(self, group: TaskGroup, *, job: str = "session", epoch: int | None = None, attempt: int = 0) -> None:
-        """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs."""
+    def run_group(
+        self, group: TaskGroup, *, job: str = "session", epoch: int | None = None, attempt: int = 0
+    ) -> MetricSums:
+        """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs.
+
+        Returns the sums and counts of the metrics its steps logged (``ws.log``), over all nodes.
+        """
         self._check_open()
         plan = plan_group(group, job)
         run_key = f"{job}-{self.session_id}/{group.label}/r{next(self._run_counter)}/a{attempt}"
@@ -130,6 +136,7 @@ class Session(abc.ABC):
             for index, captured in result.captured.items():
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)
+        return merge_sums(result.metrics for result in results.values())
 
     def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
         for node in graph.nodes():
