@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import html
 import logging
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,6 +11,7 @@ import numpy as np
 
 from ._model.job import Job
 from ._progress import EpochProgress
+from .checkpoint._lock import holder_alive, local_holder
 from .errors import (
     CheckpointLockedError,
     CheckpointWriteError,
@@ -31,17 +30,6 @@ if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
@@ -367,7 +355,7 @@ class JobRunner:
             manager.store.acquire_lock(holder, break_lock=self.break_lock)
         except CheckpointLockedError:
             held = manager.store.read_lock() or {}
-            if held.get("host") != holder["host"] or not isinstance(held.get("pid"), int) or _alive(held["pid"]):
+            if holder_alive(held) is not False:
                 raise
             logger.warning("breaking the stale checkpoint lock of %s: its holder %s is gone", manager.store.url, held)
             manager.store.acquire_lock(holder, break_lock=True)
@@ -385,12 +373,7 @@ class JobRunner:
             )
 
     def _lock_holder(self) -> dict[str, Any]:
-        return {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "job": self.job.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        return local_holder(self.job.name)
 
     def __repr__(self) -> str:
         last = self.history[-1].epoch if self.history else None
