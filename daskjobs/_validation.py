@@ -70,6 +70,40 @@ def validate_name(name: object, what: str) -> str:
     return str(name)
 
 
+def check_count(value: object, what: str, minimum: int = 1) -> int:
+    """Return ``value`` as an ``int`` if it is an integer ``>= minimum``, else raise.
+
+    Raises
+    ------
+    DefinitionTypeError
+        ``value`` is not an integer (``bool`` and floats included).
+    JobDefinitionError
+        ``value`` is smaller than ``minimum``.
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise DefinitionTypeError(f"{what} must be an int >= {minimum}, got {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise JobDefinitionError(f"{what} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_positive(value: object, what: str, minimum: float = 0.0) -> float:
+    """Return ``value`` as a ``float`` if it is a finite real number ``> minimum``, else raise.
+
+    Raises
+    ------
+    DefinitionTypeError
+        ``value`` is not a real number (``bool`` included).
+    JobDefinitionError
+        ``value`` is not finite or not greater than ``minimum``.
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise DefinitionTypeError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
+    if not math.isfinite(value) or value <= minimum:
+        raise JobDefinitionError(f"{what} must be a finite number > {minimum:g}, got {value!r}")
+    return float(value)
+
+
 _DTYPE_HINTS = {
     "O": "an object array; store a numeric array (np.asarray(value, dtype=float)), a fixed-width string "
     "array (value.astype(str)) or a JSON value (value.tolist())",
