@@ -78,6 +78,26 @@ def _not_plain(step: Step) -> str:
     return ""
 
 
+def _as_outputs(outputs: object, owner: str) -> list[TaskOutput]:
+    """New :class:`TaskOutput` objects for ``outputs``: a name, a TaskOutput, or a list of them."""
+    if not isinstance(outputs, str | TaskOutput | list | tuple):
+        raise DefinitionTypeError(
+            f"{owner}: outputs must be a blob name, a TaskOutput or a list of them, got {outputs!r}"
+        )
+    items = [outputs] if isinstance(outputs, str | TaskOutput) else list(outputs)
+    return [item if isinstance(item, TaskOutput) else TaskOutput(item) for item in items]
+
+
+def _check_input(owner: str, local_name: object, output: object) -> None:
+    validate_name(local_name, "blob")
+    if not isinstance(output, TaskOutput):
+        raise DefinitionTypeError(f"{owner}: input {local_name!r} must be a TaskOutput, got {output!r}")
+    if len(output.names) != 1:
+        raise JobDefinitionError(
+            f"{owner}: input {local_name!r} must come from a single-blob output, got {output.names}"
+        )
+
+
 def _default_name(steps: list[Step]) -> str:
     """A single step's ``__name__`` when it is a valid name, else ``"task"``."""
     base = getattr(steps[0], "__name__", None) if len(steps) == 1 else None
@@ -269,18 +289,21 @@ class Task(Managed):
         self._subtasks: list[Task] = []
         if inputs is not None and not isinstance(inputs, dict):
             raise DefinitionTypeError(f"inputs must be a dict {{local_name: TaskOutput}}, got {inputs!r}")
-        node_label = str(Node.current()) if node is None else validate_name(str(node), "node")
-        self._group = TaskGroup.current(group, required=False)
-        self._name = f"{node_label}/{name if name is not None else _default_name(self._steps)}"
-        # Validate outputs and inputs before registering anything, so a bad one leaves no trace.
-        if outputs is not None:
-            self.add_outputs(outputs)
+        base = name if name is not None else _default_name(self._steps)
+        # Validate outputs and inputs before touching nodes or groups, so a bad one leaves no trace.
+        self._name = f"{node if isinstance(node, str) else '<node>'}/{base}"
+        made = [] if outputs is None else _as_outputs(outputs, f"task {self._name!r}")
         for local_name, output in (inputs or {}).items():
-            self.add_input(local_name, output)
+            _check_input(f"task {self._name!r}", local_name, output)
         node_obj = Node.current() if node is None else node if isinstance(node, Node) else Node(node)
         Cluster.current().add_node(node_obj)
         self._node = str(node_obj)
         self._node_resources = node_obj.kwargs()
+        self._group = TaskGroup.current(group, required=False)
+        self._name = f"{self._node}/{base}"
+        for output in made:
+            self.add_output(output)
+        self._inputs.update(inputs or {})
         if self._group is not None:
             self._name = self._group._unique_task_name(self._name)
             self._group._register(self)
@@ -300,24 +323,13 @@ class Task(Managed):
 
     def add_outputs(self, outputs: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
         """Add each of ``outputs`` as a separate :class:`TaskOutput` (all or none)."""
-        if not isinstance(outputs, str | TaskOutput | list | tuple):
-            raise DefinitionTypeError(
-                f"task {self._name!r}: outputs must be a blob name, a TaskOutput or a list of them, got {outputs!r}"
-            )
-        items = [outputs] if isinstance(outputs, str | TaskOutput) else list(outputs)
-        made = [item if isinstance(item, TaskOutput) else TaskOutput(item) for item in items]
-        return [self.add_output(item) for item in made]
+        self._check_unused("add an output to")
+        return [self.add_output(item) for item in _as_outputs(outputs, f"task {self._name!r}")]
 
     def add_input(self, local_name: str, output: TaskOutput) -> None:
         """Feed ``output`` of another task of the same group to this task as ``local_name``."""
         self._check_unused("add an input to")
-        validate_name(local_name, "blob")
-        if not isinstance(output, TaskOutput):
-            raise DefinitionTypeError(f"task {self._name!r}: input {local_name!r} must be a TaskOutput, got {output!r}")
-        if len(output.names) != 1:
-            raise JobDefinitionError(
-                f"task {self._name!r}: input {local_name!r} must come from a single-blob output, got {output.names}"
-            )
+        _check_input(f"task {self._name!r}", local_name, output)
         self._inputs[local_name] = output
 
     def outputs(self) -> list[TaskOutput]:
