@@ -247,3 +247,32 @@ def test_private_trap_warns_per_blob_and_node(caplog):
         dj.JobRunner(job, progress=False).train(session)
     found = sorted((m.split("'")[1], m.split("'")[3]) for m in (r.getMessage() for r in _trap_records(caplog)))
     assert found == [("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")]
+
+
+# -- on every session kind -----------------------------------------------------------------------
+
+
+def test_json_and_string_values_cross_sessions(session):
+    """JSON values and fixed-width string arrays survive feed, steps, outputs and fetch on every session kind."""
+    state = {"files": ("a.csv", "b.csv"), "seed": 2**80, "rng": np.random.default_rng(1).bit_generator.state}
+    session.feed("state", state, node="a")
+
+    def step(ws):
+        ws["state"]["files"].append("c.csv")
+        ws["names"] = np.array(["x", "yz"])
+        ws["note"] = None
+
+    with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+        task = dj.Task(step, node="a", outputs=["state", "names"])
+    session.run(group)
+    want = {"files": ["a.csv", "b.csv", "c.csv"], "seed": 2**80, "rng": state["rng"]}
+    assert _same_json(session.fetch("state", node="a"), want)
+    assert session.fetch("note", node="a") is None
+    names = session.fetch("names", node="a")
+    assert names.dtype == np.dtype("<U2")
+    assert names.tolist() == ["x", "yz"]
+    captured_state, captured_names = task.outputs()[0].fetch(), task.outputs()[1].fetch()
+    assert _same_json(captured_state, want)
+    assert captured_names.tolist() == ["x", "yz"]
+    with pytest.raises(BlobTypeError, match="'bad'"):
+        session.feed("bad", {1: 2}, node="a")

@@ -15,8 +15,7 @@ from ..errors import DefinitionTypeError, JobDefinitionError, OutputNotReadyErro
 from .node import Cluster, Node
 
 if TYPE_CHECKING:
-    import numpy as np
-
+    from .._validation import Value
     from .group import TaskGroup
 
 Step = Callable[..., Any]
@@ -112,7 +111,7 @@ def _step_name(step: Step) -> str:
 
 
 class TaskOutput:
-    """The value(s) of one or more blobs captured when a task finished.
+    """The value(s) of one or more blobs captured when a task finished (copies, so PRIVATE outputs survive).
 
     Examples
     --------
@@ -135,11 +134,11 @@ class TaskOutput:
         if not raw:
             raise JobDefinitionError("a TaskOutput needs at least one blob name")
         self.names: list[str] = [validate_name(n, "blob") for n in raw]
-        self._values: list[np.ndarray] | None = None
-        self._resolver: Callable[[], list[np.ndarray]] | None = None
+        self._values: list[Value] | None = None
+        self._resolver: Callable[[], list[Value]] | None = None
         self.task: Task | None = None
 
-    def _set(self, values: list[np.ndarray] | Callable[[], list[np.ndarray]]) -> None:
+    def _set(self, values: list[Value] | Callable[[], list[Value]]) -> None:
         if callable(values):
             self._values, self._resolver = None, values
         else:
@@ -149,8 +148,8 @@ class TaskOutput:
         """Whether the task has run and its values can be fetched."""
         return self._values is not None or self._resolver is not None
 
-    def fetch(self) -> np.ndarray | list[np.ndarray]:
-        """The captured value: one array for a single name, else a list of arrays.
+    def fetch(self) -> Value | list[Value]:
+        """The captured value (an array or a JSON value): one value for a single name, else a list.
 
         Raises
         ------
@@ -180,9 +179,9 @@ class TaskOutputList:
         """All blob names, flattened."""
         return [name for output in self.outputs for name in output.names]
 
-    def fetch(self) -> list[np.ndarray]:
+    def fetch(self) -> list[Value]:
         """All values, flattened, in the order of :meth:`names`."""
-        values: list[np.ndarray] = []
+        values: list[Value] = []
         for output in self.outputs:
             value = output.fetch()
             values.extend(value if isinstance(value, list) else [value])
