@@ -29,6 +29,8 @@ MAX_NDIM = 32
 MAX_JSON_DEPTH = 100
 """Deepest nesting of lists and dicts in a JSON value."""
 _INT64 = np.iinfo(np.int64)
+RESERVED_BLOB_NAMES = frozenset(["zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"])
+"""Blob names that would collide with Zarr metadata keys inside a node's checkpoint group."""
 
 JSON: TypeAlias = bool | int | float | str | list[Any] | dict[str, Any] | None
 """A normalised JSON value: lists and ``str``-keyed dicts of ``None``, bool, int, finite float, str."""
@@ -41,7 +43,8 @@ def validate_name(name: object, what: str) -> str:
 
     Valid names have 1-128 characters from ``A-Z a-z 0-9 _ - . :``, do not start with ``__``,
     are not ``.`` or ``..`` and contain no ``..``. Such names are safe as file and object-store
-    path segments and as Dask resource names.
+    path segments and as Dask resource names. Blob names must also not be Zarr metadata keys
+    (:data:`RESERVED_BLOB_NAMES`).
 
     Raises
     ------
@@ -67,6 +70,8 @@ def validate_name(name: object, what: str) -> str:
         raise JobDefinitionError(f"invalid {what} name {name!r}: names starting with '__' are reserved")
     if ".." in name or name == ".":
         raise JobDefinitionError(f"invalid {what} name {name!r}: '.', '..' and names containing '..' are not allowed")
+    if what == "blob" and name in RESERVED_BLOB_NAMES:
+        raise JobDefinitionError(f"invalid blob name {name!r}: reserved for Zarr metadata in checkpoints")
     return str(name)
 
 

@@ -100,7 +100,7 @@ def test_bad_dtype_does_not_replace_existing_value():
     assert ws["x"] == 1
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "a/b", "__x", "a b"])
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", "__x", "a b", "zarr.json", ".zattrs"])
 def test_bad_blob_name_on_assignment(bad):
     """Assigning to an invalid blob name raises ValueError naming it."""
     ws = make_ws()

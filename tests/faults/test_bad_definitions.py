@@ -124,6 +124,7 @@ BAD = {
     "task-group-str": (lambda: dj.Task(noop, group="g"), DefinitionTypeError, "TaskGroup"),
     "task-node-int": (lambda: dj.Task(noop, node=3), DefinitionTypeError, "3"),
     "task-node-dotdot": (lambda: dj.Task(noop, node="../x"), JobDefinitionError, "'../x'"),
+    "task-outputs-zarr-json": (lambda: dj.Task(noop, outputs="zarr.json"), JobDefinitionError, "'zarr.json'"),
     "task-outputs-int": (lambda: dj.Task(noop, outputs=3), DefinitionTypeError, "outputs"),
     "task-outputs-slash": (lambda: dj.Task(noop, outputs="a/b"), JobDefinitionError, "'a/b'"),
     "task-outputs-dunder": (lambda: dj.Task(noop, outputs=["ok", "__x"]), JobDefinitionError, "'__x'"),
