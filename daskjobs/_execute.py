@@ -243,7 +243,7 @@ class _Reporter:
         self.thread.start()
 
     def _call(self) -> None:
-        self.failure.wrap(f"{self.ws.node}/report_step", lambda: self.report.step(self.ws))
+        self.failure.wrap(f"{self.ws.node}/report_step", lambda: _call_steps([self.report.step], self.ws))
 
     def _loop(self) -> None:
         while not self.stop.wait(self.report.interval_ms / 1000):

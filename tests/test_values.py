@@ -136,6 +136,25 @@ def test_step_returning_coroutine_generator_or_awaitable_fails_its_task(step, se
     gc.collect()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("where", ["report_step", "local_init", "task_init", "instance_exit"])
+def test_lazy_steps_fail_wherever_they_run(where):
+    """Report steps, node-local setups and init/exit hooks returning a coroutine fail their task too."""
+    with dj.Cluster(), dj.TaskGroup() as group:
+        if where == "report_step":
+            dj.Task(lambda ws: None, node="a")
+            group.report_step(_returns_coroutine, node="a")
+        elif where == "local_init":
+            dj.Task(lambda ws: None, node="a")
+            group.add_local_setup(dj.SetupNets(init_nets=_returns_coroutine), node="a")
+        else:
+            dj.Task(lambda ws: None, node="a", num_instances=2, **{where: _returns_coroutine})
+    with dj.LocalSession() as session, pytest.raises(TaskFailedError) as info:
+        session.run(group)
+    assert isinstance(info.value.__cause__, StepTypeError)
+    gc.collect()
+
+
 def test_step_returning_a_value_is_fine(session):
     """Ordinary return values (None, numbers, lists) are ignored as before."""
     with dj.Cluster(), dj.TaskGroup() as group:
