@@ -363,7 +363,7 @@ def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeR
         ok = True
     finally:
         node_run.close(captured, ok=ok)
-    return NodeResult(state.token, captured, node_run.metrics.sums(), node_run.traps())
+    return NodeResult(state.token, captured, node_run.metrics.sums(), traps=node_run.traps())
 
 
 def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
@@ -403,7 +403,7 @@ def close_node(
     node_run = state.runs.pop(opened)
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
-    return NodeResult(state.token, node_run.close(captured, ok=True), node_run.metrics.sums(), node_run.traps())
+    return NodeResult(state.token, node_run.close(captured, ok=True), node_run.metrics.sums(), traps=node_run.traps())
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

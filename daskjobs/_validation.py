@@ -26,6 +26,8 @@ ALLOWED_DTYPE_KINDS = frozenset("biufcUS")
 """numpy dtype kinds a blob array may have: bool, integers, floats, complex, fixed-width strings."""
 MAX_NDIM = 32
 """Most dimensions a blob array may have (Zarr v3 and the checkpoint reader refuse more)."""
+MAX_STRING_CHARS = 1 << 20
+"""Longest item of a fixed-width string array (characters for ``U``, bytes for ``S``)."""
 MAX_JSON_DEPTH = 100
 """Deepest nesting of lists and dicts in a JSON value."""
 _INT64 = np.iinfo(np.int64)
@@ -144,6 +146,11 @@ def check_array(array: np.ndarray, blob: str) -> np.ndarray:
     if array.ndim > MAX_NDIM:
         raise BlobTypeError(
             f"blob {blob!r} would hold an array with {array.ndim} dimensions; at most {MAX_NDIM} are stored: reshape it"
+        )
+    if array.dtype.kind in "US" and array.dtype.itemsize > MAX_STRING_CHARS * (4 if array.dtype.kind == "U" else 1):
+        raise BlobTypeError(
+            f"blob {blob!r} would hold strings of dtype {array.dtype}; items of at most {MAX_STRING_CHARS} "
+            "characters are stored: store long text as a str (a JSON value) or as bytes in a uint8 array"
         )
     if not array.dtype.isnative:
         # Lossless: the values stay, only the byte order changes, as a restore would give it.

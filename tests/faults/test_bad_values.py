@@ -119,6 +119,7 @@ REFUSED = {
     "complex256-array": (np.zeros(2, dtype=np.clongdouble), "complex128"),
     "float128-scalar": (np.longdouble(1.5), "float64"),
     "33-dims": (np.zeros((1,) * 33), "at most 32"),
+    "huge-string-items": (np.zeros(1, dtype=f"U{(1 << 20) + 1}"), "JSON value"),
     "masked-array": (np.ma.masked_array([1, 2], mask=[0, 1]), "mask"),
     "matrix": (_matrix(), "np.asarray"),
     "recarray": (np.rec.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]), "np.asarray"),
