@@ -758,7 +758,7 @@ def test_manager_signatures():
     assert names(dj.UploadTaskGroupBuilder.build) == ["self", "epoch", "checkpoint_manager"]
 
 
-@pytest.mark.xfail(strict=True, reason="runner: resume ignores max_epochs (SPEC §2.6); see notes/spec.md")
+@pytest.mark.xfail(strict=True, reason="runner: resume ignores max_epochs (SPEC §2.6)")
 @pytest.mark.parametrize("max_epochs", [2, 3])
 def test_resume_past_max_epochs_runs_nothing(session, prefix, max_epochs):
     """§2.6: resuming from an epoch ``>= max_epochs`` runs no epoch and returns that epoch."""
@@ -838,3 +838,37 @@ def test_dask_session_from_address_and_client(shared_cluster):
             by_client.feed("k", np.int64(4), node="b")
             assert int(by_client.fetch("k", node="b")) == 4
         assert client.status == "running"
+
+
+@pytest.mark.xfail(strict=True, reason="runner: newer epochs un-committed before a new commit (SPEC §2.9)")
+def test_resume_from_older_epoch_keeps_newer_commits_until_a_new_commit(session, prefix):
+    """§2.9: a crash in the first epoch after resuming from an older epoch leaves every commit as it was."""
+    dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=3, progress=False).train(session)
+
+    def boom(ws):
+        raise RuntimeError("first epoch after resume breaks")
+
+    job = counter_job()
+    with job.epoch_group:
+        dj.Task(boom, node="a")
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), resume_from_epoch=1, max_epochs=5, progress=False)
+    with pytest.raises(errors.TaskFailedError):
+        runner.train(session)
+    assert [c.epoch for c in dj.list_checkpoints(prefix)] == [0, 1, 2, 3]
+
+
+@pytest.mark.xfail(strict=True, reason="runner: load errors arrive wrapped in TaskFailedError (SPEC §2.10)")
+def test_corrupt_checkpoint_on_resume_is_not_a_task_failure(session, prefix):
+    """§2.10: a corrupt checkpoint during resume raises ``CheckpointCorruptError``, not ``TaskFailedError``."""
+    import pathlib
+
+    dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False).train(session)
+    chunks = [p for p in (pathlib.Path(prefix) / "a.2").rglob("*") if p.is_file() and "zarr.json" not in p.name]
+    assert chunks
+    for chunk in chunks:
+        data = bytearray(chunk.read_bytes())
+        data[-1] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+    runner = dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=4, progress=False)
+    with pytest.raises(errors.CheckpointCorruptError, match="2"):
+        runner.train(session)
