@@ -424,6 +424,15 @@ def test_naming_functions():
     assert dj.get_ckpt_filename("trainer_0", 7) == "trainer_0.7"
     assert dj.db_name(7, "trainer_0", "/tmp/db") == "/tmp/db/trainer_0.7"
     assert dj.CheckpointManager("/tmp/db", "ps").get_ckpt_db_name("ps", 3) == "/tmp/db/ps.3"
+    assert dj.db_name(3, "ps", "/tmp/db/") == "/tmp/db/ps.3"
+    assert dj.db_name(3, "ps", "/ignored", path_prefix="/other/") == "/other/ps.3"
+
+
+@pytest.mark.parametrize("db_prefix", ["relative/db", "file:///tmp/spec-naming", "memory://spec-naming/db"])
+def test_manager_checkpoint_name_is_db_name(db_prefix):
+    """§1.7: ``manager.get_ckpt_db_name(node, epoch)`` is ``db_name(epoch, node, db_prefix)``."""
+    manager = dj.MultiNodeCheckpointManager(db_prefix)
+    assert manager.get_ckpt_db_name("ps", 3) == dj.db_name(3, "ps", db_prefix) == f"{db_prefix}/ps.3"
 
 
 def test_single_node_manager_refuses_several_nodes(prefix):

@@ -147,8 +147,8 @@ class MultiNodeCheckpointManager:
         return list(self._nodes)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
-        """The checkpoint name of ``node_name`` at ``epoch``."""
-        return db_name(epoch, str(node_name), self.store.url)
+        """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
+        return db_name(epoch, str(node_name), self.db_prefix)
 
     # -- handler pass-throughs --------------------------------------------------------------
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
