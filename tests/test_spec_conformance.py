@@ -881,3 +881,19 @@ def test_corrupt_checkpoint_on_resume_is_not_a_task_failure(session, prefix):
     runner = dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=4, progress=False)
     with pytest.raises(errors.CheckpointCorruptError, match="2"):
         runner.train(session)
+
+
+@pytest.mark.cluster
+@pytest.mark.xfail(strict=True, reason="session/ux: dashboard link not logged on connect nor in the session repr (§5)")
+def test_dask_session_shows_dashboard_link(shared_cluster, caplog):
+    """§5: the dashboard link is logged whenever a session connects, and is in its reprs."""
+    import logging
+
+    from distributed import Client
+
+    with Client(shared_cluster, set_as_default=False) as client:
+        link = client.dashboard_link
+        with caplog.at_level(logging.INFO, logger="daskjobs"), dj.DaskSession(client) as session:
+            assert any(link in r.getMessage() for r in caplog.records if r.name.startswith("daskjobs"))
+            assert link in repr(session)
+            assert link in session._repr_html_()
