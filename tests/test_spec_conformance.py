@@ -897,3 +897,28 @@ def test_dask_session_shows_dashboard_link(shared_cluster, caplog):
             assert any(link in r.getMessage() for r in caplog.records if r.name.startswith("daskjobs"))
             assert link in repr(session)
             assert link in session._repr_html_()
+
+
+BAD_NAMES = ["", "__hidden", ".", "..", "a..b", "a/b", "a b", "é", "x" * 129]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_bad_names_refused_before_storage_or_cluster(bad, tmp_path):
+    """§1.1: bad node and blob names raise ``ValueError`` at construction, touching no storage or cluster."""
+    prefix = tmp_path / "never"
+    with pytest.raises(ValueError, match="name"):
+        dj.CheckpointManager(str(prefix), bad)
+    with pytest.raises(ValueError, match="name"):
+        dj.MultiNodeCheckpointManager(str(prefix)).init(["a", bad])
+    with pytest.raises(ValueError, match="name"):
+        dj.node_cluster([bad])
+    with pytest.raises(ValueError, match="name"):
+        dj.node_resource(bad)
+    with dj.LocalSession() as session:
+        with pytest.raises(ValueError, match="name"):
+            session.feed(bad, 1, node="a")
+        with pytest.raises(ValueError, match="name"):
+            session.fetch(bad, node="a")
+        with pytest.raises(ValueError, match="name"):
+            session.feed("ok", 1, node=bad)
+    assert not prefix.exists()
