@@ -922,3 +922,33 @@ def test_bad_names_refused_before_storage_or_cluster(bad, tmp_path):
         with pytest.raises(ValueError, match="name"):
             session.feed("ok", 1, node=bad)
     assert not prefix.exists()
+
+
+async def async_step(ws):
+    ws["x"] = 1
+
+
+def generator_step(ws):
+    yield ws
+
+
+class AsyncCallable:
+    async def __call__(self, ws):
+        ws["x"] = 1
+
+
+@pytest.mark.parametrize("bad", [async_step, generator_step, AsyncCallable()], ids=["async", "generator", "object"])
+@pytest.mark.parametrize(
+    "where", ["step", "list", "task_init", "task_exit", "instance_init", "instance_exit", "setup", "report"]
+)
+def test_non_plain_steps_refused_when_built(bad, where):
+    """§1.2: ``async def`` and generator functions raise ``TypeError`` when the Task is built."""
+    builders = {
+        "step": lambda group: dj.Task(bad),
+        "list": lambda group: dj.Task([named_step, bad]),
+        "setup": lambda group: group.add_local_setup(dj.SetupNets(init_nets=[bad])),
+        "report": lambda group: group.report_step(bad),
+    }
+    build = builders.get(where, lambda group: dj.Task(named_step, **{where: bad}))
+    with dj.Cluster(), dj.TaskGroup() as group, pytest.raises(TypeError, match=r"async|generator|plain"):
+        build(group)
