@@ -952,3 +952,35 @@ def test_non_plain_steps_refused_when_built(bad, where):
     build = builders.get(where, lambda group: dj.Task(named_step, **{where: bad}))
     with dj.Cluster(), dj.TaskGroup() as group, pytest.raises(TypeError, match=r"async|generator|plain"):
         build(group)
+
+
+class InaccessibleHandler(RecordingHandler):
+    """A handler whose storage is never accessible."""
+
+    def cp_accessible(self, epoch=None):
+        self.calls.append(("cp_accessible", epoch))
+        return False
+
+
+def test_inaccessible_storage_skips_saves_with_a_warning(session, prefix, caplog):
+    """§1.7 protocol: ``cp_accessible()`` is asked before every save (``epoch=None``); False skips it, warned."""
+    import logging
+
+    handler = InaccessibleHandler()
+    runner = dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix, metadata_handler=handler), max_epochs=2)
+    runner.progress = False
+    with caplog.at_level(logging.WARNING, logger="daskjobs"):
+        assert runner.train(session) == 2
+    assert [c for c in handler.calls if c[0] == "cp_accessible"] == [("cp_accessible", None)] * 3
+    assert not [c for c in handler.calls if c[0] == "write"]
+    assert dj.list_checkpoints(prefix) == []
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) >= 1
+
+
+def test_checkpoint_methods_need_a_manager(session):
+    """§1.8: ``save_checkpoints``/``load_blobs_from_checkpoints`` without a manager raise ``ValueError``."""
+    runner = dj.JobRunner(counter_job(), max_epochs=1, progress=False)
+    with pytest.raises(ValueError, match="manager"):
+        runner.save_checkpoints(1, session)
+    with pytest.raises(ValueError, match="manager"):
+        runner.load_blobs_from_checkpoints(["n"], 1, session)
