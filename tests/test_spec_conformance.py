@@ -37,6 +37,14 @@ def test_node_kwargs_are_the_extra_resources():
     assert dj.Node("x").kwargs() == {}
 
 
+def test_node_name_keyword():
+    """§1.1: the signature is ``Node(name="local", **resources)``."""
+    assert next(iter(inspect.signature(dj.Node).parameters)) == "name"
+    node = dj.Node(name="trainer", GPU=1)
+    assert (str(node), node.name, node.kwargs()) == ("trainer", "trainer", {"GPU": 1})
+    assert str(dj.Node()) == "local"
+
+
 def test_node_current_inside_and_nested():
     """§1.1: ``Node.current()`` is the innermost active node."""
     with dj.Node("a"):
