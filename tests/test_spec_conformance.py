@@ -959,3 +959,20 @@ def test_task_failed_error_cause_keeps_its_original_traceback(session):
     assert "deep_failure" in text
     assert 'raise LookupError("raised-here")' in text or "raised-here" in info.value.remote_traceback
     assert 'raise LookupError("raised-here")' in info.value.remote_traceback
+
+
+def test_public_parameter_names_follow_spec():
+    """§1: parameter names as SPEC spells them, so keyword calls written from it work."""
+    assert dj.get_ckpt_filename(node="n", epoch=2) == "n.2"
+    assert dj.db_name(epoch=2, node="n", db_prefix="P", path_prefix=None) == "P/n.2"
+    with dj.Cluster(), dj.TaskGroup() as group:
+        task = dj.Task(named_step)
+        assert task.add_output(name="x").names == ["x"]
+        assert [o.names for o in task.add_outputs(names=["y", "z"])] == [["y"], ["z"]]
+    group.add_remote_net(obj="opaque")
+    assert group.remote_nets() == ["opaque"]
+    with dj.Cluster(), dj.TaskGroup() as group:
+        group.report_step(step=named_step, node="a", interval_ms=5)
+        group.add_local_setup(setup=dj.SetupNets(init_nets=None, exit_nets=None), node="a")
+        assert dj.final_output(blob="w").names == ["w"]
+    assert str(group.to_task(node="a").node) == "a"
