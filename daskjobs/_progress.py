@@ -112,7 +112,8 @@ class EpochProgress:
             leave=True,
         )
         if dashboard:
-            self._bar.write(f"Dask dashboard: {dashboard}")
+            # The text bar lives on stderr, so the link goes there too (stdout stays the program's own).
+            self._bar.write(f"Dask dashboard: {dashboard}", file=None if jupyter else sys.stderr)
 
     def update(self, record: EpochRecord) -> None:
         """Advance by one finished epoch."""

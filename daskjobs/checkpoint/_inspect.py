@@ -141,15 +141,22 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         return f"CheckpointView(job={self.job!r}, epoch={self.epoch}, nodes={self.nodes})"
 
     def _repr_html_(self) -> str:
+        entries = self.record["node_entries"]
         rows = "".join(
-            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{meta['dtype']}</td>"
-            f"<td>{tuple(meta['shape'])}</td></tr>"
+            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{html.escape(meta['dtype'])}</td>"
+            f"<td>{tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
             for node in self.nodes
-            for name, meta in sorted(self.record["node_entries"][node]["blobs"].items())
+            for name, meta in sorted(entries[node]["blobs"].items())
         )
+        nbytes = sum(int(entry.get("bytes", 0)) for entry in entries.values())
+        facts = [f"{nbytes} bytes", f"committed {html.escape(str(self.record.get('created', '?')))}"]
+        facts += [f"{html.escape(k)}={v:.6g}" for k, v in self.record.get("metrics", {}).items()]
+        facts += [f"{html.escape(k)}={v}" for k, v in self.record.get("stop_values", {}).items()]
         return (
-            f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch}"
-            f"<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th></tr>{rows}</table>"
+            f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch} "
+            f"<code>{html.escape(self._store.url)}</code> ({', '.join(facts)})"
+            "<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th><th>bytes</th></tr>"
+            f"{rows}</table>"
         )
 
 

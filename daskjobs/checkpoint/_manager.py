@@ -463,9 +463,23 @@ class MultiNodeCheckpointManager:
 
     def _repr_html_(self) -> str:
         epochs = self.store.committed_epochs()
+        options = {
+            "nodes": self._nodes,
+            "keep_last": self.keep_last,
+            "keep_every": self.keep_every,
+            "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
+            "async_save": self.async_save or None,
+        }
+        facts = "".join(f", {k}={html.escape(str(v))}" for k, v in options.items() if v)
+        latest = ""
+        if epochs:
+            metrics = self.store.read_commit(epochs[-1]).get("metrics", {})
+            shown = "".join(f" {html.escape(k)}={v:.6g}" for k, v in metrics.items())
+            listed = ", ".join(map(str, epochs)) if len(epochs) <= 12 else f"{epochs[0]} &hellip; {epochs[-1]}"
+            latest = f" ({listed}); latest {epochs[-1]}{shown}"
         return (
-            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
-            f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}"
+            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>{facts}: "
+            f"{len(epochs)} committed epochs{latest}"
         )
 
 
