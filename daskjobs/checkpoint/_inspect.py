@@ -143,7 +143,7 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
     def _repr_html_(self) -> str:
         entries = self.record["node_entries"]
         rows = "".join(
-            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{html.escape(meta['dtype'])}</td>"
+            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{html.escape(_dtype_text(meta['dtype']))}</td>"
             f"<td>{tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
             for node in self.nodes
             for name, meta in sorted(entries[node]["blobs"].items())
@@ -158,6 +158,14 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
             "<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th><th>bytes</th></tr>"
             f"{rows}</table>"
         )
+
+
+def _dtype_text(dtype: str) -> str:
+    """``"float32"`` for ``"<f4"``; a dtype numpy does not know is shown as recorded."""
+    try:
+        return str(np.dtype(dtype))
+    except TypeError:
+        return str(dtype)
 
 
 def open_checkpoint(
