@@ -6,17 +6,12 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._notebook import in_jupyter
+
 if TYPE_CHECKING:
     from .history import EpochRecord
 
 logger = logging.getLogger("daskjobs")
-
-
-def in_jupyter() -> bool:
-    """Whether this process is a running Jupyter kernel (not merely one that imported IPython)."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    return getattr(shell, "kernel", None) is not None
 
 
 def _stderr_is_terminal() -> bool:

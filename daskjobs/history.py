@@ -1,6 +1,6 @@
 """What happened in each epoch of a run: :class:`EpochRecord`, epoch metrics, and tables and plots of them.
 
-Pure: no Dask, no I/O. pandas and matplotlib are optional and imported only by :func:`history_frame`
+No Dask, no I/O. pandas and matplotlib are optional and imported only by :func:`history_frame`
 and :func:`plot_history`.
 """
 
@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._notebook import show_figures_inline
 
 MetricSums = dict[str, tuple[float, int]]
 """Metric name -> (sum of the logged values, how many were logged)."""
@@ -148,6 +150,7 @@ def plot_history(records: Iterable[EpochRecord], *, title: str | None = None) ->
     ['loss', 'time per epoch']
     """
     figure_module = _optional("matplotlib.figure", "plot()")
+    show_figures_inline(figure_module.Figure)
     records = list(records)
     epochs = [r.epoch for r in records]
     metrics = list(dict.fromkeys(name for r in records for name in r.metrics))
@@ -159,6 +162,9 @@ def plot_history(records: Iterable[EpochRecord], *, title: str | None = None) ->
         ax.plot([e for e, _ in points], [v for _, v in points], marker="o", markersize=3)
         ax.set_title(name)
         ax.set_ylabel(name)
+        values = [v for _, v in points]
+        if values and min(values) > 0 and max(values) > 100 * min(values):
+            ax.set_yscale("log")
     times = axes[-1]
     times.plot(epochs, [r.seconds for r in records], marker="o", markersize=3, label="epoch")
     times.plot(epochs, [r.checkpoint_seconds for r in records], marker="o", markersize=3, label="checkpoint")

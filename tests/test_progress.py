@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs._progress import EpochProgress, _bar_class, describe, in_jupyter, known_total
+from daskjobs._notebook import in_jupyter
+from daskjobs._progress import EpochProgress, _bar_class, describe, known_total
 from daskjobs.history import EpochRecord
 
 

@@ -26,7 +26,8 @@ class CheckpointInfo:
     nbytes: int
     created: str
     stop_values: dict[str, bool]
-    record: dict[str, Any]
+    record: dict[str, Any] = field(repr=False)
+    """The whole commit record."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The epoch's metric means (logged with ``ws.log``), from the commit record."""
 
