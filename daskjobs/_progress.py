@@ -126,7 +126,11 @@ class EpochProgress:
             if self._bar.total is not None and self._bar.n >= self._bar.total:
                 self._bar.total = self._bar.n + 1
             self._bar.set_postfix_str(describe(record), refresh=False)
-            self._bar.update(1)
+            # The bar stands at the last finished epoch: an epoch run again after a recovery is not counted twice.
+            if record.epoch > self._bar.n:
+                self._bar.update(record.epoch - self._bar.n)
+            else:
+                self._bar.refresh()
 
     def complete(self) -> None:
         """The run ended normally: a stop condition that came before the known total is not a failure."""

@@ -129,3 +129,12 @@ def test_progress_writes_dashboard_link(capsys):
     bar.update(EpochRecord(1, 0.1, 0.0, 0, 0, {}, {}))
     bar.close()
     assert "Dask dashboard: http://127.0.0.1:8787/status" in capsys.readouterr().err
+
+
+def test_bar_stands_at_the_last_finished_epoch(capsys):
+    """An epoch run again after a recovery (async save: the last recorded epoch was not committed) counts once."""
+    bar = EpochProgress(True, "x", start=1, total=4)
+    for epoch in (1, 2, 3, 3, 4):
+        bar.update(EpochRecord(epoch, 0.1, 0.0, 0, 0, {}, {}, recoveries=int(epoch == 3)))
+    bar.close()
+    assert counts(capsys.readouterr().err)[-1] == "4/4"
