@@ -30,24 +30,35 @@ def warnings_in(output: nbformat.NotebookNode) -> list[str]:
     return [line for line in text.splitlines() if "warning" in line.lower() or "IProgress not found" in line]
 
 
-def execute(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
-    """Run a notebook in a fresh kernel with this checkout importable and its scripts (``daskjobs``) on PATH."""
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory):
+    """Runs a notebook once per test module (in a fresh kernel, this checkout importable and its
+    scripts, such as ``daskjobs``, on PATH) and returns the executed notebook."""
+    done: dict[Path, nbformat.NotebookNode] = {}
     root = str(Path(__file__).parent.parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(
-        notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    return notebook
+
+    def execute(path: Path) -> nbformat.NotebookNode:
+        if path not in done:
+            notebook = nbformat.read(path, as_version=4)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+                patch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+                where = tmp_path_factory.mktemp(path.stem)
+                NotebookClient(
+                    notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(where)}}
+                ).execute()
+            done[path] = notebook
+        return done[path]
+
+    return execute
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_without_errors_or_warnings(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_notebook_runs_without_errors_or_warnings(path: Path, executed):
     """The notebook executes; no cell shows an error, a traceback or a warning."""
-    notebook = execute(path, tmp_path, monkeypatch)
+    notebook = executed(path)
     shown = outputs(notebook)
     assert not [o for o in shown if o.output_type == "error"]
     assert not [line for o in shown for line in warnings_in(o)]
@@ -57,9 +68,9 @@ def test_notebook_runs_without_errors_or_warnings(path: Path, tmp_path: Path, mo
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_quickstart_shows_widget_progress_table_plot_and_dashboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_quickstart_shows_widget_progress_table_plot_and_dashboard(executed):
     """The progress bar is a real widget; the runner repr, history table, plot and dashboard link show."""
-    notebook = execute(NOTEBOOKS[0], tmp_path, monkeypatch)
+    notebook = executed(NOTEBOOKS[0])
     shown = outputs(notebook)
     assert any(WIDGET in o.get("data", {}) for o in shown)
     html = "\n".join(o.get("data", {}).get("text/html", "") for o in shown)
