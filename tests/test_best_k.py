@@ -155,3 +155,9 @@ def test_best_k_on_every_session_kind(prefix, session):
         (8, {"loss": 7.0}),
     ]
     assert dj.open_checkpoint(prefix, "best")["b"]["w"].tolist() == [7.0] * 3
+
+
+def test_best_metric_without_keep_best_is_recorded_for_open_best(prefix):
+    run(prefix, best_metric="loss", best_mode="max")
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == list(range(9))
+    assert dj.open_checkpoint(prefix, "best").epoch == 8

@@ -87,8 +87,8 @@ class MultiNodeCheckpointManager:
         with ``ws.log``; epochs without it never count as best; ties keep the earlier epoch). The
         kept sets of ``keep_last``, ``keep_every`` and ``keep_best`` are united, and the newest
         committed epoch is always kept. ``keep_best`` alone keeps the best ``keep_best`` and the
-        newest. Commit records then name the metric and mode, so
-        ``dj.open_checkpoint(prefix, epoch="best")`` finds the same best epoch.
+        newest. With ``best_metric`` set (also without ``keep_best``) commit records name the
+        metric and mode, so ``dj.open_checkpoint(prefix, epoch="best")`` finds the same best epoch.
     compression
         ``None`` (default, fastest) or a compressor name the store supports.
     async_save
@@ -397,7 +397,7 @@ class MultiNodeCheckpointManager:
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
-        if self.keep_best is not None:
+        if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self.store.commit(record)
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
