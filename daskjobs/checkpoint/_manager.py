@@ -422,15 +422,16 @@ class MultiNodeCheckpointManager:
             if epoch < newest and epoch not in keep:
                 record = self.store.read_commit(epoch)
                 self.store.delete_epoch(epoch, record["nodes"])
-                self._best_values.pop(epoch, None)
                 logger.info("retention: deleted epoch %d under %s", epoch, self.store.url)
 
     def _best_epochs(self, epochs: list[int]) -> list[int]:
-        """The ``keep_best`` best of ``epochs`` by ``best_metric`` (commit records read once per manager)."""
-        for epoch in epochs:
-            if epoch not in self._best_values:
-                self._best_values[epoch] = self.store.read_commit(epoch).get("metrics", {}).get(self.best_metric)
-        return best_epochs({e: self._best_values[e] for e in epochs}, self.best_mode)[: self.keep_best]
+        """The ``keep_best`` best of ``epochs`` by ``best_metric``; each commit record is read once per manager."""
+        known = self._best_values
+        self._best_values = {
+            e: known[e] if e in known else self.store.read_commit(e).get("metrics", {}).get(self.best_metric)
+            for e in epochs
+        }
+        return best_epochs(self._best_values, self.best_mode)[: self.keep_best]
 
     def stop_values(self, epoch: int) -> dict[str, bool]:
         """The stop-condition values recorded when ``epoch`` was committed."""
