@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,17 @@ logger = logging.getLogger("daskjobs")
 
 def _stderr_is_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def _bare_terminal_size() -> dict[str, int]:
+    """tqdm sizes for a terminal that reports 0 columns or rows (a bare pty, where tqdm would print
+    nothing); empty when the terminal's own size can be followed."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {}
+    fixed = {"ncols": 100} if size.columns == 0 else {}
+    return fixed | ({"nrows": 24} if size.lines == 0 else {})
 
 
 def _widgets_available() -> bool:
@@ -98,13 +110,15 @@ class EpochProgress:
             return
         done = max(start - 1, 0)
         bar = _bar_class(jupyter)
+        sizes = {} if jupyter else _bare_terminal_size()
         self._bar = bar(
             total=total if total is None else max(total, done),
             initial=done,
             desc=f"job {job_name}",
             unit="epoch",
-            dynamic_ncols=not jupyter,
+            dynamic_ncols=not jupyter and "ncols" not in sizes,
             leave=True,
+            **sizes,
         )
         if dashboard:
             # The text bar lives on stderr, so the link goes there too (stdout stays the program's own).
