@@ -138,3 +138,18 @@ def test_bar_stands_at_the_last_finished_epoch(capsys):
         bar.update(EpochRecord(epoch, 0.1, 0.0, 0, 0, {}, {}, recoveries=int(epoch == 3)))
     bar.close()
     assert counts(capsys.readouterr().err)[-1] == "4/4"
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [((0, 0), {"ncols": 100, "nrows": 24}), ((80, 0), {"nrows": 24}), ((80, 24), {})],
+)
+def test_bare_terminal_gets_a_size(monkeypatch, size, expected):
+    """A pty that reports 0 columns or rows would make tqdm print nothing."""
+    import os
+
+    from daskjobs._progress import _bare_terminal_size
+
+    monkeypatch.setattr(sys.stderr, "fileno", lambda: 2, raising=False)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size(size))
+    assert _bare_terminal_size() == expected
