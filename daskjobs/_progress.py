@@ -137,8 +137,6 @@ class EpochProgress:
             record.stop_values,
         )
         if self._bar is not None:
-            if self._bar.total is not None and self._bar.n >= self._bar.total:
-                self._bar.total = self._bar.n + 1
             self._bar.set_postfix_str(describe(record), refresh=False)
             # The bar stands at the last finished epoch: an epoch run again after a recovery is not counted twice.
             if record.epoch > self._bar.n:
@@ -148,9 +146,13 @@ class EpochProgress:
 
     def complete(self) -> None:
         """The run ended normally: a stop condition that came before the known total is not a failure."""
-        if self._bar is not None and self._bar.total is not None and self._bar.n < self._bar.total:
-            self._bar.total = self._bar.n
-            self._bar.refresh()
+        bar = self._bar
+        if bar is not None and bar.total is not None and bar.n < bar.total:
+            bar.total = bar.n
+            container = getattr(bar, "container", None)  # the Jupyter widget keeps its own maximum
+            if container is not None:
+                container.children[1].max = bar.n
+            bar.refresh()
 
     def close(self) -> None:
         """Finish the bar."""

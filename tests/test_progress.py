@@ -153,3 +153,18 @@ def test_bare_terminal_gets_a_size(monkeypatch, size, expected):
     monkeypatch.setattr(sys.stderr, "fileno", lambda: 2, raising=False)
     monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size(size))
     assert _bare_terminal_size() == expected
+
+
+def test_widget_completes_when_a_stop_condition_ends_early():
+    """In Jupyter the widget's own maximum follows, so an early stop is not shown as a failed (red) bar."""
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    bar = EpochProgress(False, "x", start=1, total=None)
+    bar._bar = notebook_tqdm(total=10, initial=0, desc="job x", unit="epoch", leave=True)
+    for epoch in (1, 2, 3):
+        bar.update(EpochRecord(epoch, 0.1, 0.0, 0, 0, {"done": epoch == 3}, {}))
+    bar.complete()
+    widget = bar._bar.container.children[1]
+    assert (bar._bar.total, widget.max, widget.value) == (3, 3, 3)
+    bar.close()
+    assert widget.bar_style != "danger"
