@@ -144,8 +144,8 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
     def _repr_html_(self) -> str:
         entries = self.record["node_entries"]
         rows = "".join(
-            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{html.escape(_dtype_text(meta['dtype']))}</td>"
-            f"<td>{tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
+            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{_kind_text(meta)}</td>"
+            f"<td>{'' if meta.get('kind') == 'json' else tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
             for node in self.nodes
             for name, meta in sorted(entries[node]["blobs"].items())
         )
@@ -161,12 +161,14 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         )
 
 
-def _dtype_text(dtype: str) -> str:
-    """``"float32"`` for ``"<f4"``; a dtype numpy does not know is shown as recorded."""
+def _kind_text(meta: dict[str, Any]) -> str:
+    """``float32`` for an array stored as ``<f4``, ``JSON`` for a JSON value; unknown dtypes as recorded."""
+    if meta.get("kind") == "json":
+        return "JSON"
     try:
-        return str(np.dtype(dtype))
+        return html.escape(str(np.dtype(meta["dtype"])))
     except TypeError:
-        return str(dtype)
+        return html.escape(str(meta["dtype"]))
 
 
 def open_checkpoint(
