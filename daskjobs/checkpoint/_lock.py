@@ -141,11 +141,15 @@ def _identity(data: bytes) -> str:
 
 def _refused(url: str, holder: Mapping[str, Any]) -> CheckpointLockedError:
     alive = holder_alive(holder)
-    state = {True: "still running", None: "not known to be gone"}.get(alive, "gone")
+    if alive:
+        advice = "stop it first (if that pid is no daskjobs run, `daskjobs checkpoints unlock --force`)"
+    else:
+        advice = (
+            f"if it is gone, run `daskjobs checkpoints unlock --force {url}` or pass JobRunner(..., break_lock=True)"
+        )
+    state = {True: "still running on this host", None: "not known to be gone"}.get(alive, "gone")
     return CheckpointLockedError(
-        f"checkpoint prefix {url} is locked by another writer ({describe(holder)}; {state}); if it is "
-        f"gone, run `daskjobs checkpoints unlock {url}` (add --force for a holder on another host) "
-        "or pass JobRunner(..., break_lock=True)"
+        f"checkpoint prefix {url} is locked by another writer ({describe(holder)}; {state}); {advice}"
     )
 
 
@@ -165,13 +169,15 @@ def acquire(
     holder
         Who is writing (see :func:`local_holder`).
     break_lock
-        Take over the lock even if its holder may still run.
+        Also take over a lock whose holder is not known to be gone (another host, a damaged
+        lock file). A holder that runs on this host is never broken: that could be a racer
+        that just took the lock over.
 
     Raises
     ------
     CheckpointLockedError
-        The lock is held by a holder that runs or may run (without ``break_lock``), or another
-        process is taking over the same stale lock right now.
+        The lock is held by a holder that runs on this host, or may run elsewhere (without
+        ``break_lock``), or another process is taking over the same stale lock right now.
     CheckpointWriteError
         The lock could not be written.
     """
@@ -189,7 +195,8 @@ def acquire(
         if current is None:  # released meanwhile: try to create it again
             continue
         held = parse(current)
-        if not break_lock and holder_alive(held) is not False:
+        alive = holder_alive(held)
+        if alive or (alive is None and not break_lock):
             raise _refused(url, held)
         _take_over(files, path, url, current, data)
         return token

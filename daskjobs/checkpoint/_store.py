@@ -310,15 +310,18 @@ class CheckpointStore:
     def cleanup_uncommitted(self, nodes: Iterable[str] | None = None) -> list[str]:
         """Remove debris of saves that never committed; return what was removed.
 
-        Removed: daskjobs' files in directories named ``<node>.<epoch>`` (of ``nodes`` if given)
-        whose epoch has no commit record and that carry daskjobs' marker for that node and
-        epoch, and daskjobs' own temp files under ``__daskjobs__/``. A folder that merely looks
-        like a group (``mydata.2024``), a user's file, a symlink are never touched (see
-        :mod:`._cleanup`). Do not call it while a save to the prefix is in flight.
+        Removed: daskjobs' files in directories named ``<node>.<epoch>`` whose epoch has no
+        commit record and that carry daskjobs' marker for that node and epoch, and daskjobs' own
+        temp files under ``__daskjobs__/``. ``nodes`` defaults to the nodes of the latest commit
+        (any node while nothing is committed). A folder that merely looks like a group
+        (``mydata.2024``), a user's file, a symlink are never touched (see :mod:`._cleanup`).
+        Do not call it while a save to the prefix is in flight.
         """
         wanted = None if nodes is None else {validate_name(n, "node") for n in nodes}
         self._check_held()
         committed = set(self.committed_epochs())
+        if wanted is None and committed:  # the prefix holds one job: its nodes are the latest commit's
+            wanted = set(self.read_commit(max(committed))["nodes"])
         tree, removed = Tree(self.fs), []
         try:
             for name, node, epoch in group_folders(tree, self._root, wanted):
