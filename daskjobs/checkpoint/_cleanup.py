@@ -29,7 +29,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
-from ..errors import CheckpointCorruptError, JobDefinitionError
+from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
 from ._format import RESERVED_BLOB_NAMES, loads
 from ._zarr import ENTRY_KEY
 
@@ -234,6 +234,31 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     tree.unlink([f"{group}/{_META}"])
     tree.rmdir(group)
     return True
+
+
+def clear_for_write(tree: Tree, group: str, url: str, node: str, epoch: int) -> None:
+    """Make room for writing ``node``'s group of ``epoch`` at ``group``: remove an earlier attempt of ours.
+
+    Raises
+    ------
+    CheckpointWriteError
+        Something daskjobs did not write is there (a user's folder or file, a symlink); it is
+        left as it is and nothing is written.
+    """
+    kind = tree.kind(group)
+    if kind is None:
+        return
+    if kind == DIR:
+        remove_group(tree, group, node, epoch)
+        left = sorted(tree.entries(group))
+        if not left:
+            return
+        found = f"it holds {left[:5]}{' …' if len(left) > 5 else ''}, which daskjobs did not write"
+    else:
+        found = "it is a file or symlink daskjobs did not write"
+    raise CheckpointWriteError(
+        f"not writing the checkpoint of node {node!r} at epoch {epoch} to {url}: {found}; move it away"
+    )
 
 
 def remove_temp_files(tree: Tree, folder: str) -> list[str]:

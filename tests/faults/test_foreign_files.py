@@ -283,3 +283,48 @@ def test_retention_failure_after_a_commit_is_a_warning(tmp_path, monkeypatch, ca
     monkeypatch.undo()
     assert sorted(CheckpointStore(prefix).cleanup_uncommitted()) == [f"{prefix}/{NODE}.{e}" for e in (0, 1, 2)]
     dj.open_checkpoint(prefix, 3).verify()
+
+
+# -- D3: writing a group never deletes what is not ours ---------------------------------------------
+CLEAR_CASES = {
+    # name: (files to create under <prefix>/trainer_0.5, whether writing may go ahead)
+    "nothing-there": ({}, True),
+    "our-earlier-attempt": ({"zarr.json": marker_json(NODE, 5), "w/zarr.json": b"{}", "w/c.0.0": b"\0"}, True),
+    "our-marker-only": ({"zarr.json": marker_json(NODE, 5)}, True),
+    "user-folder": ({"data.bin": b"mine"}, False),
+    "unmarked-lookalike": ({"zarr.json": b'{"zarr_format": 3, "node_type": "group"}', "w/c.0": b"\0"}, False),
+    "our-attempt-plus-user-file": ({"zarr.json": marker_json(NODE, 5), "w/c.0": b"\0", "notes.txt": b"m"}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLEAR_CASES))
+def test_clear_for_write_removes_only_our_earlier_attempt(tmp_path, case):
+    """D3: before a node group is (re)written, an earlier attempt of ours goes; anything else is refused."""
+    files, allowed = CLEAR_CASES[case]
+    group = tmp_path / "ckpt" / f"{NODE}.5"
+    for name, data in files.items():
+        write(str(group / name), data)
+    before = state([str(group)])
+    tree = _cleanup.Tree(CheckpointStore(tmp_path / "ckpt").fs)
+    if allowed:
+        _cleanup.clear_for_write(tree, str(group), "url", NODE, 5)
+        assert not group.exists() or os.listdir(group) == []
+        return
+    with pytest.raises(dj.errors.CheckpointWriteError, match=f"node '{NODE}' at epoch 5 to url: .*move it away"):
+        _cleanup.clear_for_write(tree, str(group), "url", NODE, 5)
+    if case != "our-attempt-plus-user-file":
+        assert state([str(group)]) == before
+    else:
+        assert sorted(os.listdir(group)) == ["notes.txt"]
+
+
+def test_clear_for_write_refuses_a_symlink_in_place_of_a_group(tmp_path):
+    """D3: a symlink named like the group is refused; its target is untouched."""
+    target = tmp_path / "user"
+    write(str(target / "zarr.json"), marker_json(NODE, 5))
+    (tmp_path / "ckpt").mkdir()
+    os.symlink(target, tmp_path / "ckpt" / f"{NODE}.5")
+    tree = _cleanup.Tree(CheckpointStore(tmp_path / "ckpt").fs)
+    with pytest.raises(dj.errors.CheckpointWriteError, match="symlink"):
+        _cleanup.clear_for_write(tree, str(tmp_path / "ckpt" / f"{NODE}.5"), "url", NODE, 5)
+    assert (target / "zarr.json").read_bytes() == marker_json(NODE, 5)
