@@ -46,6 +46,25 @@ _META = "zarr.json"
 FILE, DIR, OTHER = "file", "dir", "other"
 
 
+def read_regular(path: str, limit: int) -> bytes | OSError:
+    """At most ``limit + 1`` bytes of a local regular file, never blocking and never through a final
+    symlink; a FIFO, device, socket or symlink is an :class:`OSError` (as is a missing file)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        return exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return OSError(f"{path} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(limit + 1)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+
+
 class Tree:
     """Listing and deleting under a prefix without following symlinks (local disk or fsspec)."""
 
@@ -98,20 +117,8 @@ class Tree:
     def read_small(self, path: str) -> bytes | None:
         """A regular file's bytes (bounded); ``None`` if it is missing, not a regular file or unreadable."""
         if self._local:
-            flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-            try:
-                fd = os.open(path, flags)
-            except OSError:
-                return None
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return None
-                with os.fdopen(os.dup(fd), "rb") as file:
-                    return file.read(_MARKER_LIMIT + 1)
-            except OSError:
-                return None
-            finally:
-                os.close(fd)
+            data = read_regular(path, _MARKER_LIMIT)
+            return data if isinstance(data, bytes) else None
         try:
             return self._fs.cat_file(path, start=0, end=_MARKER_LIMIT + 1)
         except (OSError, ValueError):

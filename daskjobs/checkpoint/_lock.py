@@ -29,10 +29,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointCorruptError, CheckpointLockedError, CheckpointWriteError
+from ._cleanup import read_regular
+from ._files import LocalFiles
 from ._format import dumps, loads
 
 if TYPE_CHECKING:
-    from ._files import LocalFiles, RemoteFiles
+    from ._files import RemoteFiles
     from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -114,11 +116,14 @@ def describe(holder: Mapping[str, Any]) -> str:
 
 def _read(files: LocalFiles | RemoteFiles, path: str) -> bytes | None:
     """The lock file's bytes, or ``None`` if there is none."""
-    data = files.read_small([path], _LOCK_LIMIT)[0]
+    if isinstance(files, LocalFiles):  # never blocks on a FIFO, never follows a symlink
+        data = read_regular(path, _LOCK_LIMIT)
+    else:
+        data = files.read_small([path], _LOCK_LIMIT)[0]
     if isinstance(data, FileNotFoundError):
         return None
-    if isinstance(data, OSError):
-        return f"unreadable: {data}".encode()
+    if isinstance(data, OSError):  # stands for the lock file in comparisons and messages
+        return dumps({"unreadable": f"cannot read the lock file: {data}"})
     return data
 
 

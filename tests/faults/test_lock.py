@@ -173,6 +173,22 @@ REFUSED = {
 }
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_lock_file_that_is_no_regular_file_is_refused_without_blocking(prefix, tmp_path, kind):
+    """L2: a FIFO or symlink in place of lock.json: refused at once as unreadable; break_lock replaces it."""
+    store = CheckpointStore(prefix)
+    store.check_writable()
+    path = os.path.join(prefix, "__daskjobs__", "lock.json")
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(lock_bytes({"host": HOST, "pid": -1}))
+    os.mkfifo(path) if kind == "fifo" else os.symlink(target, path)
+    with pytest.raises(CheckpointLockedError, match="unreadable: cannot read the lock file"):
+        store.acquire_lock(local_holder("x"))
+    store.acquire_lock(local_holder("x"), break_lock=True)
+    assert store.read_lock()["pid"] == os.getpid()
+    assert target.read_bytes().startswith(b"{")  # the symlink's target is untouched
+
+
 @pytest.mark.parametrize("kind", sorted(TAKEN_OVER))
 def test_a_lock_whose_holder_provably_is_gone_is_taken_over_with_a_warning(prefix, kind, caplog):
     """L2: this host and a pid no running process has (or can have): taken over by train(), warned."""
