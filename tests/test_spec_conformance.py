@@ -976,3 +976,30 @@ def test_public_parameter_names_follow_spec():
         group.add_local_setup(setup=dj.SetupNets(init_nets=None, exit_nets=None), node="a")
         assert dj.final_output(blob="w").names == ["w"]
     assert str(group.to_task(node="a").node) == "a"
+
+
+def test_fetch_and_feed_copy_json_values(session):
+    """§1.6: ``fetch`` returns a copy and ``feed`` stores one, for JSON values too."""
+    fed = {"counts": [1, 2], "name": "x"}
+    session.feed("state", fed, node="a")
+    fed["counts"].append(99)
+    got = session.fetch("state", node="a")
+    assert got == {"counts": [1, 2], "name": "x"}
+    got["counts"].append(3)
+    assert session.fetch("state", node="a") == {"counts": [1, 2], "name": "x"}
+
+
+def test_output_list_keeps_json_list_values_whole(session):
+    """§1.3: ``output_list().fetch()`` gives one value per name, even when a value is a JSON list."""
+    def make(ws):
+        ws.update(arr=np.arange(3), js=[1, 2], p=[5], q="text", r=[[]])
+
+    with dj.Cluster(), dj.TaskGroup() as group:
+        task = dj.Task(make, node="a", outputs=["arr", "js"])
+        task.add_output(["p", "q"])
+        task.add_output("r")
+    session.run(group)
+    output_list = task.output_list()
+    assert output_list.names() == ["arr", "js", "p", "q", "r"]
+    arr, js, p, q, r = output_list.fetch()
+    assert (arr.tolist(), js, p, q, r) == ([0, 1, 2], [1, 2], [5], "text", [[]])

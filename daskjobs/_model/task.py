@@ -184,7 +184,8 @@ class TaskOutputList:
         values: list[Value] = []
         for output in self.outputs:
             value = output.fetch()
-            values.extend(value if isinstance(value, list) else [value])
+            # A single-name output's value may itself be a JSON list: never spread it.
+            values.extend([value] if output._scalar else value)
         return values
 
     def __repr__(self) -> str:
