@@ -196,8 +196,9 @@ def test_ws_attributes(session):
     assert session.fetch("seen_epoch", node="b") is None
 
 
-def test_ws_lock_is_shared_by_tasks_of_a_node(session):
-    """§1.2: ``ws.lock`` is one lock for all tasks of the node: concurrent increments never race."""
+@pytest.mark.parametrize("workspace_type", [dj.WorkspaceType.GLOBAL, dj.WorkspaceType.PRIVATE])
+def test_ws_lock_is_shared_by_tasks_of_a_node(session, workspace_type):
+    """§1.2: ``ws.lock`` is one lock for all tasks (and instances) of the node: increments never race."""
 
     def bump(ws):
         for _ in range(200):
@@ -208,12 +209,13 @@ def test_ws_lock_is_shared_by_tasks_of_a_node(session):
     with dj.Cluster():
         with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as init:
             dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)), node="a")
-        with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
-            for _ in range(4):
+        with dj.TaskGroup(workspace_type) as group:
+            for _ in range(3):
                 dj.Task(bump, node="a")
+            dj.Task(bump, node="a", num_instances=2)
     session.run(init)
     session.run(group)
-    assert int(session.fetch("n", node="a")) == 800
+    assert int(session.fetch("n", node="a")) == 1000
 
 
 # -- §1.4 TaskGroup -----------------------------------------------------------------------------
