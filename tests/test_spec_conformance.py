@@ -467,6 +467,8 @@ def test_custom_metadata_handler_protocol(session, prefix):
     assert handler.calls[0] == ("set_params", "zarr", ["a"])
     assert ("last_epoch", None) in handler.calls
     assert [c[1] for c in handler.calls if c[0] == "write"] == [0, 1, 2]
+    saves = [c for c in handler.calls if c[0] == "report"]
+    assert saves == [("report", "checkpoint_save", [manager.get_ckpt_db_name("a", e)]) for e in (0, 1, 2)]
     manager.report_checkpoint_stats("save")
     assert handler.calls[-1] == ("report", "save", [manager.get_ckpt_db_name("a", 2)])
 
@@ -474,11 +476,14 @@ def test_custom_metadata_handler_protocol(session, prefix):
 def test_custom_metadata_handler_decides_resume(session, prefix):
     """§1.7/§2.1: the epoch the handler's ``last_epoch`` names is the one resumed from."""
     dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=3, progress=False).train(session)
-    manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=RecordingHandler(answer=1))
+    handler = RecordingHandler(answer=1)
+    manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=handler)
     runner = dj.JobRunner(counter_job(), manager, max_epochs=4, progress=False)
     assert runner.train(session) == 4
     assert [r.epoch for r in runner.history] == [2, 3, 4]
     assert int(session.fetch("n", node="a")) == 4
+    reports = [c for c in handler.calls if c[0] == "report"]
+    assert reports[0] == ("report", "checkpoint_load", [manager.get_ckpt_db_name("a", 1)])
 
 
 def test_builtin_handler_user_epoch_not_committed(prefix, session):
