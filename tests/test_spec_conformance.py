@@ -1010,3 +1010,27 @@ def test_output_list_keeps_json_list_values_whole(session):
     assert output_list.names() == ["arr", "js", "p", "q", "r"]
     arr, js, p, q, r = output_list.fetch()
     assert (arr.tolist(), js, p, q, r) == ([0, 1, 2], [1, 2], [5], "text", [[]])
+
+
+def test_copy_uploader_to_memory_url(prefix):
+    """§1.7: the ready builder copies the final epoch to any fsspec destination (here ``memory://``)."""
+    import uuid
+
+    destination = f"memory://spec-upload-{uuid.uuid4().hex[:8]}/copy"
+    runner = dj.JobRunner(
+        counter_job(),
+        dj.MultiNodeCheckpointManager(prefix),
+        upload_task_group_builder=dj.CopyCheckpointUploader(destination),
+        max_epochs=2,
+        progress=False,
+    )
+    assert runner.train(dj.LocalSession()) == 2
+    view = dj.open_checkpoint(destination)
+    assert (view.epoch, view.nodes, int(view["a"]["n"])) == (2, ["a"], 2)
+    assert [c.epoch for c in dj.list_checkpoints(destination)] == [2]
+
+
+def test_upload_builder_base_must_be_subclassed():
+    """§1.7: the base ``UploadTaskGroupBuilder.build`` is abstract."""
+    with pytest.raises(NotImplementedError):
+        dj.UploadTaskGroupBuilder().build(1, None)
