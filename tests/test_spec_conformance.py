@@ -998,6 +998,7 @@ def test_fetch_and_feed_copy_json_values(session):
 
 def test_output_list_keeps_json_list_values_whole(session):
     """§1.3: ``output_list().fetch()`` gives one value per name, even when a value is a JSON list."""
+
     def make(ws):
         ws.update(arr=np.arange(3), js=[1, 2], p=[5], q="text", r=[[]])
 
@@ -1036,11 +1037,33 @@ def test_upload_builder_base_must_be_subclassed():
         dj.UploadTaskGroupBuilder().build(1, None)
 
 
-SPEC_NAMES = (
-    "Node Cluster Workspace WorkspaceType Task TaskOutput final_output SetupNets TaskGroup Job epoch_limiter "
-    "Session LocalSession DaskSession node_cluster node_resource CheckpointManager MultiNodeCheckpointManager "
-    "get_ckpt_filename db_name UploadTaskGroupBuilder list_checkpoints open_checkpoint JobRunner errors"
-).split()
+SPEC_NAMES = [
+    "Node",
+    "Cluster",
+    "Workspace",
+    "WorkspaceType",
+    "Task",
+    "TaskOutput",
+    "final_output",
+    "SetupNets",
+    "TaskGroup",
+    "Job",
+    "epoch_limiter",
+    "Session",
+    "LocalSession",
+    "DaskSession",
+    "node_cluster",
+    "node_resource",
+    "CheckpointManager",
+    "MultiNodeCheckpointManager",
+    "get_ckpt_filename",
+    "db_name",
+    "UploadTaskGroupBuilder",
+    "list_checkpoints",
+    "open_checkpoint",
+    "JobRunner",
+    "errors",
+]
 
 
 @pytest.mark.parametrize("name", SPEC_NAMES)
