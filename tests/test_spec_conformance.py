@@ -26,6 +26,15 @@ def counter_job(name: str = "job", node: str = "a") -> dj.Job:
     return job
 
 
+def snapshot(prefix: str) -> dict[str, bytes]:
+    """Every file under a local checkpoint prefix (lock files excluded) and its bytes."""
+    import pathlib
+
+    root = pathlib.Path(prefix)
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and "lock" not in p.name]
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}
+
+
 # -- §1.1 Cluster and Node -------------------------------------------------------------------
 
 
@@ -363,9 +372,12 @@ def test_epoch_limiter_with_checkpoints_resumes_to_absolute_epoch(session, prefi
     assert runner.train(session) == num_epochs
     assert [r.epoch for r in runner.history] == list(range(1, num_epochs + 1))
     assert int(session.fetch("n", node="a")) == num_epochs
-    again = dj.JobRunner(make(), dj.MultiNodeCheckpointManager(prefix), progress=False)
-    assert again.train(session) == num_epochs
-    assert again.history == []
+    committed = snapshot(prefix)
+    for _ in range(3):
+        again = dj.JobRunner(make(), dj.MultiNodeCheckpointManager(prefix), progress=False)
+        assert again.train(session) == num_epochs
+        assert again.history == []
+    assert snapshot(prefix) == committed
 
 
 def test_epoch_limiter_resume_from_middle(session, prefix):
