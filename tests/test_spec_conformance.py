@@ -1091,3 +1091,11 @@ def test_reader_names_are_exported(name):
     """§1.9: the reader names are exported too."""
     assert name in dj.__all__
     assert getattr(dj, name) is not None
+
+
+@pytest.mark.xfail(strict=True, reason="runner: resume_from_epoch not validated without a manager (SPEC §2.9)")
+@pytest.mark.parametrize("bad", [True, 1.5, "2", -3])
+def test_resume_from_epoch_validated_without_a_manager(bad):
+    """§2.9: a non-int or negative ``resume_from_epoch`` raises at once, also with no manager."""
+    with pytest.raises((TypeError, ValueError), match="resume_from_epoch"):
+        dj.JobRunner(counter_job(), resume_from_epoch=bad, max_epochs=4, progress=False).train(None)
