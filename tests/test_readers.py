@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -297,16 +295,6 @@ def test_reading_on_another_node_fails_naming_the_reader():
             dj.Task(reader.read)
     with pytest.raises(TaskFailedError, match="reader 'r' was built on node 'a' but is read on node 'b'"):
         dj.JobRunner(job, max_epochs=1, progress=False).train(None)
-
-
-def test_data_package_imports_neither_zarr_nor_distributed():
-    """Importing daskjobs.data (and the readers) stays light."""
-    code = (
-        "import sys, daskjobs.data, daskjobs as dj; dj.ArrayReader; "
-        "print('zarr' in sys.modules, 'distributed' in sys.modules)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert result.stdout.split() == ["False", "False"]
 
 
 # -- Caffe2's Job docstring example, translated line by line ----------------------------------------

@@ -1,0 +1,143 @@
+"""Issue 9 reader figures: ArrayReader + pipe vs plain zarr on the same worker, and the reader's checkpoint cost.
+
+1. Reading a float32 Zarr array (1 GiB; ``--quick``: 256 MiB) in 1 MiB batches through
+   ``ArrayReader`` + ``ReaderWithLimit`` + ``pipe`` on a node, vs a plain loop of the same zarr
+   slices on that node's worker (``client.submit``). Target: ratio <= 1.2.
+2. What an epoch's reader state adds to its checkpoint: the median ``checkpoint_seconds`` of a job
+   whose node holds a small model plus a reader (Zarr source: the state is the position blob), minus
+   the same job without the reader. Target: <= 1 ms.
+
+Both on a ``node_cluster`` of one node; runs interleaved, medians of ``--repeats`` (>= 5). Prints a
+table and one JSON line.
+
+    python benchmarks/readers.py [--quick] [--repeats 5] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+import daskjobs as dj
+
+ROW = 256
+"""float32 values per record: 1 KiB rows, so a 1 MiB batch is 1024 records."""
+BATCH_ROWS = 1024
+
+
+def make_source(path: Path, mib: int) -> str:
+    rows = mib * 1024
+    array = zarr.create_array(str(path), shape=(rows, ROW), chunks=(BATCH_ROWS, ROW), dtype="f4", compressors=None)
+    block = np.random.default_rng(0).standard_normal((BATCH_ROWS * 16, ROW), dtype=np.float32)
+    for start in range(0, rows, len(block)):
+        array[start : start + len(block)] = block[: rows - start]
+    return str(path)
+
+
+def plain_loop(url: str) -> float:
+    """On the worker: read every 1 MiB slice with plain zarr; seconds."""
+    started = time.perf_counter()
+    array = zarr.open_array(url, mode="r")
+    total = 0.0
+    for start in range(0, array.shape[0], BATCH_ROWS):
+        total += float(array[start : start + BATCH_ROWS][0, 0])
+    return time.perf_counter() - started
+
+
+def touch(ws, batch) -> None:
+    """The processor: as little work as the plain loop does."""
+    float(batch[0, 0])
+
+
+def reader_job(url: str) -> dj.Job:
+    with dj.Cluster(), dj.Job(name="bench-readers") as job, dj.Node("reader"):
+        with job.init_group:
+            reader = dj.ArrayReader(url, batch_size=BATCH_ROWS, name="source")
+        limited = dj.ReaderWithLimit(reader)
+        dj.pipe(limited, touch)
+        job.add_stop_condition(limited.data_finished())
+    return job
+
+
+def model_job(url: str | None, epochs: int) -> dj.Job:
+    """A small model updated per epoch, with (``url``) or without a reader reading one batch per epoch."""
+    with dj.Cluster(), dj.Job(name="bench-reader-state") as job, dj.Node("reader"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("model", np.zeros(4096, dtype=np.float32)))
+            if url is not None:
+                reader = dj.ArrayReader(url, batch_size=BATCH_ROWS, num_passes=None, name="source")
+        dj.Task(lambda ws: ws.__setitem__("model", ws["model"] + 1), name="update")
+        if url is not None:
+            dj.pipe(dj.ReaderWithLimit(reader, num_iter=1), touch)
+        dj.epoch_limiter(job, epochs)
+    return job
+
+
+def checkpoint_seconds(session: dj.DaskSession, prefix: Path, url: str | None, epochs: int) -> float:
+    shutil.rmtree(prefix, ignore_errors=True)
+    runner = dj.JobRunner(model_job(url, epochs), dj.MultiNodeCheckpointManager(str(prefix)), progress=False)
+    runner.train(session)
+    shutil.rmtree(prefix, ignore_errors=True)
+    return statistics.median(r.checkpoint_seconds for r in runner.history)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="256 MiB instead of 1 GiB")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="directory on the disk to read from (default: a temp dir)")
+    args = parser.parse_args()
+    mib = 256 if args.quick else 1024
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="daskjobs-bench-readers-"))
+    try:
+        url = make_source(directory / "source.zarr", mib)
+        with dj.node_cluster(["reader"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
+            client = session.client
+            resources = {dj.node_resource("reader"): 1}
+            plain, piped, with_reader, without_reader = [], [], [], []
+            client.submit(plain_loop, url, resources=resources, pure=False).result()  # warm the page cache
+            for _ in range(args.repeats):
+                plain.append(client.submit(plain_loop, url, resources=resources, pure=False).result())
+                runner = dj.JobRunner(reader_job(url), progress=False)
+                runner.train(session)
+                piped.append(runner.history[0].seconds)
+                without_reader.append(checkpoint_seconds(session, directory / "ckpt", None, 8))
+                with_reader.append(checkpoint_seconds(session, directory / "ckpt", url, 8))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    result = {
+        "source_mib": mib,
+        "batch_mib": 1,
+        "repeats": args.repeats,
+        "plain_zarr_median_s": round(statistics.median(plain), 4),
+        "reader_pipe_median_s": round(statistics.median(piped), 4),
+        "read_ratio": round(statistics.median(piped) / statistics.median(plain), 3),
+        "read_target": "<= 1.2",
+        "checkpoint_without_reader_ms": round(1000 * statistics.median(without_reader), 3),
+        "checkpoint_with_reader_ms": round(1000 * statistics.median(with_reader), 3),
+        "reader_state_ms": round(1000 * (statistics.median(with_reader) - statistics.median(without_reader)), 3),
+        "reader_state_target": "<= 1 ms",
+    }
+    print(f"read {mib} MiB in 1 MiB batches on the node (median of {args.repeats}):")
+    print(f"  plain zarr loop       {result['plain_zarr_median_s']:8.3f} s")
+    piped_s, ratio = result["reader_pipe_median_s"], result["read_ratio"]
+    print(f"  ArrayReader + pipe    {piped_s:8.3f} s   ratio {ratio:.3f} (<= 1.2)")
+    print("epoch checkpoint of a small model (median):")
+    print(f"  without a reader      {result['checkpoint_without_reader_ms']:8.2f} ms")
+    print(
+        f"  with a reader         {result['checkpoint_with_reader_ms']:8.2f} ms   "
+        f"reader state {result['reader_state_ms']:+.2f} ms (<= 1 ms)"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
