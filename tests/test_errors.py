@@ -19,6 +19,8 @@ BUILTIN = {
     "TaskFailedError": RuntimeError,
     "NodePlacementError": RuntimeError,
     "NodeLostError": RuntimeError,
+    "SessionLostError": ConnectionError,
+    "JobInterruptedError": RuntimeError,
     "CheckpointError": OSError,
     "CheckpointNotFoundError": FileNotFoundError,
     "CheckpointCorruptError": OSError,
