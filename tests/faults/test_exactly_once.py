@@ -31,7 +31,7 @@ def init_seen(ws):
 
 @dataclass(frozen=True)
 class Ballast:
-    """A blob rewritten every epoch so that each save takes a while (kills land inside saves)."""
+    """A blob created in the init group and rewritten every epoch, so that each save takes a while."""
 
     megabytes: int
 
@@ -66,6 +66,7 @@ def build_job(num_threads: int, record: Record | None = None, ballast_mb: int = 
         with job.init_group:
             reader = dj.ArrayReader(ids, features, batch_size=5, shuffle=True, seed=11, num_passes=2, name="ids")
             dj.Task(init_seen)
+            dj.Task(Ballast(ballast_mb), name="ballast")
         limited = dj.ReaderWithLimit(reader, num_iter=4)
         dj.pipe(limited, record or Record(), num_threads=num_threads)
         dj.Task(Ballast(ballast_mb), name="ballast")
@@ -189,14 +190,14 @@ def fresh(path: str, since_ns: int) -> bool:
 @pytest.mark.timeout(300)
 def test_driver_killed_while_saving_resumes_exactly(prefix):
     """Each run commits one more epoch, then is SIGKILLed as soon as the following epoch's node group
-    appears on disk (its save is being written: a 48 MB blob rewritten per epoch keeps it busy). Every
+    appears on disk (its save is being written: a 32 MB blob rewritten per epoch keeps it busy). Every
     re-run resumes from the last commit, and the records match the uninterrupted run."""
     kills, cut_saves = 0, 0
     for round_ in range(10):
         committed = [i.epoch for i in dj.list_checkpoints(prefix)] if os.path.exists(prefix) else []
         target = max(committed, default=-1) + 1
         started = time.time_ns()
-        process = start_driver(prefix, 1, delay=0.0, ballast_mb=48)
+        process = start_driver(prefix, 1, delay=0.0, ballast_mb=32)
         if round_ > 0:  # the first run dies inside the save of epoch 0; later ones commit one more first
             wait_for_commit(prefix, target, process)
         following = os.path.join(prefix, f"a.{target + 1 if round_ > 0 else 0}")
