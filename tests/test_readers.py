@@ -164,6 +164,17 @@ def test_zarr_sources_are_read_on_the_node(tmp_path, kind):
     assert np.array_equal(seen, expected_order(30, 4, 2, shuffle=True, shard=(1, 2)))
 
 
+def test_zarr_source_on_s3_with_storage_options(s3_prefix):
+    """A Zarr URL on (moto) S3 is opened on the node with the reader's storage_options."""
+    url, options = s3_prefix
+    source = url.rsplit("/", 1)[0] + "/ids.zarr"
+    stored = zarr.create_array(source, shape=(25,), chunks=(10,), dtype="i8", storage_options=options)
+    stored[:] = np.arange(25)
+    job, _ = reading_job(source, batch_size=4, shuffle=True, seed=4, storage_options=options)
+    _, seen, _ = run_reading(job)
+    assert np.array_equal(seen, expected_order(25, 4, 1, shuffle=True, seed=4))
+
+
 @pytest.mark.cluster
 def test_reading_on_a_cluster_equals_local(session, tmp_path):
     """The same reading job gives the same sequence on every session kind (Zarr read on the worker)."""

@@ -74,10 +74,10 @@ def build_job(num_threads: int, record: Record | None = None, ballast_mb: int = 
     return job
 
 
-def main(prefix: str, num_threads: int, delay: float, ballast_mb: int) -> None:
+def main(prefix: str, num_threads: int, delay: float, ballast_mb: int, async_save: bool = False) -> None:
     """Run the job in this process (the subprocess of the driver-kill tests)."""
     job = build_job(num_threads, Record(delay), ballast_mb)
-    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False)
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix, async_save=async_save), progress=False)
     last = runner.train(None)
     print("epochs", *[r.epoch for r in runner.history], "last", last, flush=True)
 
@@ -118,13 +118,15 @@ def assert_same_records(prefix: str, num_threads: int) -> None:
     assert sorted(final["seen"]) == sorted(np.tile(np.arange(RECORDS), 2))
 
 
-def start_driver(prefix: str, num_threads: int, delay: float, ballast_mb: int = 0) -> subprocess.Popen:
+def start_driver(
+    prefix: str, num_threads: int, delay: float, ballast_mb: int = 0, async_save: bool = False
+) -> subprocess.Popen:
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('exactly_once_job', {__file__!r})\n"
         "module = sys.modules['exactly_once_job'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
-        f"module.main({prefix!r}, {num_threads}, {delay}, {ballast_mb})\n"
+        f"module.main({prefix!r}, {num_threads}, {delay}, {ballast_mb}, {async_save})\n"
     )
     return subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -156,10 +158,11 @@ def wait_for_commit(prefix: str, epoch: int, process: subprocess.Popen, timeout:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("num_threads", [1, 3])
-def test_driver_killed_mid_epoch_resumes_exactly(prefix, num_threads):
-    """SIGKILL of the driver inside epoch 3; the re-run resumes at 3 and ends with the same records."""
-    process = start_driver(prefix, num_threads, delay=0.1)
+@pytest.mark.parametrize(("num_threads", "async_save"), [(1, False), (3, False), (1, True)])
+def test_driver_killed_mid_epoch_resumes_exactly(prefix, num_threads, async_save):
+    """SIGKILL of the driver inside epoch 3; the re-run resumes after the last commit and ends with the
+    same records (also with asynchronous saves)."""
+    process = start_driver(prefix, num_threads, delay=0.1, async_save=async_save)
     try:
         wait_for_commit(prefix, 2, process)
         time.sleep(0.15)  # inside epoch 3: 4 batches of 0.1 s each
@@ -167,7 +170,7 @@ def test_driver_killed_mid_epoch_resumes_exactly(prefix, num_threads):
         kill(process)
     committed = max(i.epoch for i in dj.list_checkpoints(prefix))
     assert committed < 6
-    out = finish(start_driver(prefix, num_threads, delay=0.0))
+    out = finish(start_driver(prefix, num_threads, delay=0.0, async_save=async_save))
     assert out.split()[1] == str(committed + 1)
     assert_same_records(prefix, num_threads)
 
