@@ -12,6 +12,8 @@ from daskjobs import errors
 BUILTIN = {
     "DaskJobsError": Exception,
     "JobDefinitionError": ValueError,
+    "DefinitionTypeError": TypeError,
+    "StepTypeError": TypeError,
     "BlobTypeError": TypeError,
     "StopConditionError": TypeError,
     "OutputNotReadyError": RuntimeError,
