@@ -430,3 +430,17 @@ def test_caffe2_job_example_stops_exactly_when_the_data_runs_out(session, prefix
     assert int(session.fetch("batches", "local")) == 80
     assert np.allclose(session.fetch("saved_w", "local"), [1.0, -2.0, 0.5], atol=0.05)
     assert dj.open_checkpoint(prefix)["local"]["reader.reader0.position"].tolist() == [2, 0]
+
+
+def test_epochs_until_finished_predicts_the_last_epoch(tmp_path):
+    """The epoch a data_finished stop condition fires in is known up front when the client knows the data."""
+    from daskjobs.data import epochs_until_finished
+
+    job = caffe2_example_job()
+    assert epochs_until_finished(job.stop_conditions[0]) == 6
+    assert dj.JobRunner(job, progress=False).train(None) == 6
+    _, limited = reading_job(str(tmp_path / "elsewhere.zarr"), batch_size=2)
+    assert epochs_until_finished(limited.data_finished()) is None
+    _, limited = reading_job(np.arange(9), batch_size=2, num_passes=None)
+    assert epochs_until_finished(limited.data_finished()) is None
+    assert epochs_until_finished(limited.counter()) is None

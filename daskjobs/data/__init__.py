@@ -7,8 +7,8 @@ neither ``distributed`` nor ``zarr`` (Zarr sources are opened on the node, on fi
 """
 
 from ._array import ArrayReader
-from ._limit import ReaderWithLimit
+from ._limit import ReaderWithLimit, epochs_until_finished
 from ._pipe import pipe
 from ._reader import Reader
 
-__all__ = ["ArrayReader", "Reader", "ReaderWithLimit", "pipe"]
+__all__ = ["ArrayReader", "Reader", "ReaderWithLimit", "epochs_until_finished", "pipe"]

@@ -177,6 +177,14 @@ class ArrayReader(Reader):
         size = self._shard_size(records)
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
+    def total_batches(self) -> int | None:
+        """Batches over all passes, when the client knows the length (numpy sources or a
+        ``zarr.Array``) and ``num_passes`` is finite; else ``None``."""
+        lengths = [n for n in (self._known_length(i) for i in range(len(self._zarr))) if n is not None]
+        if not lengths or self.num_passes is None:
+            return None
+        return self.batches_per_pass(lengths[0]) * self.num_passes
+
     def _init_step(self) -> _ArraySetup:
         return _ArraySetup(self, self._arrays or ())
 

@@ -18,6 +18,28 @@ if TYPE_CHECKING:
     from .._workspace import Workspace
 
 _limits: weakref.WeakKeyDictionary[TaskGroup, list[str]] = weakref.WeakKeyDictionary()
+_finished_outputs: weakref.WeakKeyDictionary[TaskOutput, ReaderWithLimit] = weakref.WeakKeyDictionary()
+
+
+def epochs_until_finished(output: TaskOutput) -> int | None:
+    """For a :meth:`ReaderWithLimit.data_finished` output: the epoch (counted from scratch) in
+    which it turns true, when the client can tell; ``None`` for any other output.
+
+    A progress bar can show it as its total when the output is a stop condition.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import daskjobs as dj
+    >>> with dj.Cluster(), dj.Job() as job:
+    ...     with job.init_group:
+    ...         reader = dj.ArrayReader(np.arange(100), batch_size=10, num_passes=3)
+    ...     limited = dj.ReaderWithLimit(reader, num_iter=7)
+    >>> epochs_until_finished(limited.data_finished())
+    5
+    """
+    limited = _finished_outputs.get(output)
+    return None if limited is None else limited.epochs_until_finished()
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,7 @@ class ReaderWithLimit(Reader):
             [self.blob("data_finished"), self.blob("counter")]
         )
         self._finished, self._counter = outputs
+        _finished_outputs[self._finished] = self
 
     def blob(self, key: str) -> str:
         """The name of the limiter's blob ``key``: ``"reader.<reader>.limit.<key>"``."""
@@ -100,6 +123,13 @@ class ReaderWithLimit(Reader):
         Ready for ``job.add_stop_condition``; it is fetched after each epoch.
         """
         return self._finished
+
+    def epochs_until_finished(self) -> int | None:
+        """The epoch (from scratch) in which :meth:`data_finished` turns true, if the client can tell."""
+        total = getattr(self.reader, "total_batches", lambda: None)()
+        if total is None or self.num_iter == 0:
+            return None
+        return 1 if self.num_iter is None else -(-total // self.num_iter)
 
     def counter(self) -> TaskOutput:
         """The number of batches read in the last epoch."""
