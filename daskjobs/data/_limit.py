@@ -17,7 +17,8 @@ from ._reader import Reader, check_node, current_group
 if TYPE_CHECKING:
     from .._workspace import Workspace
 
-_limits: weakref.WeakKeyDictionary[TaskGroup, list[str]] = weakref.WeakKeyDictionary()
+_limits: weakref.WeakKeyDictionary[TaskGroup, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
+"""``(node, reader name)`` of the limiters built in each group, so that each gets its own blobs."""
 _finished_outputs: weakref.WeakKeyDictionary[TaskOutput, ReaderWithLimit] = weakref.WeakKeyDictionary()
 
 
@@ -101,8 +102,8 @@ class ReaderWithLimit(Reader):
             )
         check_node(reader, "ReaderWithLimit")
         taken = _limits.setdefault(group, [])
-        suffix = sum(1 for name in taken if name == reader.name)
-        taken.append(reader.name)
+        suffix = taken.count((reader.node, reader.name))
+        taken.append((reader.node, reader.name))
         self.reader, self.num_iter = reader, num_iter
         self._node = reader.node
         self._name = f"{reader.name}.limit" + (str(suffix) if suffix else "")
