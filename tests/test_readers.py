@@ -444,3 +444,18 @@ def test_epochs_until_finished_predicts_the_last_epoch(tmp_path):
     _, limited = reading_job(np.arange(9), batch_size=2, num_passes=None)
     assert epochs_until_finished(limited.data_finished()) is None
     assert epochs_until_finished(limited.counter()) is None
+
+
+def test_limiter_blob_names_are_per_node():
+    """Same-named readers on two nodes get the same limiter blobs; two limiters of one reader do not."""
+    with dj.Cluster(), dj.Job() as job:
+        limits = []
+        for node in ("a", "b"):
+            with dj.Node(node):
+                with job.init_group:
+                    reader = dj.ArrayReader(np.arange(4), batch_size=2, name="shard")
+                limits.append(dj.ReaderWithLimit(reader))
+        with dj.Node("b"):
+            limits.append(dj.ReaderWithLimit(reader, num_iter=1))
+    names = [limit.data_finished().names[0] for limit in limits]
+    assert names == ["reader.shard.limit.data_finished"] * 2 + ["reader.shard.limit1.data_finished"]
