@@ -459,3 +459,14 @@ def test_limiter_blob_names_are_per_node():
             limits.append(dj.ReaderWithLimit(reader, num_iter=1))
     names = [limit.data_finished().names[0] for limit in limits]
     assert names == ["reader.shard.limit.data_finished"] * 2 + ["reader.shard.limit1.data_finished"]
+
+
+def test_readers_have_readable_reprs():
+    """repr and _repr_html_ name the reader, its node and its settings."""
+    with dj.Cluster(), dj.Job() as job, dj.Node("a"):
+        with job.init_group:
+            reader = dj.ArrayReader(np.arange(4), batch_size=2, shuffle=True, name="ids")
+        limited = dj.ReaderWithLimit(reader, num_iter=3)
+    assert repr(reader).startswith("ArrayReader(name='ids', node='a', sources=1, batch_size=2, shuffle=True")
+    assert repr(limited) == f"ReaderWithLimit(reader={reader!r}, num_iter=3)"
+    assert "ReaderWithLimit(reader=ArrayReader(name=&#x27;ids&#x27;" in limited._repr_html_()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -209,3 +210,6 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self._name!r}, node={self._node!r})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
