@@ -11,7 +11,7 @@ import numpy as np
 
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
-from .checkpoint._lock import holder_alive, local_holder
+from .checkpoint._lock import local_holder
 from .errors import (
     CheckpointLockedError,
     CheckpointWriteError,
@@ -220,7 +220,7 @@ class JobRunner:
             try:
                 attempt()
                 return
-            except NodeLostError:
+            except (NodeLostError, CheckpointLockedError):
                 raise
             except Exception as exc:
                 error = exc
@@ -360,15 +360,7 @@ class JobRunner:
         return self.checkpoint_manager
 
     def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
-        holder = self._lock_holder()
-        try:
-            manager.store.acquire_lock(holder, break_lock=self.break_lock)
-        except CheckpointLockedError:
-            held = manager.store.read_lock() or {}
-            if holder_alive(held) is not False:
-                raise
-            logger.warning("breaking the stale checkpoint lock of %s: its holder %s is gone", manager.store.url, held)
-            manager.store.acquire_lock(holder, break_lock=True)
+        manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
 
     @staticmethod
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ._lock import unlock
 from ._manager import best_epochs
 from ._store import CheckpointStore
 
@@ -259,6 +260,8 @@ def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
             action.add_argument("--epoch", type=int)
         if name in ("list", "show"):
             action.add_argument("--json", action="store_true", help="print JSON")
+        if name == "unlock":
+            action.add_argument("--force", action="store_true", help="also when the holder may still run")
         if name == "prune":
             action.add_argument("--keep-last", type=int, default=None)
             action.add_argument("--keep-every", type=int, default=None)
@@ -298,8 +301,7 @@ def run_checkpoints(args: argparse.Namespace) -> int:
     elif args.action == "prune":
         return _prune(store, args)
     else:
-        lock = store.read_lock()
-        store.release_lock()
+        lock = unlock(store, force=args.force)
         print(f"removed lock {lock}" if lock else f"no lock under {store.url}")
     return 0
 

@@ -14,7 +14,7 @@ from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
-from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, JobDefinitionError
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
 from ._steps import ENTRY_BLOB, AsyncSaveStep, CheckStep, LoadStep, SaveStep, WaitSaveStep
@@ -408,20 +408,30 @@ class MultiNodeCheckpointManager:
         self._apply_retention(epoch)
 
     def _apply_retention(self, newest: int) -> None:
+        """Delete committed epochs that retention does not keep; failures are logged warnings."""
         if self.keep_last is None and self.keep_every is None and self.keep_best is None:
             return
-        epochs = self.store.committed_epochs()
+        try:
+            epochs = self.store.committed_epochs()
+            best = self._best_epochs(epochs) if self.keep_best is not None else []
+        except OSError as exc:
+            logger.warning("retention: could not list the epochs under %s: %s", self.store.url, exc)
+            return
         keep = {newest}
         if self.keep_last is not None:
             keep.update(epochs[-self.keep_last :])
         if self.keep_every is not None:
             keep.update(e for e in epochs if e % self.keep_every == 0)
-        if self.keep_best is not None:
-            keep.update(self._best_epochs(epochs))
+        keep.update(best)
         for epoch in epochs:
             if epoch < newest and epoch not in keep:
-                record = self.store.read_commit(epoch)
-                self.store.delete_epoch(epoch, record["nodes"])
+                try:
+                    self.store.delete_epoch(epoch, self.store.read_commit(epoch)["nodes"])
+                except Exception as exc:  # the new epoch is committed: never fail the save for this
+                    logger.warning("retention: could not delete epoch %d under %s: %s", epoch, self.store.url, exc)
+                    if isinstance(exc, CheckpointLockedError):
+                        return
+                    continue
                 logger.info("retention: deleted epoch %d under %s", epoch, self.store.url)
 
     def _best_epochs(self, epochs: list[int]) -> list[int]:
