@@ -30,7 +30,7 @@ from types import FrameType
 from .._version import __version__
 from ..errors import DaskJobsError, JobInterruptedError
 from ._checkpoints import add_checkpoints_parser
-from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, UsageError
+from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, Terminated, UsageError
 from ._run import add_run_parser
 from ._worker import add_worker_parser, worker_argv
 
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise JobInterruptedError(f"stopped by signal {signal.Signals(signum).name}")
+    raise Terminated(f"stopped by signal {signal.Signals(signum).name}")
 
 
 def _configure_logging(verbose: int) -> None:
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted (SIGINT); what was committed stays committed", file=sys.stderr)
         return SIGINT_EXIT
-    except JobInterruptedError as exc:
+    except (JobInterruptedError, Terminated) as exc:
         print(f"{name}: stopped (SIGTERM){': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
         return SIGTERM_EXIT
     except (DaskJobsError, CommandFailed, OSError) as exc:

@@ -24,6 +24,11 @@ class UsageError(Exception):
     """The command line asks for something impossible: exit code 2, nothing done, nothing created."""
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived outside a runner's graceful handling: exit code 143 (a ``BaseException``, so that
+    no ``except Exception`` in between swallows or re-labels it)."""
+
+
 class CommandFailed(Exception):
     """The command failed for a reason its message names (exit code 1); ``__cause__`` holds the original error."""
 

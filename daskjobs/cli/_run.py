@@ -83,7 +83,7 @@ def run_job(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(needs_prefix)} need(s) --checkpoint PREFIX")
     job = load_job(args.target)
     if not job.stop_conditions and args.max_epochs is None:
-        raise UsageError(
+        raise CommandFailed(
             f"job {job.name!r} ({args.target}) has no stop condition, so it would never stop: "
             "pass --max-epochs N (or give the job a stop condition)"
         )
@@ -149,7 +149,7 @@ def _final_line(job: Job, runner: Any, last: int, manager: Any) -> str:
         if len(runner.history) > 1
         else f"ran epoch {runner.history[0].epoch}"
         if runner.history
-        else "ran no epoch (it had already finished)"
+        else "no epoch ran: the job had already finished"
     )
     if manager is None:
         where = "no checkpoint (pass --checkpoint PREFIX to keep one)"
@@ -160,7 +160,7 @@ def _final_line(job: Job, runner: Any, last: int, manager: Any) -> str:
         else:
             newest = committed[-1] if committed else None
             where = f"not committed; newest committed epoch under {manager.store.url}: {newest}"
-    return f"job {job.name!r}: last epoch {last}, {where} ({ran})"
+    return f"job {job.name!r}: last epoch {last}, {where}; {ran}"
 
 
 def load_job(target: str) -> Job:
@@ -189,13 +189,13 @@ def load_job(target: str) -> Job:
     if isinstance(obj, Job):
         return obj
     if not callable(obj):
-        raise UsageError(f"{target} is a {type(obj).__name__}, not a Job or a callable returning one")
+        raise UsageError(f"{target} is not a Job or a callable returning one: it is {type(obj).__name__} {obj!r:.80}")
     try:
         job = obj()
     except Exception as exc:
         raise CommandFailed(f"building the job with {target}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(job, Job):
-        raise UsageError(f"{target}() returned a {type(job).__name__}, not a Job")
+        raise UsageError(f"{target}() returned {type(job).__name__} {job!r:.80}, not a Job")
     return job
 
 
