@@ -31,10 +31,10 @@ from .._version import __version__
 from ..errors import DaskJobsError, JobInterruptedError
 from ._checkpoints import add_checkpoints_parser
 from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, Terminated, UsageError
-from ._run import add_run_parser
+from ._run import add_run_parser, load_job
 from ._worker import add_worker_parser, worker_argv
 
-__all__ = ["build_parser", "main", "worker_argv"]
+__all__ = ["build_parser", "load_job", "main", "worker_argv"]
 
 
 def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
