@@ -359,3 +359,31 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code):
     assert dj.open_checkpoint(str(prefix)).verify() > 0
     again = daskjobs("checkpoints", "verify", str(prefix), cwd=jobs)
     assert again.returncode == 0, again.stderr
+
+
+def readme_commands() -> list[str]:
+    """The commands of the first ``bash`` block under ``## Command line`` in README.md (none if absent)."""
+    text = (Path(dj.__file__).resolve().parents[1] / "README.md").read_text()
+    _, found, section = text.partition("\n## Command line\n")
+    if not found or "```bash\n" not in section:
+        return []
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_readme_command_line_section_runs_as_printed(tmp_path):
+    """Every command of the README's command-line block exits 0, run in order in a copy of examples/."""
+    import shlex
+    import shutil
+
+    commands = readme_commands()
+    if not commands:
+        pytest.skip("README.md has no '## Command line' section with a bash block yet")
+    shutil.copytree(Path(dj.__file__).resolve().parents[1] / "examples", tmp_path / "examples")
+    for line in commands:
+        argv = shlex.split(line, comments=True)
+        argv = argv[3:] if argv[:3] == ["python", "-m", "daskjobs"] else argv[1:]
+        result = daskjobs(*argv, cwd=tmp_path, timeout=120)
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
