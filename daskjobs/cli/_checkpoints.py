@@ -187,13 +187,24 @@ def _show(store: CheckpointStore, args: argparse.Namespace) -> int:
 
 def _describe(view: Any, node: str, blob: str, meta: Mapping[str, Any]) -> str:
     """``dtype shape`` of an array blob; the (shortened) JSON text of a JSON blob."""
-    if "dtype" in meta and "shape" in meta and meta.get("kind", "array") == "array":
+    if _is_array(meta):
         return f"{meta['dtype']} {tuple(meta['shape'])}"
     value = view[node][blob]
     if isinstance(value, np.ndarray):
         return f"{value.dtype.str} {value.shape}"
     text = json.dumps(value)
     return "json " + (text if len(text) <= JSON_PREVIEW else text[: JSON_PREVIEW - 3] + "...")
+
+
+def _is_array(meta: Mapping[str, Any]) -> bool:
+    """Whether a blob's record entry describes a numpy array (anything else is read to be shown)."""
+    if meta.get("kind", "array") != "array" or "shape" not in meta or "dtype" not in meta:
+        return False
+    try:
+        np.dtype(meta["dtype"])
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _verify(store: CheckpointStore, args: argparse.Namespace) -> int:
