@@ -86,10 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
-        print(f"{name}: interrupted (SIGINT); what was committed stays committed", file=sys.stderr)
+        print(f"{name}: interrupted (SIGINT); {_resume_hint(args)}", file=sys.stderr)
         return SIGINT_EXIT
     except (JobInterruptedError, Terminated) as exc:
-        print(f"{name}: stopped (SIGTERM){': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        epoch = getattr(exc, "epoch", None)
+        committed = f"epoch {epoch} is committed; " if epoch is not None else ""
+        print(f"{name}: stopped (SIGTERM); {committed}{_resume_hint(args)}", file=sys.stderr)
         return SIGTERM_EXIT
     except (DaskJobsError, CommandFailed, OSError) as exc:
         _report(name, exc, verbose)
@@ -100,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if argv is None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    if args.command == "run" and getattr(args, "checkpoint", None):
+        return "run the same command again to resume after the last committed epoch"
+    return "what was committed stays committed"
 
 
 def _report(name: str, exc: BaseException, verbose: int, *, kind: bool = False) -> None:
