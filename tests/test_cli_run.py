@@ -387,3 +387,18 @@ def test_readme_command_line_section_runs_as_printed(tmp_path):
         argv = argv[3:] if argv[:3] == ["python", "-m", "daskjobs"] else argv[1:]
         result = daskjobs(*argv, cwd=tmp_path, timeout=120)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+
+
+def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
+    """--scheduler at an address nobody listens on: exit 1 naming the address, within the connect timeout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "daskjobs", "run", "jobs.py:job", "--scheduler", "tcp://127.0.0.1:1"],
+        cwd=jobs,
+        env={**env(), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("daskjobs run: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (")
+    assert len(result.stderr.strip().splitlines()) == 1

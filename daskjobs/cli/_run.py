@@ -127,7 +127,14 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
         with LocalSession() as session:
             yield session
     elif args.scheduler:
-        with DaskSession(args.scheduler) as session:
+        try:
+            connected = DaskSession(args.scheduler)
+        except OSError as exc:
+            raise CommandFailed(
+                f"cannot reach the Dask scheduler at {args.scheduler} ({exc}); is `dask scheduler` running there, "
+                "with one `daskjobs worker` per node?"
+            ) from exc
+        with connected as session:
             _print_dashboard(getattr(session.client, "dashboard_link", None))
             yield session
     else:
