@@ -327,12 +327,19 @@ def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
     assert epochs(prefix) == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code):
+@pytest.mark.parametrize(
+    ("sig", "code", "where"),
+    [
+        (signal.SIGINT, 130, ["--local"]),
+        (signal.SIGTERM, 143, ["--local"]),
+        pytest.param(signal.SIGINT, 130, [], marks=[pytest.mark.cluster, pytest.mark.slow], id="node_cluster-SIGINT"),
+    ],
+)
+def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where):
     """SIGINT exits 130, SIGTERM 143, with one line and no traceback; what is committed verifies."""
     prefix = jobs / "ckpt"
     process = subprocess.Popen(
-        [sys.executable, "-m", "daskjobs", "run", "jobs.py:slow", "--local", "--checkpoint", str(prefix)],
+        [sys.executable, "-m", "daskjobs", "run", "jobs.py:slow", *where, "--checkpoint", str(prefix)],
         cwd=jobs,
         env=env(),
         stdout=subprocess.PIPE,
@@ -341,7 +348,7 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code):
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not (prefix.exists() and len(epochs(prefix)) >= 3):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "no epoch committed in time"

@@ -69,6 +69,8 @@ def _configure_logging(verbose: int) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose == 1 else logging.DEBUG if verbose > 1 else logging.WARNING)
     logger.propagate = False
+    if not verbose:  # an interrupted gather leaves "Task exception was never retrieved" noise from asyncio
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
