@@ -335,8 +335,10 @@ def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
         pytest.param(signal.SIGINT, 130, [], marks=[pytest.mark.cluster, pytest.mark.slow], id="node_cluster-SIGINT"),
     ],
 )
-def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where):
-    """SIGINT exits 130, SIGTERM 143, with one line and no traceback; what is committed verifies."""
+@pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
+def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, times):
+    """SIGINT exits 130, SIGTERM 143 (also when a second signal follows), with one line and no traceback;
+    what is committed verifies."""
     prefix = jobs / "ckpt"
     process = subprocess.Popen(
         [sys.executable, "-m", "daskjobs", "run", "jobs.py:slow", *where, "--checkpoint", str(prefix)],
@@ -353,7 +355,9 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "no epoch committed in time"
             time.sleep(0.05)
-        process.send_signal(sig)
+        for _ in range(times):
+            process.send_signal(sig)
+            time.sleep(0.1)
         _out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:

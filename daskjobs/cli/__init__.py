@@ -88,9 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
+        _ignore_further_signals(argv is None)
         print(f"{name}: interrupted (SIGINT); {_resume_hint(args)}", file=sys.stderr)
         return SIGINT_EXIT
     except (JobInterruptedError, Terminated) as exc:
+        _ignore_further_signals(argv is None)
         epoch = getattr(exc, "epoch", None)
         committed = f"epoch {epoch} is committed; " if epoch is not None else ""
         print(f"{name}: stopped (SIGTERM); {committed}{_resume_hint(args)}", file=sys.stderr)
@@ -102,8 +104,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(name, exc, verbose, kind=True)
         return FAILED
     finally:
-        if argv is None:
+        if argv is None and signal.getsignal(signal.SIGTERM) is _terminated:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _ignore_further_signals(own_process: bool) -> None:
+    """After a stop, the process only prints and exits: a further SIGINT/SIGTERM must not turn exit
+    code 130/143 into death by signal during interpreter shutdown (SIGKILL still works)."""
+    if own_process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
