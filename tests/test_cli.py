@@ -286,3 +286,23 @@ def test_bad_arguments_exit_2_with_usage(args, capsys):
     result = here(*args, capsys=capsys)
     assert result.returncode == 2
     assert "usage: daskjobs" in result.stderr
+
+
+def test_list_line_shows_metrics_and_stop_values_of_a_record():
+    """A record's metrics (when the commit record has them) and true stop values appear in its list line."""
+    from daskjobs.cli._checkpoints import _list_line, summary
+
+    record = {
+        "epoch": 7,
+        "job": "j",
+        "nodes": ["a", "b"],
+        "node_entries": {"a": {"bytes": 10}, "b": {"bytes": 5}},
+        "created": "2026-01-01T00:00:00+00:00",
+        "stop_values": {"done": True, "early": False},
+        "metrics": {"loss": 0.125, "accuracy": 0.5},
+    }
+    assert _list_line(summary(record)) == (
+        "       7  j  nodes=a,b  15 bytes  2026-01-01T00:00:00+00:00  stopped=done  accuracy=0.5  loss=0.125"
+    )
+    del record["metrics"]
+    assert summary(record)["metrics"] == {}
