@@ -54,6 +54,7 @@ def train(prefix: str, epochs: int = 5, **manager_options) -> None:
     def step(ws):
         ws["weights"] = ws["weights"] + 1
         ws["step"] = ws["step"] + 1
+        ws.log("loss", 1.0 / int(ws["step"]))
 
     with dj.Job(name="cli_job") as job:
         with job.init_group, dj.Node("ps"):
@@ -83,6 +84,8 @@ def test_list_show_verify_through_the_real_command(committed):
     lines = listed.stdout.splitlines()
     assert [int(line.split()[0]) for line in lines] == [0, 1, 2, 3, 4, 5]
     assert "cli_job  nodes=ps  144 bytes" in lines[-1]
+    assert lines[-1].endswith("stopped=-  loss=0.2")
+    assert "loss" not in lines[0]
     shown = daskjobs("checkpoints", "show", committed)
     assert shown.stdout.splitlines()[0].startswith("job cli_job, epoch 5, created ")
     assert "  ps/weights: <f8 (17,)" in shown.stdout.splitlines()
@@ -103,6 +106,7 @@ def test_list_json_has_one_object_per_epoch(committed, capsys):
         assert (row["job"], row["nodes"], row["bytes"], row["created"]) == ("cli_job", ["ps"], 144, info.created)
         assert row["stop_values"] == info.stop_values
         assert row["metrics"] == info.record.get("metrics", {})
+    assert rows[4]["metrics"] == {"loss": 0.25}
 
 
 def test_show_epoch_and_json(committed, capsys):
