@@ -264,7 +264,7 @@ def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys)
         (["missing.py:job"], 2, "TARGET file missing.py does not exist"),
         (["no_such_module:job"], 2, "cannot import 'no_such_module'"),
         (["jobs.py"], 2, "TARGET must be package.module:name or path/to/file.py:name"),
-        (["jobs.py:job", "--keep-last", "2"], 2, "--keep-last need(s) --checkpoint PREFIX"),
+        (["jobs.py:job", "--keep-last", "2"], 2, "--keep-last needs a checkpoint prefix: add --checkpoint PREFIX"),
         (["jobs.py:job", "--max-epochs", "0"], 2, "expected a positive integer"),
         (["jobs.py:job", "--local", "--scheduler", "tcp://127.0.0.1:1"], 2, "not allowed with argument"),
     ],

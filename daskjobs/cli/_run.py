@@ -80,7 +80,8 @@ def run_job(args: argparse.Namespace) -> int:
         if given
     ]
     if needs_prefix and not args.checkpoint:
-        raise UsageError(f"{', '.join(needs_prefix)} need(s) --checkpoint PREFIX")
+        verb = "needs" if len(needs_prefix) == 1 else "need"
+        raise UsageError(f"{', '.join(needs_prefix)} {verb} a checkpoint prefix: add --checkpoint PREFIX")
     job = load_job(args.target)
     if not job.stop_conditions and args.max_epochs is None:
         raise CommandFailed(
