@@ -71,7 +71,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
             flag = "--" + option.replace("_", "-")
             if not os.path.isfile(path):
                 raise UsageError(f"{flag} {path}: no such file")
-            argv += [flag, os.path.abspath(path)]
+            argv += [flag, path]
     return argv
 
 
