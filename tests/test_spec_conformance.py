@@ -1085,7 +1085,6 @@ def test_every_spec_name_is_exported(name):
     assert getattr(dj, name) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="data: readers not merged into this branch yet (§1.9)")
 @pytest.mark.parametrize("name", ["Reader", "ArrayReader", "ReaderWithLimit", "pipe"])
 def test_reader_names_are_exported(name):
     """§1.9: the reader names are exported too."""
