@@ -279,7 +279,8 @@ def test_report_step_runs_once_more_after_tasks(session):
     session.run(init)
     session.run(group)
     assert int(session.fetch("reports", node="a")) == 1
-    assert session.fetch("saw_done", node="a") is True or bool(session.fetch("saw_done", node="a")) is True
+    saw_done = session.fetch("saw_done", node="a")
+    assert (saw_done.dtype, saw_done.shape, bool(saw_done)) == (np.dtype(bool), (), True)
 
 
 def test_remote_nets_are_kept_opaque(session):
@@ -536,8 +537,9 @@ def test_blobs_created_after_init_are_saved(session, prefix):
     with dj.Cluster(), dj.Job() as job, dj.Node("a"):
         with job.init_group:
             dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
-        step = lambda ws: ws.update(n=ws["n"] + 1, late=np.int64(ws.epoch * 10))  # noqa: E731
-        dj.Task(step, workspace_type=dj.WorkspaceType.GLOBAL)
+        dj.Task(
+            lambda ws: ws.update(n=ws["n"] + 1, late=np.int64(ws.epoch * 10)), workspace_type=dj.WorkspaceType.GLOBAL
+        )
     dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False).train(session)
     view = dj.open_checkpoint(prefix, 2)
     assert int(view["a"]["late"]) == 20
