@@ -665,13 +665,16 @@ def test_definition_errors_are_value_or_type_errors():
 
 
 def test_library_logs_through_daskjobs_logger(session, caplog, prefix, capsys):
-    """§5: logging goes to the ``daskjobs`` logger; the library prints nothing."""
+    """§1.7/§5: resuming from the latest commit is logged (epoch, prefix) by ``daskjobs``; nothing printed."""
     import logging
 
     dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=1, progress=False).train(session)
     with caplog.at_level(logging.INFO, logger="daskjobs"):
         dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False).train(session)
-    assert any(r.name.startswith("daskjobs") and "1" in r.getMessage() for r in caplog.records)
+    resumed = [r.getMessage() for r in caplog.records if r.name == "daskjobs" and "resum" in r.getMessage()]
+    assert resumed
+    assert "1" in resumed[0]
+    assert prefix in resumed[0]
     captured = capsys.readouterr()
     assert captured.out == ""
 
