@@ -1103,3 +1103,21 @@ def test_resume_from_epoch_validated_without_a_manager(bad):
     """§2.9: a non-int or negative ``resume_from_epoch`` raises at once, also with no manager."""
     with pytest.raises((TypeError, ValueError), match="resume_from_epoch"):
         dj.JobRunner(counter_job(), resume_from_epoch=bad, max_epochs=4, progress=False).train(None)
+
+
+def test_reprs_do_not_freeze_a_job_being_defined(session):
+    """§1.5/§5: showing a job in a notebook while defining it does not stop more tasks being added."""
+    with dj.Cluster(), dj.Job() as job:
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)), node="a")
+        dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1), node="a")
+        for shown in (job, job.epoch_group, job.init_group):
+            repr(shown)
+            shown._repr_html_()
+        assert job.nodes_to_checkpoint() == ["a"]
+        assert job.epoch_group.used_nodes() == ["a"]
+        dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 10), node="a", workspace_type=dj.WorkspaceType.PRIVATE)
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("m", np.int64(1)), node="b")
+    assert job.nodes_to_checkpoint() == ["a", "b"]
+    assert dj.JobRunner(job, max_epochs=1, progress=False).train(session) == 1
