@@ -196,6 +196,7 @@ def test_ws_attributes(session):
     def task_exit(ws):
         ws["seen_node"] = ws.node
         ws["seen_epoch"] = ws.epoch
+        ws["exit_id"] = ws.instance_id
 
     with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group, dj.Node("b"):
         dj.Task(probe, num_instances=3, task_init=lambda ws: ws.__setitem__("ids", []), task_exit=task_exit)
@@ -203,6 +204,7 @@ def test_ws_attributes(session):
     assert session.fetch("ids", node="b") == [0, 1, 2]
     assert session.fetch("seen_node", node="b") == "b"
     assert session.fetch("seen_epoch", node="b") is None
+    assert int(session.fetch("exit_id", node="b")) == 0  # outside the instances: 0
 
 
 @pytest.mark.parametrize("workspace_type", [dj.WorkspaceType.GLOBAL, dj.WorkspaceType.PRIVATE])
