@@ -642,8 +642,7 @@ def test_task_failed_error_in_an_epoch(session):
     with pytest.raises(errors.TaskFailedError) as info:
         dj.JobRunner(job, max_epochs=5, progress=False).train(session)
     error = info.value
-    assert (error.job, error.node, error.task, error.epoch) == ("failing", "b", "b/boom", 2)
-    assert error.group
+    assert (error.job, error.group, error.node, error.task, error.epoch) == ("failing", "epoch", "b", "b/boom", 2)
     assert isinstance(error.__cause__, KeyError)
     assert "broken-in-epoch-2" in str(error.__cause__)
     assert "boom" in error.remote_traceback
@@ -784,8 +783,9 @@ def test_init_group_failure_names_no_epoch(session):
         dj.Task(named_step, node="a")
     with pytest.raises(errors.TaskFailedError) as info:
         dj.JobRunner(job, max_epochs=2, progress=False).train(session)
-    assert (info.value.job, info.value.node, info.value.task, info.value.epoch) == ("initfail", "a", "a/divide", None)
-    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    error = info.value
+    assert (error.job, error.group, error.node, error.task, error.epoch) == ("initfail", "init", "a", "a/divide", None)
+    assert isinstance(error.__cause__, ZeroDivisionError)
 
 
 def test_job_stop_conditions_argument(session):
