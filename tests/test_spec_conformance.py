@@ -1123,3 +1123,13 @@ def test_reprs_do_not_freeze_a_job_being_defined(session):
             dj.Task(lambda ws: ws.__setitem__("m", np.int64(1)), node="b")
     assert job.nodes_to_checkpoint() == ["a", "b"]
     assert dj.JobRunner(job, max_epochs=1, progress=False).train(session) == 1
+
+
+def test_set_params_forwards_to_the_handler(prefix):
+    """§1.7: ``set_params`` forwards prefix, type and node names; the single-node manager names its own node."""
+    handler = RecordingHandler()
+    dj.MultiNodeCheckpointManager(prefix, metadata_handler=handler).set_params(["b", dj.Node("a")])
+    single = RecordingHandler()
+    dj.CheckpointManager(prefix, "ps", metadata_handler=single).set_params(["ps"], path_prefix=None, path_type=None)
+    assert handler.calls == [("set_params", "zarr", ["b", "a"])]
+    assert single.calls == [("set_params", "zarr", ["ps"])]
