@@ -695,7 +695,7 @@ def test_threads_have_their_own_default_context():
     assert "threadnode" not in dj.Cluster.current().nodes()
 
 
-# -- second batch: manual manager flow, §2 semantics ------------------------------------------
+# -- §1.7 managers by hand, §2 execution semantics, and the rest --------------------------------
 
 
 def test_manager_caffe2_flow_by_hand(session, prefix):
