@@ -1133,3 +1133,20 @@ def test_set_params_forwards_to_the_handler(prefix):
     dj.CheckpointManager(prefix, "ps", metadata_handler=single).set_params(["ps"], path_prefix=None, path_type=None)
     assert handler.calls == [("set_params", "zarr", ["b", "a"])]
     assert single.calls == [("set_params", "zarr", ["ps"])]
+
+
+def test_final_output_sees_every_instance(session):
+    """§1.3: a task's output is captured after all of its instances (and ``task_exit``) finished."""
+
+    def bump(ws):
+        with ws.lock:
+            ws["count"] = np.int64(ws["count"] + 1)
+
+    with (
+        dj.Cluster(),
+        dj.TaskGroup() as group,
+        dj.Task(bump, node="a", num_instances=3, task_init=lambda ws: ws.__setitem__("count", np.int64(0))),
+    ):
+        out = dj.final_output("count")
+    session.run(group)
+    assert int(out.fetch()) == 3
