@@ -1150,3 +1150,17 @@ def test_final_output_sees_every_instance(session):
         out = dj.final_output("count")
     session.run(group)
     assert int(out.fetch()) == 3
+
+
+@pytest.mark.cluster
+def test_node_cluster_workers_provide_node_resources(shared_cluster):
+    """§1.6: each node's worker provides the resource ``dj.node_resource(node)``; one worker may serve several."""
+    from distributed import Client
+
+    with Client(shared_cluster, set_as_default=False) as client:
+        workers = client.scheduler_info()["workers"].values()
+        providers = {
+            node: [w["name"] for w in workers if dj.node_resource(node) in w.get("resources", {})]
+            for node in ["local", "a", "b", "c", "ps"]
+        }
+    assert providers == {"local": ["w0"], "a": ["w0"], "b": ["w1"], "c": ["w0"], "ps": ["w1"]}
