@@ -615,9 +615,12 @@ def test_resume_from_epoch_must_be_a_non_negative_int(prefix, bad):
     dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=1, progress=False).train(None)
     before = dj.list_checkpoints(prefix)
     manager = dj.MultiNodeCheckpointManager(prefix)
-    runner = dj.JobRunner(counter_job(), manager, resume_from_epoch=bad, max_epochs=3, progress=False)
+
+    def start():  # refused by JobRunner() or by train(): SPEC only says before anything is read
+        return dj.JobRunner(counter_job(), manager, resume_from_epoch=bad, max_epochs=3, progress=False).train(None)
+
     with pytest.raises((TypeError, ValueError), match="resume_from_epoch"):
-        runner.train(None)
+        start()
     assert dj.list_checkpoints(prefix) == before
 
 
