@@ -18,6 +18,14 @@ from ._placement import worker_resources
 
 _HOST = "127.0.0.1"
 
+CLUSTER_CONFIG = {
+    "distributed.scheduler.no-workers-timeout": "10s",
+    "distributed.admin.low-level-log-length": 100,
+}
+"""Dask config of ``node_cluster``. Dask keeps its last ``low-level-log-length`` messages per
+connection and event topic for debugging (with every task's run spec); 100 instead of 1000 keeps
+that bounded memory small and reached after a few hundred epochs."""
+
 NodesLike = Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
 """Node names or Nodes (one worker each), or worker name -> the nodes that worker serves."""
 
@@ -53,7 +61,9 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     extra resources of :class:`~daskjobs.Node` objects (``Node("t", GPU=1)`` adds ``GPU: 1``).
     The scheduler fails a job task at once when its worker dies (``allowed-failures`` 0) and
     fails tasks that wait more than 10 s for a missing worker (``no-workers-timeout``); its
-    dashboard listens on a free port of 127.0.0.1.
+    dashboard listens on a free port of 127.0.0.1. Dask's debugging logs of recent messages
+    keep 100 entries instead of 1000 (``distributed.admin.low-level-log-length``), so memory
+    stays flat after a short warm-up however many epochs run.
 
     Parameters
     ----------
@@ -113,8 +123,9 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
         },
     }
     try:
-        # The scheduler reads this when it starts, inside the constructor.
-        with dask.config.set({"distributed.scheduler.no-workers-timeout": "10s"}):
+        # Read when the scheduler and workers start, inside the constructor (nannies pass the
+        # config on to their worker processes).
+        with dask.config.set(CLUSTER_CONFIG):
             cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **kwargs)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
