@@ -79,6 +79,9 @@ def worker_command(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--host", help="interface address to listen on (default: chosen by Dask)")
     parser.add_argument("--local-directory", help="directory for the worker's files")
+    parser.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate(s) for TLS (tls:// schedulers)")
+    parser.add_argument("--tls-cert", metavar="PATH", help="this worker's TLS certificate (may include its key)")
+    parser.add_argument("--tls-key", metavar="PATH", help="this worker's TLS private key")
     parser.add_argument("--dry-run", action="store_true", help="print the dask worker command instead of running it")
     parser.set_defaults(handler=run_worker)
 
@@ -94,6 +97,9 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--host", args.host, "--dashboard-address", f"{args.host}:0"]
     if args.local_directory:
         argv += ["--local-directory", args.local_directory]
+    for option in ("tls_ca_file", "tls_cert", "tls_key"):
+        if getattr(args, option, None):
+            argv += ["--" + option.replace("_", "-"), getattr(args, option)]
     return argv
 
 
