@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask.config
-from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
 from .._model.node import Node
 from .._validation import validate_name
@@ -53,7 +53,14 @@ def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float
     return plan
 
 
-def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True, **kwargs: Any) -> SpecCluster:
+def node_cluster(
+    nodes: NodesLike,
+    *,
+    nthreads: int = 2,
+    processes: bool = True,
+    security: Security | bool | None = None,
+    **kwargs: Any,
+) -> SpecCluster:
     """A ready local Dask cluster with one worker per node, listening on 127.0.0.1 only.
 
     Each worker is named after its node and provides :func:`~daskjobs.node_resource` of it
@@ -73,8 +80,13 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     nthreads : int
         Threads per worker.
     processes : bool
-        One process per worker (behind a ``Nanny`` that restarts it if it dies) when true,
-        else in-process workers (faster to start; all share this process).
+        One process per worker (behind a ``Nanny`` that restarts it, every time it dies) when
+        true, else in-process workers (faster to start; all share this process).
+    security : distributed.Security or bool, optional
+        TLS for every connection of the cluster (``tls://`` addresses; plain TCP clients are
+        refused). ``True`` makes a temporary self-signed certificate
+        (``distributed.Security.temporary()``). A :class:`~daskjobs.DaskSession` on the
+        cluster object uses it.
     **kwargs
         Passed to :class:`distributed.SpecCluster` (e.g. ``name``, ``silence_logs``).
 
@@ -92,10 +104,14 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     ...         print(session.nodes())
     ['ps', 'trainer']
     >>> cluster = dj.node_cluster({"machine0": ["ps", "trainer"]}, processes=False)  # doctest: +SKIP
+    >>> secure = dj.node_cluster(["ps"], security=True)  # doctest: +SKIP
     """
     if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
         raise ValueError(f"nthreads must be a positive integer, got {nthreads!r}")
     plan = _worker_plan(nodes)
+    if security is True:
+        security = Security.temporary()
+    tls = {"security": security, "protocol": "tls://"} if security else {}
     silence_logs = kwargs.pop("silence_logs", logging.ERROR)
     directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
     workers = {
@@ -108,6 +124,7 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
                 "local_directory": directory,
                 "dashboard": False,
                 "silence_logs": silence_logs,
+                **tls,
             },
         }
         for name, (served, extra) in plan.items()
@@ -120,13 +137,16 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
             "dashboard": True,
             "dashboard_address": f"{_HOST}:0",
             "allowed_failures": 0,
+            **tls,
         },
     }
     try:
         # Read when the scheduler and workers start, inside the constructor (nannies pass the
         # config on to their worker processes).
         with dask.config.set(CLUSTER_CONFIG):
-            cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **kwargs)
+            cluster = SpecCluster(
+                workers=workers, scheduler=scheduler, silence_logs=silence_logs, security=security or None, **kwargs
+            )
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
