@@ -869,7 +869,6 @@ def test_corrupt_checkpoint_on_resume_is_not_a_task_failure(session, prefix):
 
 
 @pytest.mark.cluster
-@pytest.mark.xfail(strict=True, reason="session/ux: dashboard link not logged on connect nor in the session repr (§5)")
 def test_dask_session_shows_dashboard_link(shared_cluster, caplog):
     """§5: the dashboard link is logged whenever a session connects, and is in its reprs."""
     import logging
