@@ -73,6 +73,11 @@ class MultiNodeCheckpointManager:
         while the next epoch runs (at most one save in flight; the epoch is committed once its
         write finished, at the next save or before the job ends). Needs memory for one copy of
         every workspace.
+    delta
+        Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
+        the previous committed epoch is hard-linked (server-side copied on object stores)
+        instead of written. Every epoch stays a complete group, verifiable on its own, also
+        after retention deleted the epoch it reused from.
 
     Examples
     --------
@@ -94,6 +99,7 @@ class MultiNodeCheckpointManager:
         compression: str | None = None,
         fsync: bool = True,
         async_save: bool = False,
+        delta: bool = True,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
@@ -106,6 +112,8 @@ class MultiNodeCheckpointManager:
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.keep_last, self.keep_every = keep_last, keep_every
         self.async_save = bool(async_save)
+        self.delta = bool(delta)
+        self._last_record: dict[str, Any] | None = None
         self._pending: tuple[int, dict[str, bool], dict[str, float]] | None = None
         self.last_commit_bytes = 0
         self._nodes: list[str] | None = None
@@ -222,19 +230,40 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
-        if epoch in self.store.committed_epochs():
+        committed = self.store.committed_epochs()
+        if epoch in committed:
             raise CheckpointError(
                 f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
                 f"overwritten: delete it first, or resume from an earlier epoch (which discards newer commits)"
             )
         save_id = self._save_ids[epoch] = uuid.uuid4().hex
+        previous = self._previous_entries(epoch, committed)
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(self.store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
+                    AsyncSaveStep(self.store, node, epoch, save_id, previous.get(node)),
+                    group=g,
+                    node=node,
+                    name="checkpoint_save",
                 )
             )
-        return self._entry_group(epoch, lambda node: SaveStep(self.store, node, epoch, save_id), "checkpoint_save")
+        return self._entry_group(
+            epoch, lambda node: SaveStep(self.store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
+        )
+
+    def _previous_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+        """The node entries of the newest committed epoch before ``epoch`` (for delta reuse); {} without."""
+        older = [e for e in committed if e < epoch]
+        if not self.delta or not older:
+            return {}
+        record = self._last_record
+        if record is None or record["epoch"] != older[-1]:
+            try:
+                record = self.store.read_commit(older[-1])
+            except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
+                logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
+                return {}
+        return dict(record["node_entries"])
 
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
@@ -271,6 +300,8 @@ class MultiNodeCheckpointManager:
                 f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
             )
         entries = record["node_entries"]
+        if store is self.store:
+            self._last_record = record
         self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
         return self._group(
@@ -355,6 +386,7 @@ class MultiNodeCheckpointManager:
             )
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
         self.store.commit(record)
+        self._last_record = record
         self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}

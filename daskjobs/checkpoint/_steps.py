@@ -43,9 +43,16 @@ class BackgroundSave:
     """One node's checkpoint write running in a thread; at most one per node."""
 
     def __init__(
-        self, store: CheckpointStore, node: str, epoch: int, save_id: str, blobs: dict[str, np.ndarray]
+        self,
+        store: CheckpointStore,
+        node: str,
+        epoch: int,
+        save_id: str,
+        blobs: dict[str, np.ndarray],
+        previous: dict[str, Any] | None = None,
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
+        self.previous = previous
         self._entry: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
@@ -53,7 +60,9 @@ class BackgroundSave:
 
     def _write(self) -> None:
         try:
-            self._entry = self.store.write_node(self.node, self.epoch, self.blobs, save_id=self.save_id)
+            self._entry = self.store.write_node(
+                self.node, self.epoch, self.blobs, save_id=self.save_id, previous=self.previous
+            )
         except BaseException as exc:
             self._error = exc
 
@@ -81,6 +90,7 @@ class AsyncSaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -92,7 +102,7 @@ class AsyncSaveStep:
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies
-        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies)
+        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies, self.previous)
 
 
 @dataclass(frozen=True)
@@ -124,12 +134,13 @@ class SaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
