@@ -161,11 +161,14 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         self.epoch: int = record["epoch"]
         self.job: str = record["job"]
         self.nodes: list[str] = list(record["nodes"])
+        self._node_views: dict[str, NodeCheckpoint] = {}
 
     def __getitem__(self, node: str) -> NodeCheckpoint:
         if node not in self.record["node_entries"]:
             raise KeyError(f"epoch {self.epoch} has no node {node!r}; it has {self.nodes}")
-        return NodeCheckpoint(self._store, node, self.epoch, self.record["node_entries"][node])
+        if node not in self._node_views:  # validated once, then indexed: linear cost in blobs
+            self._node_views[node] = NodeCheckpoint(self._store, node, self.epoch, self.record["node_entries"][node])
+        return self._node_views[node]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.nodes)
