@@ -87,17 +87,8 @@ def test_save_restore_equals_input(workspace, compressed):
         assert view.verify() == second["bytes"]
 
 
-numeric_workspaces = st.dictionaries(
-    blob_names,
-    st.sampled_from(NUMERIC).flatmap(
-        lambda dtype: hnp.arrays(np.dtype(dtype), hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=5))
-    ),
-    max_size=6,
-)
-
-
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workspace=numeric_workspaces, async_save=st.booleans(), delta=st.booleans())
+@given(workspace=workspaces, async_save=st.booleans(), delta=st.booleans())
 def test_manager_round_trip_on_a_local_session(workspace, async_save, delta):
     """The manager's save and load groups (sync or async, delta or not) restore what was fed."""
     with tempfile.TemporaryDirectory() as root, dj.Cluster(), dj.LocalSession() as session:
