@@ -116,6 +116,8 @@ class MultiNodeCheckpointManager:
         self._last_record: dict[str, Any] | None = None
         self._pending: tuple[int, dict[str, bool], dict[str, float]] | None = None
         self.last_commit_bytes = 0
+        self.last_commit_written = 0
+        self.last_commit_reused = 0
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
@@ -387,7 +389,9 @@ class MultiNodeCheckpointManager:
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
         self.store.commit(record)
         self._last_record = record
-        self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
+        self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
+        self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
+        self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)
