@@ -220,6 +220,8 @@ def test_manager_passes_the_previous_entry(tmp_path, monkeypatch, async_save, de
     entry = info.record["node_entries"]["local"]
     assert (4096 * 8 <= entry["bytes_reused"] < entry["bytes"]) if delta else entry["bytes_reused"] == 0
     assert entry["bytes_written"] + entry["bytes_reused"] == entry["bytes"]
+    assert manager.last_commit_reused == entry["bytes_reused"]
+    assert manager.last_commit_written == entry["bytes_written"]
     view = dj.open_checkpoint(prefix)
     assert view.verify() == entry["bytes"]
     assert np.array_equal(view["local"]["model"], np.full(16, 3.0))

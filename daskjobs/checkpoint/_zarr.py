@@ -274,7 +274,12 @@ def _write_blob(
         stored = [(data[start:stop], bytes(pad)) for start, stop, pad in spans]
     else:
         stored = [(part, b"") for part in _encode(array, chunks, kind, codec)]
-    same = before is not None and all(before.get(k) == v for k, v in meta.items() if k != "nbytes")
+    same = (
+        isinstance(before, dict)
+        and all(before.get(k) == v for k, v in meta.items() if k != "nbytes")
+        and isinstance(before.get("hashes"), list)
+        and len(before["hashes"]) == len(spans)
+    )
     hashes, written, reused = [], 0, 0
     for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
         key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)
