@@ -58,7 +58,8 @@ def assert_same(got: dict, want: dict) -> None:
 
 def changed(value: object) -> object:
     if isinstance(value, np.ndarray):
-        out = np.array(value, copy=True, order="C")
+        little = value.dtype.newbyteorder("<") if value.dtype.kind != "S" else value.dtype
+        out = np.array(value, dtype=little, copy=True, order="C")  # flipping the low byte keeps code points valid
         if out.size:
             out.reshape(-1).view(np.uint8)[0] ^= 1  # a different value of the same dtype
         return out

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointNotFoundError
+from ._reader import GroupReader
 from ._store import CheckpointStore
-from ._zarr import GroupReader
 
 logger = logging.getLogger("daskjobs")
 

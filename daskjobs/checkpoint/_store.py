@@ -38,7 +38,8 @@ from ..errors import (
 )
 from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
 from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record, validate_node_entry
-from ._zarr import COMPRESSIONS, GroupReader, Location, read_group, read_group_entry, write_group
+from ._reader import GroupReader, read_group, read_group_entry
+from ._zarr import COMPRESSIONS, Location, write_group
 
 logger = logging.getLogger("daskjobs")
 
