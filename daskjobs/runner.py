@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ._model.job import Job
-from ._progress import EpochProgress
-from .checkpoint._lock import holder_alive, local_holder
+from ._progress import EpochProgress, known_total
+from .checkpoint._lock import local_holder
 from .errors import (
     CheckpointLockedError,
     CheckpointWriteError,
@@ -19,7 +19,7 @@ from .errors import (
     NodeLostError,
     StopConditionError,
 )
-from .history import EpochRecord, means
+from .history import EpochRecord, history_frame, history_rows, means, plot_history
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ class JobRunner:
         self.on_epoch = on_epoch
         self.break_lock = break_lock
         self.history: list[EpochRecord] = []
+        self.dashboard_link: str | None = None
+        """The Dask dashboard of the last session trained on, when it has one."""
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -176,7 +178,9 @@ class JobRunner:
         """
         self._save(epoch, session, stop_values or {})
 
-    def _save(self, epoch: int, session: Session, stop_values: dict[str, bool]) -> tuple[float, int]:
+    def _save(
+        self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float] | None = None
+    ) -> tuple[float, int]:
         """:meth:`save_checkpoints`; returns the seconds it took and the bytes it committed."""
         manager = self._require_manager()
         if not manager.cp_accessible(epoch=None):
@@ -189,7 +193,10 @@ class JobRunner:
         def save() -> None:
             session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
             manager.write_checkpoint_metadata(
-                epoch, stop_values=stop_values, timings={"save_seconds": time.perf_counter() - started}
+                epoch,
+                stop_values=stop_values,
+                timings={"save_seconds": time.perf_counter() - started},
+                metrics=metrics,
             )
             if manager.pending_epoch() is None:
                 manager.report_checkpoint_stats("checkpoint_save")
@@ -213,7 +220,7 @@ class JobRunner:
             try:
                 attempt()
                 return
-            except NodeLostError:
+            except (NodeLostError, CheckpointLockedError):
                 raise
             except Exception as exc:
                 error = exc
@@ -248,10 +255,11 @@ class JobRunner:
         resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
         recoveries = 0
         epoch, stop = self._start(session, resume)
-        dashboard = getattr(getattr(session, "client", None), "dashboard_link", None)
+        dashboard = self.dashboard_link = getattr(getattr(session, "client", None), "dashboard_link", None)
         if dashboard:
             logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
-        bar = EpochProgress(self.progress, job.name, start=epoch, total=self.max_epochs, dashboard=dashboard)
+        total = known_total(self.max_epochs, job.epoch_limit)
+        bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
         try:
             while not stop:
                 started = time.perf_counter()
@@ -259,12 +267,13 @@ class JobRunner:
                     sums = session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=recoveries)
                     values = self._stop_values()
                     elapsed = time.perf_counter() - started
-                    saved = self._save(epoch, session, values) if manager is not None else (0.0, 0)
+                    metrics = means(sums)
+                    saved = self._save(epoch, session, values, metrics) if manager is not None else (0.0, 0)
                 except NodeLostError as exc:
                     epoch = self._recover(session, exc, recoveries)
                     recoveries += 1
                     continue
-                record = EpochRecord(epoch, elapsed, saved[0], saved[1], 0, values, means(sums), recoveries)
+                record = EpochRecord(epoch, elapsed, saved[0], saved[1], 0, values, metrics, recoveries)
                 self.history.append(record)
                 bar.update(record)
                 if self.on_epoch is not None:
@@ -272,6 +281,7 @@ class JobRunner:
                 stop = any(values.values()) or (self.max_epochs is not None and epoch >= self.max_epochs)
                 if not stop:
                     epoch += 1
+            bar.complete()
             self._flush(session)
         finally:
             bar.close()
@@ -350,15 +360,7 @@ class JobRunner:
         return self.checkpoint_manager
 
     def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
-        holder = self._lock_holder()
-        try:
-            manager.store.acquire_lock(holder, break_lock=self.break_lock)
-        except CheckpointLockedError:
-            held = manager.store.read_lock() or {}
-            if holder_alive(held) is not False:
-                raise
-            logger.warning("breaking the stale checkpoint lock of %s: its holder %s is gone", manager.store.url, held)
-            manager.store.acquire_lock(holder, break_lock=True)
+        manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
 
     @staticmethod
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:
@@ -375,18 +377,45 @@ class JobRunner:
     def _lock_holder(self) -> dict[str, Any]:
         return local_holder(self.job.name)
 
+    def history_frame(self) -> Any:
+        """:attr:`history` as a pandas DataFrame, one row per epoch.
+
+        Columns: ``epoch``, ``seconds``, ``checkpoint_seconds``, ``bytes_written``, ``bytes_reused``,
+        ``recoveries``, then ``stop:<name>`` per stop condition and one column per logged metric.
+        Needs pandas (``pip install "daskjobs[notebook]"``).
+        """
+        return history_frame(self.history)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure of every metric and of epoch and checkpoint seconds over the epochs.
+
+        Needs matplotlib (``pip install "daskjobs[notebook]"``); no pyplot state is touched.
+        """
+        return plot_history(self.history, title=f"job {self.job.name}")
+
     def __repr__(self) -> str:
         last = self.history[-1].epoch if self.history else None
         return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last})"
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{r.epoch}</td><td>{r.seconds:.3f}</td><td>{r.checkpoint_seconds:.3f}</td>"
-            f"<td>{r.checkpoint_bytes}</td><td>{html.escape(str(r.stop_values))}</td></tr>"
-            for r in self.history[-20:]
+        rows = history_rows(self.history[-20:])
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{_cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows
         )
+        where = self.checkpoint_manager.store.url if self.checkpoint_manager is not None else "no checkpoints"
+        dashboard = self.dashboard_link
+        link = f' &mdash; <a href="{html.escape(dashboard)}" target="_blank">Dask dashboard</a>' if dashboard else ""
+        shown = f", last {len(rows)} shown" if len(self.history) > len(rows) else ""
         return (
-            f"<b>JobRunner</b> for job {html.escape(self.job.name)}"
-            "<table><tr><th>epoch</th><th>seconds</th><th>checkpoint s</th><th>bytes</th><th>stop</th></tr>"
-            f"{rows}</table>"
+            f"<b>JobRunner</b> for job {html.escape(self.job.name)} &mdash; {len(self.history)} epochs run{shown}, "
+            f"checkpoints: <code>{html.escape(where)}</code>{link}"
+            f"<table><tr>{head}</tr>{body}</table>"
         )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))

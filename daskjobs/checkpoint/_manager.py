@@ -14,7 +14,7 @@ from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
-from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, JobDefinitionError
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
 from ._steps import ENTRY_BLOB, AsyncSaveStep, CheckStep, LoadStep, SaveStep, WaitSaveStep
@@ -47,6 +47,21 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     return f"{db_prefix.rstrip('/')}/{name}"
 
 
+def best_epochs(values: dict[int, float | None], mode: str) -> list[int]:
+    """Epochs ordered best first by their metric value (``None``: no value, never best); ties: earlier first.
+
+    Examples
+    --------
+    >>> best_epochs({1: 0.5, 2: 0.25, 3: None, 4: 0.25}, "min")
+    [2, 4, 1]
+    >>> best_epochs({1: 0.5, 2: 0.25}, "max")
+    [1, 2]
+    """
+    sign = 1.0 if mode == "min" else -1.0
+    scored = [(sign * value, epoch) for epoch, value in values.items() if value is not None]
+    return [epoch for _, epoch in sorted(scored)]
+
+
 class MultiNodeCheckpointManager:
     """Checkpoints every node of a job, one save/load task per node, run on that node.
 
@@ -66,6 +81,14 @@ class MultiNodeCheckpointManager:
     keep_last, keep_every
         Retention: keep the newest ``keep_last`` committed epochs and every epoch divisible by
         ``keep_every``; older ones are deleted after a newer commit. Default: keep all.
+    keep_best, best_metric, best_mode
+        Best-k retention: also keep the ``keep_best`` committed epochs with the lowest
+        (``best_mode="min"``, default) or highest (``"max"``) value of metric ``best_metric`` (logged
+        with ``ws.log``; epochs without it never count as best; ties keep the earlier epoch). The
+        kept sets of ``keep_last``, ``keep_every`` and ``keep_best`` are united, and the newest
+        committed epoch is always kept. ``keep_best`` alone keeps the best ``keep_best`` and the
+        newest. With ``best_metric`` set (also without ``keep_best``) commit records name the
+        metric and mode, so ``dj.open_checkpoint(prefix, epoch="best")`` finds the same best epoch.
     compression
         ``None`` (default, fastest) or a compressor name the store supports.
     async_save
@@ -99,22 +122,33 @@ class MultiNodeCheckpointManager:
         compression: str | None = None,
         fsync: bool = True,
         async_save: bool = False,
+        keep_best: int | None = None,
+        best_metric: str | None = None,
+        best_mode: str = "min",
         delta: bool = True,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
-        for label, value in (("keep_last", keep_last), ("keep_every", keep_every)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+        for label, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise JobDefinitionError(f"{label} must be a positive int or None, got {value!r}")
+        if best_mode not in ("min", "max"):
+            raise JobDefinitionError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+        if keep_best is not None and not (isinstance(best_metric, str) and best_metric):
+            raise JobDefinitionError(
+                f"keep_best={keep_best} needs best_metric, the name of a metric logged with ws.log, got {best_metric!r}"
+            )
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
+        self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
         self.delta = bool(delta)
         self._last_record: dict[str, Any] | None = None
-        self._pending: tuple[int, dict[str, bool], dict[str, float]] | None = None
+        self._pending: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
         self.last_commit_bytes = 0
         self.last_commit_written = 0
         self.last_commit_reused = 0
@@ -271,12 +305,12 @@ class MultiNodeCheckpointManager:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
         if self._pending is None:
             return None
-        epoch, stop_values, timings = self._pending
+        epoch, stop_values, timings, metrics = self._pending
         save_id = self._save_ids[epoch]
         group = self._entry_group(epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait")
         session.run_group(group, job=self._job_name, epoch=epoch)
         self._pending = None
-        self._commit(epoch, stop_values, timings)
+        self._commit(epoch, stop_values, timings, metrics)
         return epoch
 
     def discard_pending(self) -> None:
@@ -362,20 +396,29 @@ class MultiNodeCheckpointManager:
 
     # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(
-        self, epoch: int, *, stop_values: dict[str, bool] | None = None, timings: dict[str, float] | None = None
+        self,
+        epoch: int,
+        *,
+        stop_values: dict[str, bool] | None = None,
+        timings: dict[str, float] | None = None,
+        metrics: dict[str, float] | None = None,
     ) -> None:
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
+
+        ``metrics`` (the epoch's metric means) are stored in the commit record.
 
         With ``async_save`` the commit waits for :meth:`flush`.
         """
         if self.async_save:
             if epoch not in self._save_ids:
                 raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
-            self._pending = (epoch, dict(stop_values or {}), dict(timings or {}))
+            self._pending = (epoch, dict(stop_values or {}), dict(timings or {}), dict(metrics or {}))
             return
-        self._commit(epoch, stop_values or {}, timings or {})
+        self._commit(epoch, stop_values or {}, timings or {}, metrics or {})
 
-    def _commit(self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float]) -> None:
+    def _commit(
+        self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
+    ) -> None:
         tasks = self._save_tasks.pop(epoch, None)
         if tasks is None:
             raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
@@ -386,9 +429,12 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )
-        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
+        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
+        if self.best_metric is not None:
+            record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self.store.commit(record)
         self._last_record = record
+        self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
@@ -398,19 +444,40 @@ class MultiNodeCheckpointManager:
         self._apply_retention(epoch)
 
     def _apply_retention(self, newest: int) -> None:
-        if self.keep_last is None and self.keep_every is None:
+        """Delete committed epochs that retention does not keep; failures are logged warnings."""
+        if self.keep_last is None and self.keep_every is None and self.keep_best is None:
             return
-        epochs = self.store.committed_epochs()
+        try:
+            epochs = self.store.committed_epochs()
+            best = self._best_epochs(epochs) if self.keep_best is not None else []
+        except OSError as exc:
+            logger.warning("retention: could not list the epochs under %s: %s", self.store.url, exc)
+            return
         keep = {newest}
         if self.keep_last is not None:
             keep.update(epochs[-self.keep_last :])
         if self.keep_every is not None:
             keep.update(e for e in epochs if e % self.keep_every == 0)
+        keep.update(best)
         for epoch in epochs:
             if epoch < newest and epoch not in keep:
-                record = self.store.read_commit(epoch)
-                self.store.delete_epoch(epoch, record["nodes"])
+                try:
+                    self.store.delete_epoch(epoch, self.store.read_commit(epoch)["nodes"])
+                except Exception as exc:  # the new epoch is committed: never fail the save for this
+                    logger.warning("retention: could not delete epoch %d under %s: %s", epoch, self.store.url, exc)
+                    if isinstance(exc, CheckpointLockedError):
+                        return
+                    continue
                 logger.info("retention: deleted epoch %d under %s", epoch, self.store.url)
+
+    def _best_epochs(self, epochs: list[int]) -> list[int]:
+        """The ``keep_best`` best of ``epochs`` by ``best_metric``; each commit record is read once per manager."""
+        known = self._best_values
+        self._best_values = {
+            e: known[e] if e in known else self.store.read_commit(e).get("metrics", {}).get(self.best_metric)
+            for e in epochs
+        }
+        return best_epochs(self._best_values, self.best_mode)[: self.keep_best]
 
     def stop_values(self, epoch: int) -> dict[str, bool]:
         """The stop-condition values recorded when ``epoch`` was committed."""
@@ -443,9 +510,23 @@ class MultiNodeCheckpointManager:
 
     def _repr_html_(self) -> str:
         epochs = self.store.committed_epochs()
+        options = {
+            "nodes": self._nodes,
+            "keep_last": self.keep_last,
+            "keep_every": self.keep_every,
+            "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
+            "async_save": self.async_save or None,
+        }
+        facts = "".join(f", {k}={html.escape(str(v))}" for k, v in options.items() if v)
+        latest = ""
+        if epochs:
+            metrics = self.store.read_commit(epochs[-1]).get("metrics", {})
+            shown = "".join(f" {html.escape(k)}={v:.6g}" for k, v in metrics.items())
+            listed = ", ".join(map(str, epochs)) if len(epochs) <= 12 else f"{epochs[0]} &hellip; {epochs[-1]}"
+            latest = f" ({listed}); latest {epochs[-1]}{shown}"
         return (
-            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
-            f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}"
+            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>{facts}: "
+            f"{len(epochs)} committed epochs{latest}"
         )
 
 
