@@ -143,6 +143,7 @@ def test_multi_chunk_arrays_with_padding(store, monkeypatch):
 def test_parallel_reads_and_aligned_outputs(store, monkeypatch):
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(_reader, "_PARALLEL_FROM", 0)  # read chunks in the thread pool even when small
+    monkeypatch.setattr(_reader, "_THREADS", 4)
     monkeypatch.setattr(_chunks, "_ALIGN_FROM", 0)
     blobs = {"w": np.arange(10_000, dtype="f8"), "v": np.arange(3000, dtype="i4").reshape(1000, 3)}
     entry = save(store, 1, {"a": blobs})["node_entries"]["a"]
