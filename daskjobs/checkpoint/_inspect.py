@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import html
-import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -13,7 +11,6 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CheckpointNotFoundError, JobDefinitionError
-from ._lock import unlock
 from ._manager import best_epochs
 from ._reader import GroupReader
 from ._store import CheckpointStore
@@ -293,101 +290,3 @@ def _best_record(
             "log it with ws.log(name, value), or pass metric= the name of a logged metric"
         )
     return records[ranked[0]]
-
-
-def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``daskjobs checkpoints list|show|verify|prune|unlock``."""
-    parser = subparsers.add_parser("checkpoints", help="inspect, verify and prune checkpoints under a prefix")
-    actions = parser.add_subparsers(dest="action", required=True)
-    for name, text in [
-        ("list", "committed epochs, one line each"),
-        ("show", "blobs of one epoch (default latest)"),
-        ("verify", "read and verify every blob of one epoch (default: all epochs)"),
-        ("prune", "delete old committed epochs and uncommitted leftovers"),
-        ("unlock", "break a stale writer lock"),
-    ]:
-        action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("db_prefix", help="checkpoint prefix: a path or fsspec URL")
-        if name in ("show", "verify"):
-            action.add_argument("--epoch", type=int)
-        if name in ("list", "show"):
-            action.add_argument("--json", action="store_true", help="print JSON")
-        if name == "unlock":
-            action.add_argument("--force", action="store_true", help="also when the holder may still run")
-        if name == "prune":
-            action.add_argument("--keep-last", type=int, default=None)
-            action.add_argument("--keep-every", type=int, default=None)
-            action.add_argument("--dry-run", action="store_true")
-    parser.set_defaults(handler=run_checkpoints)
-
-
-def run_checkpoints(args: argparse.Namespace) -> int:
-    """Carry out a ``daskjobs checkpoints`` command; returns the exit code."""
-    store = CheckpointStore(args.db_prefix)
-    if args.action == "list":
-        infos = list_checkpoints(args.db_prefix)
-        if args.json:
-            print(json.dumps([i.record for i in infos], indent=2))
-        for info in [] if args.json else infos:
-            stops = ",".join(k for k, v in info.stop_values.items() if v) or "-"
-            print(
-                f"{info.epoch:8d}  {info.job}  nodes={','.join(info.nodes)}  {info.nbytes} bytes  "
-                f"{info.created}  stopped={stops}"
-            )
-        if not infos and not args.json:
-            print(f"no committed checkpoints under {store.url}")
-    elif args.action == "show":
-        view = open_checkpoint(args.db_prefix, args.epoch)
-        if args.json:
-            print(json.dumps(view.record, indent=2))
-            return 0
-        print(f"job {view.job}, epoch {view.epoch}")
-        for node in view.nodes:
-            for name, meta in sorted(view.record["node_entries"][node]["blobs"].items()):
-                print(f"  {node}/{name}: {meta['dtype']} {tuple(meta['shape'])}")
-    elif args.action == "verify":
-        epochs = [args.epoch] if args.epoch is not None else store.committed_epochs()
-        for epoch in epochs:
-            size = open_checkpoint(args.db_prefix, epoch).verify()
-            print(f"epoch {epoch}: OK ({size} bytes verified)")
-    elif args.action == "prune":
-        return _prune(store, args)
-    else:
-        lock = unlock(store, force=args.force)
-        print(f"removed lock {lock}" if lock else f"no lock under {store.url}")
-    return 0
-
-
-def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
-    import os
-    import socket
-
-    if not args.dry_run:
-        store.acquire_lock(
-            {"host": socket.gethostname(), "pid": os.getpid(), "job": "daskjobs checkpoints prune", "started": ""}
-        )
-    try:
-        return _prune_locked(store, args)
-    finally:
-        if not args.dry_run:
-            store.release_lock()
-
-
-def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
-    epochs = store.committed_epochs()
-    keep = set(epochs[-1:])
-    if args.keep_last is not None:
-        keep.update(epochs[-args.keep_last :] if args.keep_last > 0 else [])
-    if args.keep_every is not None:
-        keep.update(e for e in epochs if e % args.keep_every == 0)
-    if args.keep_last is None and args.keep_every is None:
-        keep = set(epochs)
-    doomed = [e for e in epochs if e not in keep]
-    for epoch in doomed:
-        print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
-        if not args.dry_run:
-            store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
-    if not args.dry_run:
-        for path in store.cleanup_uncommitted():
-            print(f"removed uncommitted {path}")
-    return 0

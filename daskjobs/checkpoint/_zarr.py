@@ -23,11 +23,13 @@ chunks through :func:`decode` here. Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,7 @@ ENTRY_KEY = "daskjobs"
 
 _THREADS = 4
 """Threads writing blobs at once on local disks (creating files is costly there)."""
+_ZARR_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,19 @@ def _stored(name: str, value: Any) -> tuple[str, np.ndarray]:
 
 
 # -- metadata ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_zarr() -> Iterator[None]:
+    """Silence zarr's warning that the U and S data types are "unstable" (we pin what it writes).
+
+    ``warnings.catch_warnings`` swaps process-wide state, so the writer threads take turns.
+    """
+    import zarr.errors
+
+    with _ZARR_LOCK, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=zarr.errors.UnstableSpecificationWarning)
+        yield
+
+
 def _compressor(name: str) -> Any:
     import zarr.codecs
 
@@ -96,8 +112,7 @@ def _zarr_array(store: Any, dtype: str, shape: tuple[int, ...], chunks: tuple[in
 
     from ._chunks import JSON_ATTRIBUTES
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # zarr calls the U and S data types "unstable"; we pin what it writes
+    with _quiet_zarr():
         return zarr.create_array(
             store,
             name="a",
@@ -134,8 +149,7 @@ def _encode(array: np.ndarray, chunks: list[int], kind: str, codec: str) -> list
 
     documents: dict[str, Any] = {}
     target = _zarr_array(zarr.storage.MemoryStore(documents), array.dtype.str, array.shape, tuple(chunks), kind, codec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _quiet_zarr():
         target[...] = array
     return [documents[f"a/{chunk_key(i, array.ndim)}"].to_bytes() for i in range(chunk_count(array.shape, chunks))]
 
@@ -147,8 +161,7 @@ def decode(meta: Mapping[str, Any], parts: list[bytes], out: np.ndarray) -> None
 
     documents = {"a/zarr.json": cpu.Buffer.from_bytes(expected_metadata(meta))}
     documents.update({f"a/{chunk_key(i, out.ndim)}": cpu.Buffer.from_bytes(p) for i, p in enumerate(parts)})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _quiet_zarr():
         out[...] = zarr.open_array(zarr.storage.MemoryStore(documents, read_only=True), path="a", mode="r")[...]
 
 

@@ -2,7 +2,7 @@
 
 Class P1: umask ``0`` and ``0o077``, for every way daskjobs creates files and folders (missing parents
 of a prefix, node groups raw and compressed, sync and async saves, commit records, the lock,
-writability probes, retention and cleanup): files at most ``0o644 & ~umask``, folders at most
+writability probes, retention and cleanup, the copy uploader): files at most ``0o644 & ~umask``, folders at most
 ``0o755 & ~umask``. Run in a subprocess so the test process's umask never changes.
 """
 
@@ -35,7 +35,9 @@ for name, options in {
 }.items():
     prefix = os.path.join(root, "missing", "parents", name, "ckpt")
     manager = dj.MultiNodeCheckpointManager(prefix, **options)
-    assert dj.JobRunner(job, manager, max_epochs=3, progress=False).train() == 3
+    upload = dj.CopyCheckpointUploader(os.path.join(root, "upload", name)) if name == "raw" else None
+    runner = dj.JobRunner(job, manager, upload_task_group_builder=upload, max_epochs=3, progress=False)
+    assert runner.train() == 3
 store = CheckpointStore(os.path.join(root, "lockonly", "ckpt"))
 store.check_writable()
 store.acquire_lock(local_holder("perm"))
@@ -58,3 +60,4 @@ def test_created_files_and_folders_are_never_group_or_world_writable(tmp_path, u
     assert checked["dir"] > 10, checked
     assert checked["file"] > 10, checked
     assert (root / "lockonly" / "ckpt" / "__daskjobs__" / "lock.json").is_file()
+    assert (root / "upload" / "raw" / "trainer_0.3" / "zarr.json").is_file()
