@@ -96,6 +96,11 @@ class MultiNodeCheckpointManager:
         while the next epoch runs (at most one save in flight; the epoch is committed once its
         write finished, at the next save or before the job ends). Needs memory for one copy of
         every workspace.
+    delta
+        Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
+        the previous committed epoch is hard-linked (server-side copied on object stores)
+        instead of written. Every epoch stays a complete group, verifiable on its own, also
+        after retention deleted the epoch it reused from.
 
     Examples
     --------
@@ -120,6 +125,7 @@ class MultiNodeCheckpointManager:
         keep_best: int | None = None,
         best_metric: str | None = None,
         best_mode: str = "min",
+        delta: bool = True,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
@@ -140,8 +146,12 @@ class MultiNodeCheckpointManager:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
         self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
+        self.delta = bool(delta)
+        self._last_record: dict[str, Any] | None = None
         self._pending: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
         self.last_commit_bytes = 0
+        self.last_commit_written = 0
+        self.last_commit_reused = 0
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
@@ -256,19 +266,40 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
-        if epoch in self.store.committed_epochs():
+        committed = self.store.committed_epochs()
+        if epoch in committed:
             raise CheckpointError(
                 f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
                 f"overwritten: delete it first, or resume from an earlier epoch (which discards newer commits)"
             )
         save_id = self._save_ids[epoch] = uuid.uuid4().hex
+        previous = self._previous_entries(epoch, committed)
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(self.store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
+                    AsyncSaveStep(self.store, node, epoch, save_id, previous.get(node)),
+                    group=g,
+                    node=node,
+                    name="checkpoint_save",
                 )
             )
-        return self._entry_group(epoch, lambda node: SaveStep(self.store, node, epoch, save_id), "checkpoint_save")
+        return self._entry_group(
+            epoch, lambda node: SaveStep(self.store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
+        )
+
+    def _previous_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+        """The node entries of the newest committed epoch before ``epoch`` (for delta reuse); {} without."""
+        older = [e for e in committed if e < epoch]
+        if not self.delta or not older:
+            return {}
+        record = self._last_record
+        if record is None or record["epoch"] != older[-1]:
+            try:
+                record = self.store.read_commit(older[-1])
+            except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
+                logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
+                return {}
+        return dict(record["node_entries"])
 
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
@@ -305,6 +336,8 @@ class MultiNodeCheckpointManager:
                 f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
             )
         entries = record["node_entries"]
+        if store is self.store:
+            self._last_record = record
         self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
         return self._group(
@@ -400,8 +433,11 @@ class MultiNodeCheckpointManager:
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self.store.commit(record)
+        self._last_record = record
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
-        self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
+        self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
+        self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
+        self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._validation import copy_value
 from ..errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -26,12 +27,17 @@ def entry_array(entry: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(json.dumps(entry).encode(), dtype=np.uint8).copy()
 
 
-def snapshot(blobs: dict[str, np.ndarray], buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster)."""
+def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
+    """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
+
+    JSON values are deep-copied with :func:`~daskjobs._validation.copy_value`.
+    """
     copies = {}
     for name, value in blobs.items():
         buffer = buffers.get(name)
-        if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype:
+        if not isinstance(value, np.ndarray):
+            buffer = copy_value(value, name)
+        elif isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:
             np.copyto(buffer, value)
         else:
             buffer = np.array(value, copy=True, order="C")
@@ -43,9 +49,16 @@ class BackgroundSave:
     """One node's checkpoint write running in a thread; at most one per node."""
 
     def __init__(
-        self, store: CheckpointStore, node: str, epoch: int, save_id: str, blobs: dict[str, np.ndarray]
+        self,
+        store: CheckpointStore,
+        node: str,
+        epoch: int,
+        save_id: str,
+        blobs: dict[str, np.ndarray],
+        previous: dict[str, Any] | None = None,
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
+        self.previous = previous
         self._entry: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
@@ -53,7 +66,9 @@ class BackgroundSave:
 
     def _write(self) -> None:
         try:
-            self._entry = self.store.write_node(self.node, self.epoch, self.blobs, save_id=self.save_id)
+            self._entry = self.store.write_node(
+                self.node, self.epoch, self.blobs, save_id=self.save_id, previous=self.previous
+            )
         except BaseException as exc:
             self._error = exc
 
@@ -81,6 +96,7 @@ class AsyncSaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -92,7 +108,7 @@ class AsyncSaveStep:
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies
-        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies)
+        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies, self.previous)
 
 
 @dataclass(frozen=True)
@@ -124,12 +140,13 @@ class SaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
