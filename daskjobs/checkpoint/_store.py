@@ -37,7 +37,7 @@ from ..errors import (
     JobDefinitionError,
 )
 from . import _lock
-from ._cleanup import Tree, group_folders, remove_group, remove_temp_files
+from ._cleanup import Tree, clear_for_write, group_folders, remove_group, remove_temp_files
 from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
 from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record, validate_node_entry
 from ._lock import LOCK_NAME
@@ -207,6 +207,14 @@ class CheckpointStore:
         validate_name(node, "node")
         if not isinstance(save_id, str) or not _SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
+            clear_for_write(Tree(self.fs), self._path(f"{node}.{epoch}"), self.db_name(node, epoch), node, epoch)
+        except OSError as exc:
+            if isinstance(exc, CheckpointWriteError):
+                raise
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of node {node!r} at epoch {epoch} to {self.db_name(node, epoch)}: {exc}"
+            ) from exc
         return write_group(
             self._group(node, epoch),
             node,

@@ -190,7 +190,6 @@ def write_group(
         )
 
     try:
-        files.clear(where.path)
         files.mkdir(where.path, parents=True)
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
         files.put(f"{where.path}/zarr.json", _group_document(marker))
