@@ -207,13 +207,14 @@ class CheckpointStore:
         validate_name(node, "node")
         if not isinstance(save_id, str) or not _SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        url = self.db_name(node, epoch)
         try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
-            clear_for_write(Tree(self.fs), self._path(f"{node}.{epoch}"), self.db_name(node, epoch), node, epoch)
+            clear_for_write(Tree(self.fs), self._path(f"{node}.{epoch}"), url, node, epoch)
         except OSError as exc:
             if isinstance(exc, CheckpointWriteError):
                 raise
             raise CheckpointWriteError(
-                f"could not write the checkpoint of node {node!r} at epoch {epoch} to {self.db_name(node, epoch)}: {exc}"
+                f"could not write the checkpoint of node {node!r} at epoch {epoch} to {url}: {exc}"
             ) from exc
         return write_group(
             self._group(node, epoch),
