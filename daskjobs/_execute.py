@@ -20,7 +20,7 @@ import numpy as np
 from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
 from ._workspace import Scope, Workspace
-from .errors import NodeLostError, TaskFailedError
+from .errors import DaskJobsError, NodeLostError, TaskFailedError
 from .history import MetricLog, MetricSums
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
@@ -79,16 +79,20 @@ class RunInfo:
     key: str
     epoch: int | None
     token: str | None = None
+    finish: Callable[[NodeState], Any] | None = None
+    """Called on the node's state after the node's share of the run (e.g. the epoch's checkpoint
+    save); its result comes back as :attr:`NodeResult.finished`."""
 
 
 @dataclass(frozen=True)
 class NodeResult:
     """What a node returns from a group run: its generation token, captured outputs by task
-    index, and the metrics its steps logged."""
+    index, the metrics its steps logged, and what :attr:`RunInfo.finish` returned."""
 
     token: str
     captured: dict[int, Captured]
     metrics: MetricSums = field(default_factory=dict)
+    finished: Any = None
 
 
 @dataclass
@@ -157,8 +161,23 @@ def run_concurrently(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     return results
 
 
+INTERNAL = "daskjobs_internal"
+"""Attribute marking a step of daskjobs' own (checkpoint save, load, check, wait): the
+:class:`~daskjobs.errors.DaskJobsError` it raises surfaces as itself, not as a user failure."""
+
+
+def _internal_error(step: Step, exc: BaseException) -> bool:
+    """Whether ``exc`` is a daskjobs error raised by one of daskjobs' own steps (and mark it so)."""
+    if isinstance(exc, DaskJobsError) and getattr(step, INTERNAL, False):
+        setattr(exc, INTERNAL, True)
+    return getattr(exc, INTERNAL, False) is True
+
+
 class _Failure:
-    """Turns a user exception into a :class:`TaskFailedError` naming where it happened."""
+    """Turns a user exception into a :class:`TaskFailedError` naming where it happened.
+
+    Errors of daskjobs' own steps (see :data:`INTERNAL`) pass through unchanged.
+    """
 
     def __init__(self, plan: NodePlan, run: RunInfo) -> None:
         self.plan, self.run = plan, run
@@ -169,26 +188,34 @@ class _Failure:
         except TaskFailedError:
             raise
         except Exception as exc:
-            epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
-            message = (
-                f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
-                f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
-            )
-            error = TaskFailedError(
-                message,
-                self.plan.job,
-                self.plan.group,
-                self.plan.node,
-                what,
-                self.run.epoch,
-                "".join(traceback.format_exception(exc)),
-            )
-            raise error from exc
+            if getattr(exc, INTERNAL, False) is True:
+                raise
+            raise self._error(what, exc) from exc
+
+    def _error(self, what: str, exc: Exception) -> TaskFailedError:
+        epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
+        message = (
+            f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
+            f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
+        )
+        return TaskFailedError(
+            message,
+            self.plan.job,
+            self.plan.group,
+            self.plan.node,
+            what,
+            self.run.epoch,
+            "".join(traceback.format_exception(exc)),
+        )
 
 
 def _call_steps(steps: Sequence[Step], ws: Workspace) -> None:
     for step in steps:
-        step(ws)
+        try:
+            step(ws)
+        except Exception as exc:
+            _internal_error(step, exc)
+            raise
 
 
 def _capture(spec: TaskSpec, ws: Workspace) -> Captured:
@@ -331,7 +358,12 @@ def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeR
         ok = True
     finally:
         node_run.close(captured, ok=ok)
-    return NodeResult(state.token, captured, node_run.metrics.sums())
+    return NodeResult(state.token, captured, node_run.metrics.sums(), _finish(state, run))
+
+
+def _finish(state: NodeState, run: RunInfo) -> Any:
+    """Run the run's ``finish`` hook on the node (after all of its tasks and outputs)."""
+    return None if run.finish is None else run.finish(state)
 
 
 def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
@@ -371,7 +403,8 @@ def close_node(
     node_run = state.runs.pop(opened)
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
-    return NodeResult(state.token, node_run.close(captured, ok=True), node_run.metrics.sums())
+    captured = node_run.close(captured, ok=True)
+    return NodeResult(state.token, captured, node_run.metrics.sums(), _finish(state, run))
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

@@ -3,27 +3,47 @@
 from __future__ import annotations
 
 import html
+import inspect
 import json
 import logging
+import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
-from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ..errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, JobDefinitionError
+from ._files import fsync_path
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
-from ._steps import ENTRY_BLOB, AsyncSaveStep, CheckStep, LoadStep, SaveStep, WaitSaveStep
+from ._steps import (
+    ENTRY_BLOB,
+    AsyncSaveFinish,
+    AsyncSaveStep,
+    CheckStep,
+    LoadStep,
+    SaveFinish,
+    SaveStep,
+    WaitSaveStep,
+)
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:
     from ..session import Session
 
 logger = logging.getLogger("daskjobs")
+
+_STAGING = "__daskjobs__/staging"
+"""Where the first save after resuming from an older epoch is written (see ``resume_older``)."""
+_RECORD_TAKES_METRICS = "metrics" in inspect.signature(make_commit_record).parameters
 
 
 def get_ckpt_filename(node_name: str, epoch: int) -> str:
@@ -106,7 +126,7 @@ class MultiNodeCheckpointManager:
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.keep_last, self.keep_every = keep_last, keep_every
         self.async_save = bool(async_save)
-        self._pending: tuple[int, dict[str, bool], dict[str, float]] | None = None
+        self._pending: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
         self.last_commit_bytes = 0
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
@@ -115,6 +135,14 @@ class MultiNodeCheckpointManager:
         self._save_tasks: dict[int, list[Task]] = {}
         self._stats: dict[str, int] = {}
         self._blob_names: dict[str, list[str]] = {}
+        self._entries: dict[int, dict[str, dict[str, Any]]] = {}
+        self._retire: list[int] = []
+        self._retention: threading.Thread | None = None
+        self.retention_in_background = False
+        """Apply retention in a thread after each commit (joined before the next commit and by
+        :meth:`wait_background`); the runner turns it on while it trains."""
+        self.last_commit: dict[str, Any] | None = None
+        """The commit record written last by this manager."""
 
     # -- parameters -----------------------------------------------------------------------
     def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
@@ -222,36 +250,118 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
-        if epoch in self.store.committed_epochs():
-            raise CheckpointError(
-                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
-                f"overwritten: delete it first, or resume from an earlier epoch (which discards newer commits)"
-            )
-        save_id = self._save_ids[epoch] = uuid.uuid4().hex
+        save_id, store = self._new_save(epoch)
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(self.store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
+                    AsyncSaveStep(store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
                 )
             )
-        return self._entry_group(epoch, lambda node: SaveStep(self.store, node, epoch, save_id), "checkpoint_save")
+        return self._entry_group(epoch, lambda node: SaveStep(store, node, epoch, save_id), "checkpoint_save")
+
+    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore]:
+        """A new save id for ``epoch`` and the store to write it to, refusing to overwrite a commit."""
+        if epoch in self.store.committed_epochs() and epoch not in self._retire:
+            raise CheckpointError(
+                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
+                f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
+            )
+        self._save_ids[epoch] = uuid.uuid4().hex
+        self._entries.pop(epoch, None)
+        return self._save_ids[epoch], self._staging() if self._retire else self.store
+
+    def _staging(self) -> CheckpointStore:
+        return CheckpointStore(
+            f"{self.store.url}/{_STAGING}",
+            self.store.storage_options,
+            compression=self.store.compression,
+            fsync=self.store.fsync,
+        )
+
+    def finish_hooks(self, epoch: int) -> dict[str, Callable[[Any], Any]]:
+        """Per node, a hook that saves ``epoch`` at the end of the epoch's own Dask task.
+
+        Pass them to :meth:`~daskjobs.Session.run_group` (``finish=``) with the epoch group and
+        the results to :meth:`accept_finished`: the save then costs no round trip of its own.
+        With ``async_save`` each hook first waits, on its node, for the save in flight.
+        """
+        previous = None if self._pending is None else self._save_ids.get(self._pending[0])
+        save_id, store = self._new_save(epoch)
+        if self.async_save:
+            return {n: AsyncSaveFinish(store, n, epoch, save_id, previous) for n in self.nodes()}
+        return {n: SaveFinish(store, n, epoch, save_id) for n in self.nodes()}
+
+    def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
+        """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
+
+        Synchronous saves: ``epoch`` is then ready for :meth:`write_checkpoint_metadata`.
+        Asynchronous: the save that was in flight (which the hooks waited for) is committed now,
+        with the values given to :meth:`write_checkpoint_metadata` for it, and ``epoch`` is
+        in flight once :meth:`write_checkpoint_metadata` is called for it.
+
+        A failed epoch is not committed and its save is forgotten: save ``epoch`` again with
+        :meth:`save`; an asynchronous save that failed in the background is lost (its
+        snapshot is gone).
+        """
+        failed: dict[int, CheckpointWriteError] = {}
+        missing = sorted(set(self.nodes()) - set(results))
+        if missing:
+            self._forget_save(epoch)
+            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
+        elif not self.async_save:
+            self._take_entries(epoch, dict(results), failed)
+            return failed
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            outcomes = {n: (r or {}).get("previous") for n, r in results.items()}
+            if self._take_entries(pending[0], outcomes, failed):
+                try:
+                    self._commit(*pending)
+                except CheckpointWriteError as exc:
+                    failed[pending[0]] = exc
+        starts = {n: r["error"] for n, r in results.items() if r and r.get("error") is not None}
+        if starts and epoch not in failed:
+            self._forget_save(epoch)
+            failed[epoch] = self._write_error(epoch, starts)
+        return failed
+
+    def _take_entries(self, epoch: int, outcomes: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> bool:
+        bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+        if bad:
+            self._forget_save(epoch)
+            failed[epoch] = self._write_error(epoch, bad)
+            return False
+        self._entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
+        return True
+
+    @staticmethod
+    def _write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
+        detail = "; ".join(f"node {n!r}: {e}" for n, e in sorted(failed.items()))
+        error = CheckpointWriteError(f"saving epoch {epoch} failed on {len(failed)} node(s): {detail}")
+        first = next(iter(failed.values()))
+        error.__cause__ = first if isinstance(first, BaseException) else None
+        return error
+
+    def _forget_save(self, epoch: int) -> None:
+        self._save_ids.pop(epoch, None)
+        self._entries.pop(epoch, None)
 
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
         if self._pending is None:
             return None
-        epoch, stop_values, timings = self._pending
+        epoch = self._pending[0]
         save_id = self._save_ids[epoch]
         group = self._entry_group(epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait")
         session.run_group(group, job=self._job_name, epoch=epoch)
-        self._pending = None
-        self._commit(epoch, stop_values, timings)
+        pending, self._pending = self._pending, None
+        self._commit(*pending)
         return epoch
 
     def discard_pending(self) -> None:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
         if self._pending is not None:
-            self._save_ids.pop(self._pending[0], None)
+            self._forget_save(self._pending[0])
             self._pending = None
 
     def pending_epoch(self) -> int | None:
@@ -329,37 +439,119 @@ class MultiNodeCheckpointManager:
 
     # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(
-        self, epoch: int, *, stop_values: dict[str, bool] | None = None, timings: dict[str, float] | None = None
+        self,
+        epoch: int,
+        *,
+        stop_values: dict[str, bool] | None = None,
+        timings: dict[str, float] | None = None,
+        metrics: dict[str, float] | None = None,
     ) -> None:
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
 
-        With ``async_save`` the commit waits for :meth:`flush`.
+        ``metrics`` (the epoch's metric means) go into the commit record. With ``async_save``
+        the commit waits for :meth:`flush` (or the next epoch's save hooks).
         """
         if self.async_save:
             if epoch not in self._save_ids:
                 raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
-            self._pending = (epoch, dict(stop_values or {}), dict(timings or {}))
+            self._pending = (epoch, dict(stop_values or {}), dict(timings or {}), dict(metrics or {}))
             return
-        self._commit(epoch, stop_values or {}, timings or {})
+        self._commit(epoch, stop_values or {}, timings or {}, metrics or {})
 
-    def _commit(self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float]) -> None:
-        tasks = self._save_tasks.pop(epoch, None)
-        if tasks is None:
-            raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
-        entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
+    def _commit(
+        self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
+    ) -> None:
+        entries = self._entries.pop(epoch, None)
+        if entries is None:
+            tasks = self._save_tasks.pop(epoch, None)
+            if tasks is None:
+                raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+            entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
         save_id = self._save_ids.pop(epoch)
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
             raise CheckpointError(
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )
-        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings)
+        extra = {"metrics": metrics} if _RECORD_TAKES_METRICS else {}
+        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, **extra)
+        self.wait_background()
+        if self._retire:
+            self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
+        self.last_commit = record
         self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)
-        self._apply_retention(epoch)
+        if self.retention_in_background:
+            self._retention = threading.Thread(
+                target=self._retention_warning, args=(epoch,), name="daskjobs-retention", daemon=True
+            )
+            self._retention.start()
+        else:
+            self._retention_warning(epoch)
+
+    def _retention_warning(self, newest: int) -> None:
+        try:
+            self._apply_retention(newest)
+        except Exception as exc:
+            logger.warning(
+                "epoch %d is committed, but retention under %s failed: %s; it is retried after the next commit",
+                newest,
+                self.store.url,
+                exc,
+            )
+
+    def wait_background(self) -> None:
+        """Wait for retention running in the background after the last commit."""
+        if self._retention is not None:
+            self._retention.join()
+            self._retention = None
+
+    # -- resuming from an older epoch ------------------------------------------------------
+    def resume_older(self, epoch: int) -> list[int]:
+        """Prepare to resume from committed ``epoch`` while newer epochs are committed.
+
+        Nothing is deleted now: the newer commits stay until the first new epoch is committed.
+        That epoch's groups are written to a staging folder under ``__daskjobs__/``; right
+        before its commit record is written, the newer epochs are retired (newest first, one
+        warning listing them) and the staged groups moved into place. Returns the newer epochs.
+        """
+        self._retire = [e for e in self.store.committed_epochs() if e > epoch]
+        self._clear_staging()
+        return list(self._retire)
+
+    def _clear_staging(self) -> None:
+        staging = self._staging()
+        fs, root = fsspec.core.url_to_fs(staging.url, **self.store.storage_options)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+    def _adopt_staged(self, epoch: int, nodes: list[str]) -> None:
+        retired = sorted(self._retire, reverse=True)
+        for old in retired:
+            record = self.store.read_commit(old)
+            self.store.delete_epoch(old, record["nodes"])
+        logger.warning(
+            "resumed from an older epoch: retired the newer committed epochs %s under %s now that epoch %d commits",
+            sorted(retired),
+            self.store.url,
+            epoch,
+        )
+        self._retire = []
+        staging = self._staging()
+        for node in nodes:
+            fs, source = fsspec.core.url_to_fs(staging.db_name(node, epoch), **self.store.storage_options)
+            target = fsspec.core.url_to_fs(self.store.db_name(node, epoch), **self.store.storage_options)[1]
+            if fs.exists(target):
+                fs.rm(target, recursive=True)
+            if isinstance(fs, LocalFileSystem):
+                os.rename(source, target)
+                if self.store.fsync:
+                    fsync_path(os.path.dirname(target))
+            else:
+                fs.mv(source, target, recursive=True)
 
     def _apply_retention(self, newest: int) -> None:
         if self.keep_last is None and self.keep_every is None:
