@@ -137,6 +137,7 @@ class MultiNodeCheckpointManager:
         self._blob_names: dict[str, list[str]] = {}
         self._entries: dict[int, dict[str, dict[str, Any]]] = {}
         self._retire: list[int] = []
+        self._staged: set[int] = set()
         self._retention: threading.Thread | None = None
         self.retention_in_background = False
         """Apply retention in a thread after each commit (joined before the next commit and by
@@ -268,7 +269,11 @@ class MultiNodeCheckpointManager:
             )
         self._save_ids[epoch] = uuid.uuid4().hex
         self._entries.pop(epoch, None)
-        return self._save_ids[epoch], self._staging() if self._retire else self.store
+        if epoch in self._retire:  # its place still holds a commit that is kept until ours
+            self._staged.add(epoch)
+            return self._save_ids[epoch], self._staging()
+        self._staged.discard(epoch)
+        return self._save_ids[epoch], self.store
 
     def _staging(self) -> CheckpointStore:
         return CheckpointStore(
@@ -477,6 +482,8 @@ class MultiNodeCheckpointManager:
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, **extra)
         self.wait_background()
         if self._retire:
+            self._retire_newer(epoch)
+        if epoch in self._staged:
             self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
         self.last_commit = record
@@ -519,6 +526,7 @@ class MultiNodeCheckpointManager:
         warning listing them) and the staged groups moved into place. Returns the newer epochs.
         """
         self._retire = [e for e in self.store.committed_epochs() if e > epoch]
+        self._staged = set()
         self._clear_staging()
         return list(self._retire)
 
@@ -528,7 +536,8 @@ class MultiNodeCheckpointManager:
         if fs.exists(root):
             fs.rm(root, recursive=True)
 
-    def _adopt_staged(self, epoch: int, nodes: list[str]) -> None:
+    def _retire_newer(self, epoch: int) -> None:
+        """Delete the commits newer than the resumed epoch, newest first, right before ``epoch`` commits."""
         retired = sorted(self._retire, reverse=True)
         for old in retired:
             record = self.store.read_commit(old)
@@ -540,6 +549,10 @@ class MultiNodeCheckpointManager:
             epoch,
         )
         self._retire = []
+
+    def _adopt_staged(self, epoch: int, nodes: list[str]) -> None:
+        """Move ``epoch``'s groups from the staging folder to their place (a rename on local disks)."""
+        self._staged.discard(epoch)
         staging = self._staging()
         for node in nodes:
             fs, source = fsspec.core.url_to_fs(staging.db_name(node, epoch), **self.store.storage_options)
