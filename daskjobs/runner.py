@@ -74,6 +74,10 @@ def _clear_workspace(ws: Any) -> None:
 
 _SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
+RECOVERY_WAIT = 60.0
+"""Seconds a recovery waits for every node to have a worker again (a restarted worker process
+needs a few seconds, more on a loaded machine)."""
+
 
 def stop_value(output: TaskOutput, value: Any) -> bool:
     """Check that a stop condition produced one boolean and return it."""
@@ -102,8 +106,11 @@ class JobRunner:
     max_epochs
         Stop after this absolute epoch number even if no stop condition is true.
     max_failures
-        How many node losses to recover from (restoring all nodes from the latest committed
-        epoch) before giving up with :class:`~daskjobs.errors.NodeLostError`.
+        How many node losses to recover from (waiting up to :data:`RECOVERY_WAIT` seconds for
+        every node to have a worker again, then restoring all nodes from the last epoch this run
+        committed, or running init again if none) before giving up with
+        :class:`~daskjobs.errors.NodeLostError`. Losses in every phase count: init, saves,
+        loads, epochs, the restore itself, and the download and exit groups.
     on_save_error
         ``"raise"`` (default): stop with :class:`~daskjobs.errors.CheckpointWriteError` after
         ``save_retries`` retries, the last committed checkpoint intact. ``"warn"``: log and go on.
@@ -539,7 +546,7 @@ class JobRunner:
         )
         wait = getattr(session, "wait_for_nodes", None)
         if wait is not None:
-            wait(self.job.nodes())
+            wait(self.job.nodes(), timeout=RECOVERY_WAIT)
         session.forget_tokens()
         if latest is None:
             session.run(self._clear_group())
