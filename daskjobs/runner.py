@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import html
 import logging
 import operator
 import signal
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ._interrupt import SIGNALS, GracefulStop
 from ._model.job import Job
 from ._progress import EpochProgress
+from ._saving import EpochSaver
 from .checkpoint._lock import holder_alive, local_holder
 from .errors import (
     CheckpointLockedError,
@@ -28,7 +28,7 @@ from .history import EpochRecord, means
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from ._model.group import TaskGroup
     from ._model.task import TaskOutput
@@ -71,8 +71,6 @@ def _clear_workspace(ws: Any) -> None:
     """Step: empty the node's GLOBAL workspace (before init runs again after a node loss)."""
     ws._state.replace_blobs({})
 
-
-_SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 RECOVERY_WAIT = 60.0
 """Seconds a recovery waits for every node to have a worker again (a restarted worker process
@@ -181,8 +179,8 @@ class JobRunner:
         self.on_epoch = on_epoch
         self.break_lock = break_lock
         self.history: list[EpochRecord] = []
-        self._interrupt: int | None = None
-        self._last_committed: int | None = None
+        self._signals = GracefulStop(lambda signum: self._interruption(signum, abandoned=True))
+        self._saver: EpochSaver | None = None
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -199,10 +197,10 @@ class JobRunner:
         manager = self._prepare(self.checkpoint_manager)
         own, session = _resolve_session(session)
         self.history = []
-        self._interrupt = None
-        self._last_committed = None
+        self._signals.requested = None
+        self._saver = None
         try:
-            with self._graceful_stop():
+            with self._signals:
                 if manager is None:
                     return self._train(session, None)
                 self._acquire_lock(manager)
@@ -248,83 +246,10 @@ class JobRunner:
         and this one is committed later. Failures are retried ``save_retries`` times; then
         ``on_save_error`` decides.
         """
-        self._save(self._require_manager(), epoch, session, stop_values or {}, {})
-
-    def _save(
-        self,
-        manager: MultiNodeCheckpointManager,
-        epoch: int,
-        session: Session,
-        stop_values: dict[str, bool],
-        metrics: dict[str, float],
-    ) -> float:
-        """:meth:`save_checkpoints` as its own group run; returns the seconds it took."""
-        if not manager.cp_accessible(epoch=None):
-            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
-            return 0.0
-        started = time.perf_counter()
-        self._flush(manager, session)
-
-        def save() -> None:
-            session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
-            self._commit(manager, epoch, stop_values, metrics, {"save_seconds": time.perf_counter() - started})
-
-        self._with_retries(manager, epoch, save)
-        return time.perf_counter() - started
-
-    def _commit(
-        self,
-        manager: MultiNodeCheckpointManager,
-        epoch: int,
-        stop_values: dict[str, bool],
-        metrics: dict[str, float],
-        timings: dict[str, float],
-    ) -> None:
-        manager.write_checkpoint_metadata(epoch, stop_values=stop_values, timings=timings, metrics=metrics)
-        if manager.pending_epoch() is None:
-            self._last_committed = epoch
-            manager.report_checkpoint_stats("checkpoint_save")
-
-    def _flush(self, manager: MultiNodeCheckpointManager | None, session: Session) -> None:
-        """Commit the manager's asynchronous save in flight, if any."""
-        pending = None if manager is None else manager.pending_epoch()
-        if pending is not None:
-
-            def flush() -> None:
-                manager.flush(session)
-                self._last_committed = pending
-
-            self._with_retries(manager, pending, flush, give_up=manager.discard_pending)
-
-    def _with_retries(
-        self,
-        manager: MultiNodeCheckpointManager,
-        epoch: int,
-        attempt: Callable[[], object],
-        give_up: Callable[[], None] | None = None,
-    ) -> None:
-        error: BaseException | None = None
-        for number in range(self.save_retries + 1):
-            try:
-                attempt()
-                return
-            except (NodeLostError, CheckpointLockedError):
-                raise
-            except Exception as exc:
-                error = exc
-                logger.warning(
-                    "saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.save_retries + 1, exc
-                )
-                time.sleep(min(0.05 * 2**number, 1.0))
-        if give_up is not None:
-            give_up()
-        self._save_failed(manager, epoch, error)
-
-    def _save_failed(self, manager: MultiNodeCheckpointManager, epoch: int, error: BaseException | None) -> None:
-        message = f"could not write the checkpoint of epoch {epoch} under {manager.store.url}: {error}"
-        if self.on_save_error == "raise":
-            raise CheckpointWriteError(f"{message}; the last committed checkpoint is intact") from error
-        logger.warning("%s; continuing (on_save_error='warn')", message)
+        saver = EpochSaver(
+            self._require_manager(), self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error
+        )
+        saver.save(epoch, session, stop_values or {}, {})
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
@@ -344,7 +269,14 @@ class JobRunner:
         """Start (or resume), loop, finish; a lost node sends the run back to the last commit."""
         job = self.job
         resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
-        self._last_committed = resume if manager is not None else None
+        if manager is not None:
+            self._saver = EpochSaver(
+                manager,
+                job.name,
+                save_retries=self.save_retries,
+                on_save_error=self.on_save_error,
+                last_committed=resume,
+            )
         failures = 0
         phase, epoch, stop = "start", 0, False
         dashboard = getattr(getattr(session, "client", None), "dashboard_link", None)
@@ -400,17 +332,12 @@ class JobRunner:
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
                 epoch += 1
-        self._flush(manager, session)
+        if self._saver is not None:
+            self._saver.flush(session)
         return epoch
 
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
-
-    def _fused(self, manager: MultiNodeCheckpointManager | None) -> bool:
-        """Whether the save can run inside the epoch's own graph (every checkpointed node runs in it)."""
-        if manager is None or not manager.cp_accessible(epoch=None):
-            return False
-        return set(manager.nodes()) <= set(self.job.epoch_group.used_nodes())
 
     def _run_epoch(
         self, session: Session, manager: MultiNodeCheckpointManager | None, epoch: int, failures: int
@@ -418,59 +345,23 @@ class JobRunner:
         """Run one epoch and save it: inside the epoch's graph when possible, else as its own group."""
         job = self.job
         started = time.perf_counter()
-        hooks = manager.finish_hooks(epoch) if self._fused(manager) else None
+        saver = self._saver
+        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
         finished: dict[str, Any] = {}
         sums = session.run_group(
             job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks, finished=finished
         )
         elapsed = time.perf_counter() - started
         values, metrics = self._stop_values(), means(sums)
-        if manager is None:
-            saved = 0.0
-        elif hooks is None:
-            saved = self._save(manager, epoch, session, values, metrics)
+        if saver is None:
+            saved, (written, reused) = 0.0, (0, 0)
         else:
-            saved = self._accept(manager, epoch, session, finished, values, metrics)
-        written, reused = self._bytes(manager)
+            if hooks is None:
+                saved = saver.save(epoch, session, values, metrics)
+            else:
+                saved = saver.accept(epoch, session, finished, values, metrics)
+            written, reused = saver.bytes()
         return EpochRecord(epoch, elapsed, saved, written, reused, values, metrics, failures)
-
-    def _accept(
-        self,
-        manager: MultiNodeCheckpointManager,
-        epoch: int,
-        session: Session,
-        finished: dict[str, Any],
-        values: dict[str, bool],
-        metrics: dict[str, float],
-    ) -> float:
-        """Commit what the epoch's save hooks returned; a failed save is retried as its own group."""
-        started = time.perf_counter()
-        node_seconds = max(
-            (float(r["entry"].get("seconds", 0.0)) for r in finished.values() if r and "entry" in r), default=0.0
-        )
-        committed_before = manager.pending_epoch()
-        failed = manager.accept_finished(epoch, finished)
-        if committed_before is not None and committed_before not in failed:
-            self._last_committed = committed_before
-        for other, error in failed.items():
-            if other != epoch:
-                self._save_failed(manager, other, error)
-        if epoch in failed:
-            logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
-            return node_seconds + self._save(manager, epoch, session, values, metrics)
-        timings = {"save_seconds": node_seconds + time.perf_counter() - started}
-        self._with_retries(manager, epoch, lambda: self._commit(manager, epoch, values, metrics, timings))
-        return node_seconds + time.perf_counter() - started
-
-    @staticmethod
-    def _bytes(manager: MultiNodeCheckpointManager | None) -> tuple[int, int]:
-        """Bytes written and reused by the manager's last commit."""
-        record = None if manager is None else manager.last_commit
-        if record is None:
-            return 0, 0
-        entries = record["node_entries"].values()
-        written = sum(int(e.get("bytes_written", e.get("bytes", 0))) for e in entries)
-        return written, sum(int(e.get("bytes_reused", 0)) for e in entries)
 
     def _start(
         self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
@@ -481,9 +372,9 @@ class JobRunner:
         nodes = job.nodes_to_checkpoint()
         if resume is None:
             session.run_group(job.init_group, job=job.name, attempt=failures)
-            if manager is not None:
+            if manager is not None and self._saver is not None:
                 session.run_group(manager.init(nodes), job=job.name, attempt=failures)
-                self._save(manager, 0, session, {}, {})
+                self._saver.save(0, session, {}, {})
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
@@ -523,7 +414,8 @@ class JobRunner:
         """Raise the final :class:`NodeLostError` unless one more recovery is allowed."""
         if manager is not None and failures < self.max_failures:
             return
-        where = "no committed epoch" if self._last_committed is None else f"last committed epoch {self._last_committed}"
+        last = self._last_committed()
+        where = "no committed epoch" if last is None else f"last committed epoch {last}"
         why = "no checkpoint manager" if manager is None else f"giving up after {failures} recoveries"
         raise NodeLostError(f"{exc} — {why} ({where})", exc.nodes) from exc
 
@@ -537,7 +429,7 @@ class JobRunner:
         """
         assert manager is not None
         manager.discard_pending()
-        latest = self._last_committed
+        latest = self._last_committed()
         logger.warning(
             "node lost; restoring all nodes from %s (recovery %d of %d)",
             "scratch" if latest is None else f"epoch {latest}",
@@ -571,41 +463,18 @@ class JobRunner:
         session.run_group(job.exit_group, job=job.name)
 
     # -- graceful stop --------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _graceful_stop(self) -> Iterator[None]:
-        """On the main thread: the first SIGINT/SIGTERM asks to stop after the running epoch,
-        a second one abandons it at once. Previous handlers are restored on exit."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handle(signum: int, frame: object) -> None:
-            if self._interrupt is None:
-                self._interrupt = signum
-                logger.info("%s: stopping after the running epoch (send it again to abandon it)", _SIGNALS[signum])
-                return
-            raise self._interruption(signum, abandoned=True)
-
-        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-        for sig in _SIGNALS:
-            signal.signal(sig, handle)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
     def _stop_if_interrupted(self, manager: MultiNodeCheckpointManager | None, session: Session) -> None:
         """After a committed epoch: if a stop was asked for, flush, log one line and raise."""
-        if self._interrupt is None:
+        if self._signals.requested is None:
             return
-        self._flush(manager, session)
-        error = self._interruption(self._interrupt, abandoned=False)
+        if self._saver is not None:
+            self._saver.flush(session)
+        error = self._interruption(self._signals.requested, abandoned=False)
         logger.warning("%s", error)
         raise error
 
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
-        name, last = _SIGNALS[signum], self._last_committed
+        name, last = SIGNALS[signum], self._last_committed()
         manager = self.checkpoint_manager
         if last is None or manager is None:
             where = "nothing is committed"
@@ -621,6 +490,10 @@ class JobRunner:
         return JobInterruptedError(message, last)
 
     # -- helpers --------------------------------------------------------------------------
+    def _last_committed(self) -> int | None:
+        """The newest epoch this run committed or resumed from (``None``: none)."""
+        return None if self._saver is None else self._saver.last_committed
+
     def _require_manager(self) -> MultiNodeCheckpointManager:
         if self.checkpoint_manager is None:
             raise JobDefinitionError("this JobRunner has no checkpoint manager")
