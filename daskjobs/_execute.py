@@ -7,6 +7,7 @@ in-process session with its own node states, the distributed session on the node
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import traceback
 import uuid
@@ -15,18 +16,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
-
 from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
+from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
-from .errors import DaskJobsError, NodeLostError, TaskFailedError
+from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError
 from .history import MetricLog, MetricSums
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
 
-Captured = list[list[np.ndarray]]
-"""The values of a task's outputs: one list of arrays per TaskOutput."""
+Captured = list[list[Value]]
+"""The values of a task's outputs: one list of values per TaskOutput."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +87,24 @@ class RunInfo:
 @dataclass(frozen=True)
 class NodeResult:
     """What a node returns from a group run: its generation token, captured outputs by task
-    index, the metrics its steps logged, and what :attr:`RunInfo.finish` returned."""
+    index, the metrics its steps logged, the blobs caught in the accumulate-in-PRIVATE trap
+    (see :func:`private_trap_message`), and what :attr:`RunInfo.finish` returned."""
 
     token: str
     captured: dict[int, Captured]
     metrics: MetricSums = field(default_factory=dict)
+    traps: tuple[str, ...] = ()
     finished: Any = None
+
+
+def private_trap_message(job: str, group: str, node: str, blob: str) -> str:
+    """The warning for a PRIVATE run that looked ``blob`` up, found it missing and created it."""
+    return (
+        f"node {node!r}, blob {blob!r}: a PRIVATE run of the {group} group of job {job!r} looked {blob!r} up, "
+        f"found it missing and created it in its private workspace, which is discarded when the run ends, so "
+        f"{blob!r} starts again from nothing every run. To keep it across epochs, create {blob!r} in the "
+        f"job's init group (or make the group GLOBAL). (Warned once per job run, node and blob.)"
+    )
 
 
 @dataclass
@@ -116,7 +128,7 @@ class NodeState:
         """The GLOBAL workspace (``metrics`` collects what steps log through it)."""
         return Workspace(self.scope, node=self.node, lock=self.lock, epoch=epoch, state=self, metrics=metrics)
 
-    def replace_blobs(self, blobs: dict[str, np.ndarray]) -> None:
+    def replace_blobs(self, blobs: dict[str, Value]) -> None:
         """Make the GLOBAL workspace hold exactly ``blobs`` and start a new generation."""
         with self.lock:
             self.scope.blobs = dict(blobs)
@@ -212,10 +224,23 @@ class _Failure:
 def _call_steps(steps: Sequence[Step], ws: Workspace) -> None:
     for step in steps:
         try:
-            step(ws)
+            _check_result(step, step(ws))
         except Exception as exc:
             _internal_error(step, exc)
             raise
+
+
+def _check_result(step: Step, result: object) -> None:
+    """Refuse a step whose call gave a coroutine, generator or awaitable: its body never ran."""
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()  # no "never awaited" warning; nothing of the body has run
+    elif not (inspect.isasyncgen(result) or inspect.isawaitable(result)):
+        return
+    raise StepTypeError(
+        f"step {getattr(step, '__qualname__', step)!r} returned {type(result).__name__} {result!r} instead of "
+        "running: steps must be plain synchronous callables (no async def, no yield); call the async code "
+        "with asyncio.run(...) inside a plain function, or consume the generator in the step"
+    )
 
 
 def _capture(spec: TaskSpec, ws: Workspace) -> Captured:
@@ -223,12 +248,13 @@ def _capture(spec: TaskSpec, ws: Workspace) -> Captured:
     for names in spec.outputs:
         values = []
         for name in names:
-            if name not in ws:
+            scope = ws._scope.find(name)  # not ``in``: capturing is no lookup of the task's own
+            if scope is None:
                 raise KeyError(
                     f"task {spec.name!r} declares output {name!r} but no such blob exists when it finishes; "
-                    "assign ws[{name!r}] in one of its steps or drop the output"
+                    f"assign ws[{name!r}] in one of its steps or drop the output"
                 )
-            values.append(np.array(ws[name], copy=True))
+            values.append(copy_value(scope.blobs[name], name))
         captured.append(values)
     return captured
 
@@ -244,7 +270,7 @@ class _Reporter:
         self.thread.start()
 
     def _call(self) -> None:
-        self.failure.wrap(f"{self.ws.node}/report_step", lambda: self.report.step(self.ws))
+        self.failure.wrap(f"{self.ws.node}/report_step", lambda: _call_steps([self.report.step], self.ws))
 
     def _loop(self) -> None:
         while not self.stop.wait(self.report.interval_ms / 1000):
@@ -272,6 +298,8 @@ class NodeRun:
         self.metrics = MetricLog()
         global_ws = state.workspace(run.epoch, self.metrics)
         self.base = global_ws if plan.workspace_type is WorkspaceType.GLOBAL else global_ws.child()
+        if plan.workspace_type is WorkspaceType.PRIVATE:
+            self.base._scope.traps = {}
         self._saved_reserved = self.base._scope.reserved
         self.base._scope.reserved = plan.reserved
         self.reporters: list[_Reporter] = []
@@ -282,17 +310,21 @@ class NodeRun:
             self.failure.wrap(f"{self.plan.node}/local_init", lambda s=setup: _call_steps(s.init_nets, self.base))
         self.reporters = [_Reporter(r, self.base, self.failure) for r in self.plan.report_steps]
 
-    def run_task(self, spec: TaskSpec, inputs: dict[str, np.ndarray] | None = None) -> Captured:
+    def traps(self) -> tuple[str, ...]:
+        """Blobs this PRIVATE run looked up, found missing and then created (in order)."""
+        return tuple(self.base._scope.traps or ())
+
+    def run_task(self, spec: TaskSpec, inputs: dict[str, Value] | None = None) -> Captured:
         """Run one task with its setup layers and instances; return its captured outputs."""
         if not spec.has_work:
             return []
         return self._run_task(spec, self.base, inputs or {})
 
-    def _run_task(self, spec: TaskSpec, parent: Workspace, inputs: dict[str, np.ndarray]) -> Captured:
+    def _run_task(self, spec: TaskSpec, parent: Workspace, inputs: dict[str, Value]) -> Captured:
         ws = parent if self.plan.workspace_type is WorkspaceType.GLOBAL else parent.child()
         for local, value in inputs.items():
             # A copy: the producer's captured output (and other consumers) must not see in-place writes.
-            ws._scope.blobs[local] = np.array(value, copy=True)
+            ws._scope.blobs[local] = copy_value(value, local)
         wrap = self.failure.wrap
         wrap(spec.name, lambda: _call_steps(spec.task_init, ws))
         if spec.subtasks:
@@ -358,7 +390,9 @@ def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeR
         ok = True
     finally:
         node_run.close(captured, ok=ok)
-    return NodeResult(state.token, captured, node_run.metrics.sums(), _finish(state, run))
+    return NodeResult(
+        state.token, captured, node_run.metrics.sums(), traps=node_run.traps(), finished=_finish(state, run)
+    )
 
 
 def _finish(state: NodeState, run: RunInfo) -> Any:
@@ -404,7 +438,9 @@ def close_node(
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
     captured = node_run.close(captured, ok=True)
-    return NodeResult(state.token, captured, node_run.metrics.sums(), _finish(state, run))
+    return NodeResult(
+        state.token, captured, node_run.metrics.sums(), traps=node_run.traps(), finished=_finish(state, run)
+    )
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

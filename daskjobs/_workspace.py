@@ -1,4 +1,4 @@
-"""Workspaces: named numpy arrays per node, with child scopes (pure: no Dask, no I/O)."""
+"""Workspaces: named values (numpy arrays and JSON values) per node, with child scopes (pure: no Dask, no I/O)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._validation import as_blob, validate_name
+from ._validation import Value, as_value, validate_name
 
 if TYPE_CHECKING:
     from .history import MetricLog
@@ -22,14 +22,20 @@ class Scope:
 
     ``reserved`` names (the outputs of a running group) are created at this level even when
     assigned from a descendant, like Caffe2's pre-created output blobs.
+
+    ``traps`` is set on the scope of a PRIVATE run and shared by its descendants: it collects
+    the names a descendant looked up, found missing (``misses``) and then created in a scope
+    that the run discards (see :meth:`Workspace.__setitem__`).
     """
 
-    __slots__ = ("blobs", "parent", "reserved")
+    __slots__ = ("blobs", "misses", "parent", "reserved", "traps")
 
     def __init__(self, parent: Scope | None = None) -> None:
-        self.blobs: dict[str, np.ndarray] = {}
+        self.blobs: dict[str, Value] = {}
         self.parent = parent
         self.reserved: frozenset[str] = frozenset()
+        self.traps: dict[str, None] | None = parent.traps if parent is not None else None
+        self.misses: set[str] = set()
 
     def find(self, name: str) -> Scope | None:
         """The nearest scope holding ``name``."""
@@ -58,11 +64,30 @@ class Scope:
             scope = scope.parent
         return list(seen)
 
+    def note_miss(self, name: str) -> None:
+        """Remember that a lookup of ``name`` here found nothing (only inside a PRIVATE run)."""
+        if self.traps is not None:
+            self.misses.add(name)
 
-class Workspace(MutableMapping[str, np.ndarray]):
-    """A node's blobs as seen by one step: a mutable mapping from name to ``numpy.ndarray``.
+    def missed(self, name: str) -> bool:
+        """Whether this scope or an ancestor of the same PRIVATE run saw ``name`` missing."""
+        scope: Scope | None = self
+        while scope is not None and scope.traps is not None:
+            if name in scope.misses:
+                return True
+            scope = scope.parent
+        return False
 
-    Assigning a scalar stores a 0-d array; only bool and numeric dtypes are accepted.
+
+class Workspace(MutableMapping[str, Value]):
+    """A node's blobs as seen by one step: a mutable mapping from name to value.
+
+    A value is a ``numpy.ndarray`` (bool, integer, float, complex or fixed-width strings;
+    numbers become 0-d arrays) or a JSON value (``None``, ``str``, ``bool``, ``int``, finite
+    ``float``, ``list``, ``dict`` with ``str`` keys; tuples become lists). Assignment
+    normalises once, so what a step reads back is what a restore from a checkpoint gives;
+    anything else raises :class:`~daskjobs.errors.BlobTypeError` naming the blob.
+    Arrays are stored as given (not copied); JSON values are stored as a normalised copy.
     Concurrent tasks of one node share the workspace: hold :attr:`lock` around
     read-modify-write of shared blobs.
 
@@ -84,6 +109,9 @@ class Workspace(MutableMapping[str, np.ndarray]):
     >>> ws["x"] = 3
     >>> ws["x"], ws["x"].shape
     (array(3), ())
+    >>> ws["state"] = {"files": ("a.csv", "b.csv"), "position": np.int64(7)}
+    >>> ws["state"]
+    {'files': ['a.csv', 'b.csv'], 'position': 7}
     """
 
     def __init__(
@@ -142,17 +170,23 @@ class Workspace(MutableMapping[str, np.ndarray]):
         if self._metrics is not None:
             self._metrics.add(name, number)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Value:
         scope = self._scope.find(name)
         if scope is None:
+            self._scope.note_miss(name)
             raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
         return scope.blobs[name]
 
     def __setitem__(self, name: str, value: object) -> None:
         validate_name(name, "blob")
-        array = as_blob(value, name)
-        scope = self._scope.find(name) or self._scope.owner_for_new(name)
-        scope.blobs[name] = array
+        normalised = as_value(value, name)
+        scope = self._scope.find(name)
+        if scope is None:
+            scope = self._scope.owner_for_new(name)
+            if scope.traps is not None and name not in scope.reserved and self._scope.missed(name):
+                # Looked up, found missing, created where the run discards it: the accumulate trap.
+                scope.traps[name] = None
+        scope.blobs[name] = normalised
 
     def __delitem__(self, name: str) -> None:
         scope = self._scope.find(name)
@@ -160,8 +194,22 @@ class Workspace(MutableMapping[str, np.ndarray]):
             raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
         del scope.blobs[name]
 
+    def pop(self, name: str, *default: object) -> Value:
+        """Remove ``name`` and return its value (or ``default`` if given and ``name`` is missing)."""
+        scope = self._scope.find(name)
+        if scope is None:
+            if default:
+                return default[0]
+            raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
+        return scope.blobs.pop(name)
+
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self._scope.find(name) is not None
+        if not isinstance(name, str):
+            return False
+        if self._scope.find(name) is None:
+            self._scope.note_miss(name)
+            return False
+        return True
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._scope.names())
@@ -169,7 +217,7 @@ class Workspace(MutableMapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self._scope.names())
 
-    def own_blobs(self) -> dict[str, np.ndarray]:
+    def own_blobs(self) -> dict[str, Value]:
         """The blobs held at this level (not inherited ones)."""
         return dict(self._scope.blobs)
 

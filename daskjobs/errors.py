@@ -3,8 +3,10 @@
 The tree::
 
     DaskJobsError(Exception)
-    ├── JobDefinitionError(ValueError)        a bad name, dtype-free definition mistake, cycle …
-    ├── BlobTypeError(TypeError)              a blob value of a dtype daskjobs cannot store
+    ├── JobDefinitionError(ValueError)        a bad name, value or cycle in a job definition
+    │   └── DefinitionTypeError(TypeError)    an argument of the wrong kind (e.g. ``num_instances=True``)
+    │       └── StepTypeError                 a step that is not a plain synchronous callable
+    ├── BlobTypeError(TypeError)              a blob value that could not survive a checkpoint
     ├── StopConditionError(TypeError)         a stop condition that is not a boolean
     ├── OutputNotReadyError(RuntimeError)     a TaskOutput fetched before its task ran
     ├── SessionClosedError(RuntimeError)      a session used after close()
@@ -38,6 +40,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointWriteError",
     "DaskJobsError",
+    "DefinitionTypeError",
     "JobDefinitionError",
     "JobInterruptedError",
     "NodeLostError",
@@ -45,6 +48,7 @@ __all__ = [
     "OutputNotReadyError",
     "SessionClosedError",
     "SessionLostError",
+    "StepTypeError",
     "StopConditionError",
     "TaskFailedError",
 ]
@@ -58,8 +62,32 @@ class JobDefinitionError(DaskJobsError, ValueError):
     """A job, task, group or name is invalid; raised while the job is being defined."""
 
 
+class DefinitionTypeError(JobDefinitionError, TypeError):
+    """An argument of a job definition has the wrong kind (a float or bool where an int is
+    needed, a number where a name is needed …).
+
+    It is both a :class:`JobDefinitionError` (a ``ValueError``) and a ``TypeError``, so either
+    ``except`` clause catches it.
+    """
+
+
+class StepTypeError(DefinitionTypeError):
+    """A step is not a plain synchronous callable: not callable at all, an ``async def``
+    function, a generator function, or an object whose ``__call__`` is one of those.
+
+    Raised when the :class:`~daskjobs.Task` (or ``SetupNets``, ``report_step``) is built; a step
+    that nevertheless returns a coroutine, generator or awaitable fails its task with a
+    :class:`TaskFailedError` whose cause is this error.
+    """
+
+
 class BlobTypeError(DaskJobsError, TypeError):
-    """A blob was assigned a value whose dtype is not fixed-size numeric or bool."""
+    """A blob was assigned a value that could not survive a checkpoint round trip.
+
+    Workspaces hold numpy arrays (bool, integer, float, complex, fixed-width strings; numbers
+    become 0-d arrays) and JSON values (``None``, ``str``, ``bool``, ``int``, finite ``float``,
+    ``list``, ``dict`` with ``str`` keys). The message names the blob and what to store instead.
+    """
 
 
 class StopConditionError(DaskJobsError, TypeError):

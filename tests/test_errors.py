@@ -12,6 +12,8 @@ from daskjobs import errors
 BUILTIN = {
     "DaskJobsError": Exception,
     "JobDefinitionError": ValueError,
+    "DefinitionTypeError": TypeError,
+    "StepTypeError": TypeError,
     "BlobTypeError": TypeError,
     "StopConditionError": TypeError,
     "OutputNotReadyError": RuntimeError,
@@ -19,6 +21,8 @@ BUILTIN = {
     "TaskFailedError": RuntimeError,
     "NodePlacementError": RuntimeError,
     "NodeLostError": RuntimeError,
+    "SessionLostError": ConnectionError,
+    "JobInterruptedError": RuntimeError,
     "CheckpointError": OSError,
     "CheckpointNotFoundError": FileNotFoundError,
     "CheckpointCorruptError": OSError,

@@ -635,7 +635,7 @@ def test_feed_fetch_blobs(session):
 def test_feed_fetch_errors(session):
     """Feeding a bad dtype or name and fetching a missing blob raise TypeError, ValueError and KeyError."""
     with pytest.raises(TypeError, match="'t'"):
-        session.feed("t", "text", node="a")
+        session.feed("t", {"text"}, node="a")
     with pytest.raises(ValueError, match="'a/b'"):
         session.feed("a/b", 1, node="a")
     with pytest.raises(ValueError, match=re.escape("'../n'")):

@@ -1,4 +1,4 @@
-"""Workspaces: dtype rules, scalar handling and child scopes (pure, no session)."""
+"""Workspaces: value rules, scalar handling and child scopes (pure, no session)."""
 
 from __future__ import annotations
 
@@ -44,12 +44,13 @@ def test_scalar_becomes_0d_array(value, dtype):
     assert stored.item() == value
 
 
-def test_lists_become_arrays():
-    """Assigning a nested list stores the equivalent numeric array."""
+def test_lists_become_json_lists():
+    """Assigning a nested list or tuple stores a normalised JSON list, not an array."""
     ws = make_ws()
-    ws["m"] = [[1, 2], [3, 4]]
-    assert ws["m"].dtype == np.int64
-    assert ws["m"].tolist() == [[1, 2], [3, 4]]
+    ws["m"] = [[1, 2], (3, np.int64(4))]
+    assert ws["m"] == [[1, 2], [3, 4]]
+    assert type(ws["m"][1]) is list
+    assert type(ws["m"][1][1]) is int
 
 
 @pytest.mark.parametrize(
@@ -57,38 +58,30 @@ def test_lists_become_arrays():
     [
         np.array([1, "a"], dtype=object),
         np.array([{}], dtype=object),
-        None,
-        "text",
         b"bytes",
-        np.array(["a", "b"]),
-        np.array([b"a"]),
         np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
         np.datetime64("2024-01-01"),
         np.array(["2024-01-01"], dtype="datetime64[D]"),
         np.timedelta64(5, "s"),
         np.zeros(3, dtype="V4"),
         datetime.date(2024, 1, 1),
-        [1, "a"],
+        [1, datetime.date(2024, 1, 1)],
     ],
     ids=[
         "object",
         "object-dict",
-        "none",
-        "str",
         "bytes",
-        "str-array",
-        "bytes-array",
         "structured",
         "datetime",
         "datetime-array",
         "timedelta",
         "void",
         "date",
-        "mixed-list",
+        "list-with-date",
     ],
 )
-def test_disallowed_dtypes_raise_type_error_naming_blob(value):
-    """Object, string, structured, datetime and void values raise TypeError naming the blob, storing nothing."""
+def test_disallowed_values_raise_type_error_naming_blob(value):
+    """Object, structured, datetime and void values raise TypeError naming the blob, storing nothing."""
     ws = make_ws()
     with pytest.raises(TypeError, match="'bad_blob'") as info:
         ws["bad_blob"] = value
@@ -103,11 +96,11 @@ def test_bad_dtype_does_not_replace_existing_value():
     ws = make_ws()
     ws["x"] = 1
     with pytest.raises(TypeError):
-        ws["x"] = "one"
+        ws["x"] = {1, 2}
     assert ws["x"] == 1
 
 
-@pytest.mark.parametrize("bad", ["", "../x", "a/b", "__x", "a b"])
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", "__x", "a b", "zarr.json", ".zattrs"])
 def test_bad_blob_name_on_assignment(bad):
     """Assigning to an invalid blob name raises ValueError naming it."""
     ws = make_ws()
@@ -216,13 +209,17 @@ ALLOWED_DTYPES = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(value=hnp.arrays(ALLOWED_DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
 def test_allowed_arrays_round_trip(value):
-    """Any bool or numeric array of any shape reads back with the same dtype, shape and bytes."""
+    """Any bool or numeric array of any shape reads back with the same values and shape, in native byte order."""
+    native = value.astype(value.dtype.newbyteorder("="))
     ws = make_ws()
     ws["blob"] = value
     got = ws["blob"]
-    assert got.dtype == value.dtype
+    assert got.dtype == native.dtype
+    assert got.dtype.isnative
     assert got.shape == value.shape
-    assert got.tobytes() == value.tobytes()
+    assert got.tobytes() == native.tobytes()
+    if value.dtype.isnative:
+        assert got is value  # stored as given, not copied
     child = ws.child()
     child["blob"] = value
-    assert ws["blob"].tobytes() == value.tobytes()
+    assert ws["blob"].tobytes() == native.tobytes()

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._context import Managed
-from ..errors import JobDefinitionError
+from .._validation import check_positive, validate_name
+from ..errors import DefinitionTypeError, JobDefinitionError
 from .node import Node, node_name
 from .task import SetupNets, Step, Task, TaskOutput, WorkspaceType, as_steps
 
@@ -52,7 +53,7 @@ class TaskGroup(Managed):
 
     def __init__(self, workspace_type: WorkspaceType | None = None) -> None:
         if workspace_type is not None and not isinstance(workspace_type, WorkspaceType):
-            raise JobDefinitionError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
+            raise DefinitionTypeError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
         self._workspace_type = workspace_type
         self._pending: list[Task] = []
         self._tasks: list[Task] = []
@@ -163,16 +164,29 @@ class TaskGroup(Managed):
         return self._workspace_type
 
     # -- node-level extras ----------------------------------------------------------------
-    def report_step(self, step: Step | None = None, node: Node | str | None = None, interval_ms: int = 1000) -> None:
+    def report_step(self, step: Step | None = None, node: Node | str | None = None, interval_ms: float = 1000) -> None:
         """Run ``step(ws)`` every ``interval_ms`` on ``node`` while the group runs, and once
-        more after all of that node's tasks finished."""
+        more after all of that node's tasks finished.
+
+        Raises
+        ------
+        StepTypeError
+            ``step`` is not one plain synchronous callable.
+        DefinitionTypeError
+            ``interval_ms`` is not a number.
+        JobDefinitionError
+            ``step`` is missing, or ``interval_ms`` is not a finite number of at least 1.
+        """
         self._check_unused("add a report step to")
         if step is None:
             raise JobDefinitionError("report_step needs a step")
+        if isinstance(step, list | tuple):
+            raise DefinitionTypeError(f"report_step takes one callable, got {step!r}")
         (step,) = as_steps(step, "report_step")
-        if not isinstance(interval_ms, int | float) or interval_ms <= 0:
-            raise JobDefinitionError(f"report_step interval_ms must be positive, got {interval_ms!r}")
-        self._report_steps.append(ReportStep(step, node_name(node), int(interval_ms)))
+        interval = check_positive(interval_ms, "report_step interval_ms")
+        if interval < 1:
+            raise JobDefinitionError(f"report_step interval_ms must be at least 1, got {interval_ms!r}")
+        self._report_steps.append(ReportStep(step, node_name(node), int(interval)))
 
     def report_steps(self) -> list[ReportStep]:
         """The registered report steps."""
@@ -183,7 +197,7 @@ class TaskGroup(Managed):
         ``setup.exit_nets`` after all of them."""
         self._check_unused("add a local setup to")
         if not isinstance(setup, SetupNets):
-            raise JobDefinitionError(f"add_local_setup takes a SetupNets, got {setup!r}")
+            raise DefinitionTypeError(f"add_local_setup takes a SetupNets, got {setup!r}")
         name = node_name(node)
         self._local_setups.setdefault(name, []).append(setup)
 
@@ -206,6 +220,11 @@ class TaskGroup(Managed):
         The result is computed once; calling again with a different mapping raises
         ``RuntimeError``.
         """
+        if node_remap is not None and not isinstance(node_remap, dict):
+            raise DefinitionTypeError(f"node_remap must be a dict of node names, got {node_remap!r}")
+        for source, target in (node_remap or {}).items():
+            validate_name(source, "node")
+            validate_name(target, "node")
         tasks = self.tasks()
         mapping = {n: (node_remap or {}).get(n, n) for n in self.used_nodes()}
         if self._by_node is not None:

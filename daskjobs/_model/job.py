@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._context import Managed
-from .._validation import validate_name
-from ..errors import JobDefinitionError
+from .._validation import check_count, validate_name
+from ..errors import DefinitionTypeError, JobDefinitionError
 from .group import TaskGroup, stepless_output_task
 from .node import Node, node_name
 from .task import Task, TaskOutput, WorkspaceType
@@ -63,18 +63,45 @@ class Job(Managed):
         name: str = "job",
     ) -> None:
         self.name = validate_name(name, "job")
+        given = {"init": init_group, "epoch": epoch_group, "download": download_group, "exit": exit_group}
+        seen: dict[int, str] = {}
+        for label, group in given.items():
+            if group is None:
+                continue
+            if not isinstance(group, TaskGroup):
+                raise DefinitionTypeError(f"job {self.name!r}: {label}_group must be a TaskGroup, got {group!r}")
+            if id(group) in seen:
+                raise JobDefinitionError(
+                    f"job {self.name!r}: the same TaskGroup is both the {seen[id(group)]} and the {label} group; "
+                    "give each role its own TaskGroup"
+                )
+            seen[id(group)] = label
+        nodes = [nodes_to_checkpoint] if isinstance(nodes_to_checkpoint, str | Node) else nodes_to_checkpoint
+        if nodes is not None and not isinstance(nodes, list | tuple):
+            raise DefinitionTypeError(
+                f"job {self.name!r}: nodes_to_checkpoint must be a list of node names, got {nodes_to_checkpoint!r}"
+            )
+        for node in nodes or []:
+            if not isinstance(node, str | Node):
+                raise DefinitionTypeError(
+                    f"job {self.name!r}: nodes_to_checkpoint holds {node!r}; give node names (str) or Nodes"
+                )
+        self._nodes_to_checkpoint = list(dict.fromkeys(validate_name(str(n), "node") for n in nodes or []))
+        conditions = [stop_conditions] if isinstance(stop_conditions, str | TaskOutput) else stop_conditions
+        if conditions is not None and not isinstance(conditions, list | tuple):
+            raise DefinitionTypeError(
+                f"job {self.name!r}: stop_conditions must be a list of TaskOutputs or blob names, "
+                f"got {stop_conditions!r}"
+            )
         self.init_group = init_group if init_group is not None else TaskGroup(WorkspaceType.GLOBAL)
         self.epoch_group = epoch_group if epoch_group is not None else TaskGroup()
         self.download_group = download_group if download_group is not None else TaskGroup()
         self.exit_group = exit_group if exit_group is not None else TaskGroup()
         for label, group in self.groups().items():
-            if not isinstance(group, TaskGroup):
-                raise JobDefinitionError(f"job {self.name!r}: {label}_group must be a TaskGroup, got {group!r}")
             group.label = label
         self.stop_conditions: list[TaskOutput] = []
-        for condition in stop_conditions or []:
+        for condition in conditions or []:
             self.add_stop_condition(condition)
-        self._nodes_to_checkpoint = [validate_name(str(n), "node") for n in nodes_to_checkpoint or []]
         self._num_limiters = 0
 
     def groups(self) -> dict[str, TaskGroup]:
@@ -101,12 +128,12 @@ class Job(Managed):
         A blob name creates a step-less task in the epoch group on the current node that
         reads that blob after the node's other epoch tasks finished.
         """
+        if not isinstance(output, TaskOutput | str):
+            raise DefinitionTypeError(f"a stop condition must be a TaskOutput or a blob name, got {output!r}")
+        if isinstance(output, TaskOutput) and len(output.names) != 1:
+            raise JobDefinitionError(f"a stop condition must hold exactly one blob, got {output.names}")
         if isinstance(output, str):
             output = stepless_output_task(output, self.epoch_group)
-        if not isinstance(output, TaskOutput):
-            raise JobDefinitionError(f"a stop condition must be a TaskOutput or a blob name, got {output!r}")
-        if len(output.names) != 1:
-            raise JobDefinitionError(f"a stop condition must hold exactly one blob, got {output.names}")
         self.stop_conditions.append(output)
         return output
 
@@ -147,11 +174,14 @@ def epoch_limiter(job: Job, num_epochs: int, node: Node | str | None = None) -> 
 
     Raises
     ------
+    DefinitionTypeError
+        ``job`` is not a Job, or ``num_epochs`` is not an int.
     JobDefinitionError
-        ``num_epochs`` is not a positive integer.
+        ``num_epochs`` is smaller than 1.
     """
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int | np.integer) or num_epochs < 1:
-        raise JobDefinitionError(f"epoch_limiter needs num_epochs >= 1, got {num_epochs!r}")
+    if not isinstance(job, Job):
+        raise DefinitionTypeError(f"epoch_limiter needs a Job, got {type(job).__name__}: {job!r}")
+    num_epochs = check_count(num_epochs, "epoch_limiter num_epochs")
     where = node_name(node)
     # Numbered per job, not per process: a job defined again (to resume it) uses the same blob names.
     suffix = job._num_limiters

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 from .._context import Managed
-from .._validation import validate_name
-from ..errors import JobDefinitionError
+from .._validation import check_positive, validate_name
+from ..errors import DefinitionTypeError
 
 
 class Cluster(Managed):
@@ -71,11 +70,13 @@ class Node(Managed):
 
     _managed_default = True
 
-    def __init__(self, node: object = "local", **kwargs: Any) -> None:
+    def __init__(self, node: str | Node = "local", **kwargs: float) -> None:
+        if not isinstance(node, str | Node):
+            raise DefinitionTypeError(f"a node is named by a str (or a Node), got {type(node).__name__}: {node!r}")
         self._name = validate_name(str(node), "node")
         for key, value in kwargs.items():
-            if not isinstance(value, numbers.Real) or isinstance(value, bool) or value <= 0:
-                raise JobDefinitionError(f"node {self._name!r}: resource {key}={value!r} must be a positive number")
+            validate_name(key, f"node {self._name!r}: resource")
+            check_positive(value, f"node {self._name!r}: resource {key}")
         self._kwargs = dict(kwargs)
         Cluster.current().add_node(self)
 
@@ -96,7 +97,15 @@ class Node(Managed):
 
 
 def node_name(node: Node | str | None) -> str:
-    """The name of ``node``; a string is validated and registered, ``None`` is the current node."""
+    """The name of ``node``; a string is validated and registered, ``None`` is the current node.
+
+    Raises
+    ------
+    DefinitionTypeError
+        ``node`` is neither ``None``, a ``str`` nor a :class:`Node`.
+    JobDefinitionError
+        ``node`` is not a valid node name.
+    """
     if node is None:
         return str(Node.current())
     if isinstance(node, Node):

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import enum
+import functools
 import html
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._context import Managed
-from .._validation import validate_name
-from ..errors import JobDefinitionError, OutputNotReadyError
+from .._validation import check_count, validate_name
+from ..errors import DefinitionTypeError, JobDefinitionError, OutputNotReadyError, StepTypeError
 from .node import Cluster, Node
 
 if TYPE_CHECKING:
-    import numpy as np
-
+    from .._validation import Value
     from .group import TaskGroup
 
 Step = Callable[..., Any]
@@ -34,18 +35,83 @@ class WorkspaceType(enum.Enum):
 
 
 def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
-    """Normalise ``None``, one callable or a list of callables into a list of callables."""
+    """Normalise ``None``, one callable or a list of callables into a list of plain steps.
+
+    Raises
+    ------
+    StepTypeError
+        An item is not callable, or is an ``async def`` or generator function (also behind
+        ``functools.partial`` or as an object's ``__call__``): its call would not run its body.
+    """
     if steps is None:
         return []
     items = list(steps) if isinstance(steps, list | tuple) else [steps]
     for item in items:
         if not callable(item):
-            raise JobDefinitionError(f"{what} must be callables taking the workspace, got {item!r}")
+            raise StepTypeError(f"{what} must be callables taking the workspace, got {item!r}")
+        kind = _not_plain(item)
+        if kind:
+            raise StepTypeError(
+                f"{what}: step {_step_name(item)} is {kind}, so calling it would not run its body; steps must be "
+                "plain synchronous callables: wrap it in a plain function (e.g. def step(ws): asyncio.run(f(ws)), "
+                "or consume the generator inside the step)"
+            )
     return items
 
 
+def _not_plain(step: Step) -> str:
+    """What makes ``step`` not a plain synchronous callable (``""`` when it is one)."""
+    target = step
+    while isinstance(target, functools.partial):
+        target = target.func
+    candidates = [(target, "")]
+    if not inspect.isroutine(target) and not isinstance(target, type):
+        candidates.append((type(target).__call__, "an object whose __call__ is "))
+    for candidate, prefix in candidates:
+        if inspect.iscoroutinefunction(candidate):
+            return f"{prefix}an async def function"
+        if inspect.isasyncgenfunction(candidate):
+            return f"{prefix}an async generator function"
+        if inspect.isgeneratorfunction(candidate):
+            return f"{prefix}a generator function"
+    return ""
+
+
+def _as_outputs(outputs: object, owner: str) -> list[TaskOutput]:
+    """New :class:`TaskOutput` objects for ``outputs``: a name, a TaskOutput, or a list of them."""
+    if not isinstance(outputs, str | TaskOutput | list | tuple):
+        raise DefinitionTypeError(
+            f"{owner}: outputs must be a blob name, a TaskOutput or a list of them, got {outputs!r}"
+        )
+    items = [outputs] if isinstance(outputs, str | TaskOutput) else list(outputs)
+    return [item if isinstance(item, TaskOutput) else TaskOutput(item) for item in items]
+
+
+def _check_input(owner: str, local_name: object, output: object) -> None:
+    validate_name(local_name, "blob")
+    if not isinstance(output, TaskOutput):
+        raise DefinitionTypeError(f"{owner}: input {local_name!r} must be a TaskOutput, got {output!r}")
+    if len(output.names) != 1:
+        raise JobDefinitionError(
+            f"{owner}: input {local_name!r} must come from a single-blob output, got {output.names}"
+        )
+
+
+def _default_name(steps: list[Step]) -> str:
+    """A single step's ``__name__`` when it is a valid name, else ``"task"``."""
+    base = getattr(steps[0], "__name__", None) if len(steps) == 1 else None
+    try:
+        return validate_name(base, "task")
+    except JobDefinitionError:
+        return "task"
+
+
+def _step_name(step: Step) -> str:
+    return repr(getattr(step, "__qualname__", None) or step)
+
+
 class TaskOutput:
-    """The value(s) of one or more blobs captured when a task finished.
+    """The value(s) of one or more blobs captured when a task finished (copies, so PRIVATE outputs survive).
 
     Examples
     --------
@@ -60,15 +126,19 @@ class TaskOutput:
 
     def __init__(self, names: str | Sequence[str]) -> None:
         self._scalar = isinstance(names, str)
+        if not isinstance(names, str | list | tuple):
+            raise DefinitionTypeError(
+                f"a TaskOutput takes a blob name or a list of names, got {type(names).__name__}: {names!r}"
+            )
         raw = [names] if isinstance(names, str) else list(names)
         if not raw:
             raise JobDefinitionError("a TaskOutput needs at least one blob name")
         self.names: list[str] = [validate_name(n, "blob") for n in raw]
-        self._values: list[np.ndarray] | None = None
-        self._resolver: Callable[[], list[np.ndarray]] | None = None
+        self._values: list[Value] | None = None
+        self._resolver: Callable[[], list[Value]] | None = None
         self.task: Task | None = None
 
-    def _set(self, values: list[np.ndarray] | Callable[[], list[np.ndarray]]) -> None:
+    def _set(self, values: list[Value] | Callable[[], list[Value]]) -> None:
         if callable(values):
             self._values, self._resolver = None, values
         else:
@@ -78,8 +148,8 @@ class TaskOutput:
         """Whether the task has run and its values can be fetched."""
         return self._values is not None or self._resolver is not None
 
-    def fetch(self) -> np.ndarray | list[np.ndarray]:
-        """The captured value: one array for a single name, else a list of arrays.
+    def fetch(self) -> Value | list[Value]:
+        """The captured value (an array or a JSON value): one value for a single name, else a list.
 
         Raises
         ------
@@ -109,9 +179,9 @@ class TaskOutputList:
         """All blob names, flattened."""
         return [name for output in self.outputs for name in output.names]
 
-    def fetch(self) -> list[np.ndarray]:
+    def fetch(self) -> list[Value]:
         """All values, flattened, in the order of :meth:`names`."""
-        values: list[np.ndarray] = []
+        values: list[Value] = []
         for output in self.outputs:
             value = output.fetch()
             values.extend(value if isinstance(value, list) else [value])
@@ -198,40 +268,41 @@ class Task(Managed):
         from .group import TaskGroup
 
         if workspace_type is not None and not isinstance(workspace_type, WorkspaceType):
-            raise JobDefinitionError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
-        if num_instances is not None and (not isinstance(num_instances, int) or num_instances < 1):
-            raise JobDefinitionError(f"num_instances must be a positive int, got {num_instances!r}")
+            raise DefinitionTypeError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
+        if group is not None and not isinstance(group, TaskGroup):
+            raise DefinitionTypeError(f"group must be a TaskGroup, got {type(group).__name__}: {group!r}")
+        if node is not None and not isinstance(node, str | Node):
+            raise DefinitionTypeError(f"node must be a str or a Node, got {type(node).__name__}: {node!r}")
+        if name is not None:
+            validate_name(name, "task")
         self._steps = as_steps(step, "Task steps")
         self._task_init = as_steps(task_init, "task_init")
         self._task_exit = as_steps(task_exit, "task_exit")
         self._instance_init = as_steps(instance_init, "instance_init")
         self._instance_exit = as_steps(instance_exit, "instance_exit")
         self._workspace_type = workspace_type
-        self._num_instances = num_instances or 1
+        self._num_instances = 1 if num_instances is None else check_count(num_instances, "num_instances")
         self._used = False
         self._outputs: list[TaskOutput] = []
         self._inputs: dict[str, TaskOutput] = {}
         self._subtasks: list[Task] = []
+        if inputs is not None and not isinstance(inputs, dict):
+            raise DefinitionTypeError(f"inputs must be a dict {{local_name: TaskOutput}}, got {inputs!r}")
+        base = name if name is not None else _default_name(self._steps)
+        # Validate outputs and inputs before touching nodes or groups, so a bad one leaves no trace.
+        self._name = f"{node if isinstance(node, str) else '<node>'}/{base}"
+        made = [] if outputs is None else _as_outputs(outputs, f"task {self._name!r}")
+        for local_name, output in (inputs or {}).items():
+            _check_input(f"task {self._name!r}", local_name, output)
         node_obj = Node.current() if node is None else node if isinstance(node, Node) else Node(node)
         Cluster.current().add_node(node_obj)
         self._node = str(node_obj)
         self._node_resources = node_obj.kwargs()
-        base = (
-            name
-            if name is not None
-            else getattr(self._steps[0], "__name__", "task")
-            if len(self._steps) == 1
-            else "task"
-        )
-        if not isinstance(base, str) or not base or base == "<lambda>":
-            base = "task"
         self._group = TaskGroup.current(group, required=False)
         self._name = f"{self._node}/{base}"
-        # Validate outputs and inputs before registering, so a bad name leaves no task behind.
-        if outputs is not None:
-            self.add_outputs(outputs)
-        for local_name, output in (inputs or {}).items():
-            self.add_input(local_name, output)
+        for output in made:
+            self.add_output(output)
+        self._inputs.update(inputs or {})
         if self._group is not None:
             self._name = self._group._unique_task_name(self._name)
             self._group._register(self)
@@ -250,20 +321,14 @@ class Task(Managed):
         return out
 
     def add_outputs(self, outputs: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
-        """Add each of ``outputs`` as a separate :class:`TaskOutput`."""
-        items = [outputs] if isinstance(outputs, str | TaskOutput) else list(outputs)
-        return [self.add_output(item) for item in items]
+        """Add each of ``outputs`` as a separate :class:`TaskOutput` (all or none)."""
+        self._check_unused("add an output to")
+        return [self.add_output(item) for item in _as_outputs(outputs, f"task {self._name!r}")]
 
     def add_input(self, local_name: str, output: TaskOutput) -> None:
         """Feed ``output`` of another task of the same group to this task as ``local_name``."""
         self._check_unused("add an input to")
-        validate_name(local_name, "blob")
-        if not isinstance(output, TaskOutput):
-            raise JobDefinitionError(f"task {self._name!r}: input {local_name!r} must be a TaskOutput, got {output!r}")
-        if len(output.names) != 1:
-            raise JobDefinitionError(
-                f"task {self._name!r}: input {local_name!r} must come from a single-blob output, got {output.names}"
-            )
+        _check_input(f"task {self._name!r}", local_name, output)
         self._inputs[local_name] = output
 
     def outputs(self) -> list[TaskOutput]:

@@ -39,3 +39,23 @@ def holder_alive(holder: Mapping[str, Any]) -> bool | None:
     except PermissionError:
         return True
     return True
+
+
+def unlock(store: Any, *, force: bool = False) -> dict[str, Any] | None:
+    """Remove the writer lock of ``store``'s prefix; return the holder record removed (``None`` if unlocked).
+
+    Refuses, with :class:`~daskjobs.errors.CheckpointLockedError`, when the holder may still run
+    (:func:`holder_alive` is not ``False``) unless ``force`` is true.
+    """
+    from ..errors import CheckpointLockedError
+
+    holder = store.read_lock()
+    if holder is None:
+        return None
+    if not force and holder_alive(holder) is not False:
+        raise CheckpointLockedError(
+            f"the writer lock of {store.url} is held by {holder}, which may still be running; "
+            "stop it first, or pass --force (force=True) if you are sure it is gone"
+        )
+    store.release_lock()
+    return holder

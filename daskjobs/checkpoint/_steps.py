@@ -8,7 +8,6 @@ The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._execute import INTERNAL
+from .._validation import copy_value
 from ..errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -38,12 +38,12 @@ def entry_array(entry: dict[str, Any]) -> np.ndarray:
 def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
     """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
 
-    Arrays are copied; JSON values (anything else) are deep-copied.
+    Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
     """
     copies = {}
     for name, value in blobs.items():
         if not isinstance(value, np.ndarray):
-            copies[name] = copy.deepcopy(value)
+            copies[name] = copy_value(value, name)
             continue
         buffer = buffers.get(name)
         if isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:

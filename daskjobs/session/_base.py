@@ -5,22 +5,23 @@ from __future__ import annotations
 import abc
 import contextlib
 import itertools
+import logging
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
-import numpy as np
-
-from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run
+from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run, private_trap_message
 from .._lowering import LoweredGraph, lower, plan_group
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
-from .._validation import as_blob, validate_name
+from .._validation import Value, as_value, copy_value, validate_name
 from ..errors import JobDefinitionError, SessionClosedError
 from ..history import MetricSums, merge_sums
 
 T = TypeVar("T")
+
+logger = logging.getLogger("daskjobs")
 
 Runnable = TaskGroup | Task | Callable[..., Any] | Sequence[Callable[..., Any]]
 _wrapped_tasks: weakref.WeakKeyDictionary[Task, TaskGroup] = weakref.WeakKeyDictionary()
@@ -48,14 +49,15 @@ def as_group(runnable: Runnable, workspace_type: WorkspaceType | None = None) ->
     raise JobDefinitionError(f"cannot run {runnable!r}: give a TaskGroup, a Task, a callable or a list of callables")
 
 
-def _fetch_blob(state: NodeState, blob: str) -> np.ndarray:
-    ws = state.workspace()
-    if blob not in ws:
-        raise KeyError(f"blob {blob!r} is not in the workspace of node {state.node!r}; it has {sorted(ws)}")
-    return np.array(ws[blob], copy=True)
+def _fetch_blob(state: NodeState, blob: str) -> Value:
+    if blob not in state.scope.blobs:
+        raise KeyError(
+            f"blob {blob!r} is not in the workspace of node {state.node!r}; it has {sorted(state.scope.blobs)}"
+        )
+    return copy_value(state.scope.blobs[blob], blob)
 
 
-def _feed_blob(state: NodeState, blob: str, value: np.ndarray) -> None:
+def _feed_blob(state: NodeState, blob: str, value: Value) -> None:
     state.workspace()[blob] = value
 
 
@@ -76,6 +78,7 @@ class Session(abc.ABC):
         self.session_id = uuid.uuid4().hex[:8]
         self._run_counter = itertools.count()
         self._tokens: dict[str, str] = {}
+        self._warned_traps: set[tuple[str, str, str]] = set()
 
     # -- seams ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -146,12 +149,20 @@ class Session(abc.ABC):
             raise
         for node, result in results.items():
             self._tokens[node] = result.token
+            self._warn_traps(job, group.label, node, result.traps)
             if finished is not None and finish and node in finish:
                 finished[node] = result.finished
             for index, captured in result.captured.items():
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
+
+    def _warn_traps(self, job: str, group: str, node: str, blobs: Sequence[str]) -> None:
+        """Log the accumulate-in-PRIVATE warning once per job, node and blob for this session."""
+        for blob in blobs:
+            if (job, node, blob) not in self._warned_traps:
+                self._warned_traps.add((job, node, blob))
+                logger.warning(private_trap_message(job, group, node, blob))
 
     def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
         for node in graph.nodes():
@@ -172,8 +183,8 @@ class Session(abc.ABC):
             return known[0]
         raise ValueError(f"this session has nodes {known}; name the node (node=...)")
 
-    def fetch(self, blob: str, node: object = None) -> np.ndarray:
-        """A copy of ``blob`` from the node's GLOBAL workspace.
+    def fetch(self, blob: str, node: object = None) -> Value:
+        """A copy of ``blob`` from the node's GLOBAL workspace: an array or a JSON value.
 
         ``node`` may be omitted when the session has exactly one node.
         """
@@ -181,10 +192,20 @@ class Session(abc.ABC):
         return self._call_on_node(self._resolve_node(node), _fetch_blob, validate_name(blob, "blob"))
 
     def feed(self, blob: str, value: object, node: object = None) -> None:
-        """Store ``value`` as ``blob`` in the node's GLOBAL workspace."""
+        """Store a copy of ``value`` as ``blob`` in the node's GLOBAL workspace.
+
+        ``value`` is normalised as a step's assignment would be (see :class:`~daskjobs.Workspace`).
+
+        Raises
+        ------
+        BlobTypeError
+            ``value`` could not survive a checkpoint; nothing is sent to the node.
+        """
         self._check_open()
-        array = np.array(as_blob(value, validate_name(blob, "blob")), copy=True)
-        self._call_on_node(self._resolve_node(node), _feed_blob, blob, array)
+        normalised = as_value(value, validate_name(blob, "blob"))
+        if normalised is value:
+            normalised = copy_value(normalised, blob)
+        self._call_on_node(self._resolve_node(node), _feed_blob, blob, normalised)
 
     def blobs(self, node: object = None) -> list[str]:
         """Names of the blobs in the node's GLOBAL workspace, sorted."""

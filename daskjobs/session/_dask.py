@@ -21,6 +21,7 @@ from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
 from ..errors import NodeLostError, SessionClosedError
 from ._base import Session
+from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session
 
@@ -175,13 +176,21 @@ class DaskSession(Session):
         """Submit every task of ``graph`` (in dependency order), with Dep args replaced by futures."""
         futures: dict[str, Future] = {}
         for task in graph.tasks:
-            futures[task.key] = self._client.submit(
-                task.fn,
-                *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
-                key=task.key,
-                resources={node_resource(task.node): 1, **graph.resources.get(task.node, {})},
-                pure=False,
-            )
+            try:
+                futures[task.key] = self._client.submit(
+                    task.fn,
+                    *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
+                    key=task.key,
+                    resources={node_resource(task.node): 1, **graph.resources.get(task.node, {})},
+                    pure=False,
+                )
+            except Exception:
+                # Submitting pickles the task on the client: a step that cannot be pickled fails here.
+                self._client.cancel(list(futures.values()))
+                error = unpicklable_step_error(task)
+                if error is None:
+                    raise
+                raise error from error.__cause__
         return futures
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
