@@ -102,7 +102,11 @@ class BackgroundSave:
 
 @dataclass(frozen=True)
 class AsyncSaveStep:
-    """Snapshots the node's GLOBAL workspace and starts writing it in the background."""
+    """Snapshots the node's GLOBAL workspace and starts writing it in the background.
+
+    A save still running on the node (one the driver gave up on, e.g. after a node loss) is
+    waited for first: never two in flight, never two writers of one group.
+    """
 
     store: CheckpointStore
     node: str
@@ -112,10 +116,8 @@ class AsyncSaveStep:
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         running = state.services.get(SAVER)
-        if running is not None and not running.done():
-            raise CheckpointError(
-                f"node {self.node!r} still writes epoch {running.epoch}; wait for it before saving epoch {self.epoch}"
-            )
+        if running is not None:
+            running.join()
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies
