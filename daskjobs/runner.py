@@ -204,13 +204,13 @@ class JobRunner:
                 if manager is None:
                     return self._train(session, None)
                 self._acquire_lock(manager)
-                manager.retention_in_background = True
+                manager.retention_in_background = manager.holds_lock = True
                 try:
                     for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
                     return self._train(session, manager)
                 finally:
-                    manager.retention_in_background = False
+                    manager.retention_in_background = manager.holds_lock = False
                     try:
                         manager.wait_background()
                     finally:

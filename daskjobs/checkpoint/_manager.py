@@ -140,6 +140,9 @@ class MultiNodeCheckpointManager:
         self._staged: set[int] = set()
         self._retention: threading.Thread | None = None
         self.retention_in_background = False
+        self.holds_lock = False
+        """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
+        self._newest_seen: int | None = None
         """Apply retention in a thread after each commit (joined before the next commit and by
         :meth:`wait_background`); the runner turns it on while it trains."""
         self.last_commit: dict[str, Any] | None = None
@@ -159,6 +162,7 @@ class MultiNodeCheckpointManager:
     ) -> None:
         """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
         self._nodes = self._node_names(nodes)
+        self._newest_seen = None
         if job_name is not None:
             self._job_name = validate_name(job_name, "job")
         self._handler.set_params(
@@ -262,7 +266,7 @@ class MultiNodeCheckpointManager:
 
     def _new_save(self, epoch: int) -> tuple[str, CheckpointStore]:
         """A new save id for ``epoch`` and the store to write it to, refusing to overwrite a commit."""
-        if epoch in self.store.committed_epochs() and epoch not in self._retire:
+        if epoch in self._committed_at_least(epoch) and epoch not in self._retire:
             raise CheckpointError(
                 f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
                 f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
@@ -274,6 +278,18 @@ class MultiNodeCheckpointManager:
             return self._save_ids[epoch], self._staging()
         self._staged.discard(epoch)
         return self._save_ids[epoch], self.store
+
+    def _committed_at_least(self, epoch: int) -> list[int]:
+        """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
+
+        While :attr:`holds_lock` (no other writer), the newest commit seen is remembered, so a
+        save of a new epoch costs no listing (a listing grows with the number of commits).
+        """
+        if self.holds_lock and self._newest_seen is not None and epoch > self._newest_seen:
+            return []
+        epochs = self.store.committed_epochs()
+        self._newest_seen = max(epochs, default=-1)
+        return epochs
 
     def _staging(self) -> CheckpointStore:
         return CheckpointStore(
@@ -486,6 +502,7 @@ class MultiNodeCheckpointManager:
         if epoch in self._staged:
             self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
+        self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
         self.last_commit = record
         self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
