@@ -281,3 +281,34 @@ def test_user_step_errors_are_still_task_failures(session, prefix):
     with pytest.raises(TaskFailedError) as info:
         dj.JobRunner(job, max_epochs=1, progress=False).train(session)
     assert isinstance(info.value.__cause__, dj.errors.CheckpointError)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_failed_first_save_after_an_older_resume_keeps_every_commit(prefix, monkeypatch, async_save):
+    """The first new epoch's save fails (its data goes to staging, never over a kept commit): all commits intact."""
+    from daskjobs.checkpoint._store import CheckpointStore
+
+    train(prefix, max_epochs=5)
+    before = state(prefix)
+    original = CheckpointStore.write_node
+
+    def failing(self, node, epoch, blobs, **kwargs):
+        if epoch == 3:
+            raise CheckpointWriteError(f"disk full while writing node {node!r} epoch {epoch}")
+        return original(self, node, epoch, blobs, **kwargs)
+
+    monkeypatch.setattr(CheckpointStore, "write_node", failing)
+    runner = dj.JobRunner(
+        define(),
+        dj.MultiNodeCheckpointManager(prefix, async_save=async_save),
+        resume_from_epoch=2,
+        max_epochs=8,
+        save_retries=1,
+        progress=False,
+    )
+    with pytest.raises(CheckpointWriteError, match="epoch 3"):
+        runner.train(None)
+    assert state(prefix) == before
+    monkeypatch.undo()
+    last, runner, n = train(prefix, max_epochs=6)
+    assert (last, [r.epoch for r in runner.history], n) == (6, [6], 6)
