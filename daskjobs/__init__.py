@@ -13,6 +13,10 @@ from ._workspace import Workspace
 # Sessions import ``distributed`` and checkpoints import ``zarr``: load them on first use, so that
 # importing the pure model (and ``import daskjobs`` itself) stays light.
 _LAZY = {
+    "ArrayReader": "data",
+    "Reader": "data",
+    "ReaderWithLimit": "data",
+    "pipe": "data",
     "CheckpointManager": "checkpoint",
     "CopyCheckpointUploader": "checkpoint",
     "MultiNodeCheckpointManager": "checkpoint",
@@ -45,6 +49,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ArrayReader",
     "CheckpointManager",
     "Cluster",
     "CopyCheckpointUploader",
@@ -55,6 +60,8 @@ __all__ = [
     "LocalSession",
     "MultiNodeCheckpointManager",
     "Node",
+    "Reader",
+    "ReaderWithLimit",
     "Session",
     "SetupNets",
     "Task",
@@ -74,4 +81,5 @@ __all__ = [
     "node_cluster",
     "node_resource",
     "open_checkpoint",
+    "pipe",
 ]

@@ -1,10 +1,13 @@
-"""Per-epoch progress: a tqdm bar on terminals and in notebooks, and one log line per epoch."""
+"""Per-epoch progress: a bar (a widget in Jupyter, text on a terminal) and one log line per epoch."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ._notebook import in_jupyter
 
 if TYPE_CHECKING:
     from .history import EpochRecord
@@ -12,53 +15,144 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-def _interactive() -> bool:
-    if "ipykernel" in sys.modules:
-        return True
+def _stderr_is_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
+def _bare_terminal_size() -> dict[str, int]:
+    """tqdm sizes for a terminal that reports 0 columns or rows (a bare pty, where tqdm would print
+    nothing); empty when the terminal's own size can be followed."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {}
+    fixed = {"ncols": 100} if size.columns == 0 else {}
+    return fixed | ({"nrows": 24} if size.lines == 0 else {})
+
+
+def _widgets_available() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def known_total(*limits: int | None) -> int | None:
+    """The smallest known epoch limit (``max_epochs``, ``epoch_limiter``'s count), or ``None``.
+
+    Examples
+    --------
+    >>> known_total(10, None, 4), known_total(None)
+    (4, None)
+    """
+    known = [int(limit) for limit in limits if limit is not None]
+    return min(known) if known else None
+
+
+def _bar_class(jupyter: bool) -> Any:
+    """``tqdm.notebook.tqdm`` (a widget) in Jupyter when ipywidgets is installed, else the text bar.
+
+    Choosing here rather than through ``tqdm.auto`` avoids tqdm's "IProgress not found" warning
+    when a kernel lacks ipywidgets: the text bar is shown instead.
+    """
+    if jupyter and _widgets_available():
+        from tqdm.notebook import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
+
+
+def describe(record: EpochRecord) -> str:
+    """The short text shown beside the bar: epoch and checkpoint time, metrics, stop values.
+
+    Examples
+    --------
+    >>> from daskjobs.history import EpochRecord
+    >>> describe(EpochRecord(3, 0.25, 0.5, 10, 0, {"done": False}, {"loss": 0.125}))
+    'epoch 3 0.25s ckpt 0.50s loss=0.125 done=0'
+    """
+    parts = [f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s"]
+    parts += [f"{name}={value:.4g}" for name, value in record.metrics.items()]
+    parts += [f"{name}={int(value)}" for name, value in record.stop_values.items()]
+    if record.recoveries:
+        parts.append(f"recoveries={record.recoveries}")
+    return " ".join(parts)
+
+
 class EpochProgress:
-    """Shows epoch time, checkpoint time and stop values as epochs complete."""
+    """Shows each finished epoch: a progress bar, and one INFO line on the ``daskjobs`` logger.
+
+    Parameters
+    ----------
+    enabled
+        ``True``: always show the bar; ``False``: never; ``None``: in Jupyter or when stderr is a
+        terminal.
+    job_name
+        Shown as the bar's label.
+    start
+        The first epoch this run executes (1 from scratch, ``resume + 1`` when resuming): the bar
+        starts at ``start - 1`` epochs done.
+    total
+        The last epoch if known (then the bar shows a total and an ETA), else ``None``.
+    dashboard
+        The Dask dashboard link, written above the bar.
+    """
 
     def __init__(
         self, enabled: bool | None, job_name: str, *, start: int, total: int | None, dashboard: str | None = None
     ) -> None:
         self._bar = None
+        jupyter = in_jupyter()
         if enabled is None:
-            enabled = _interactive()
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(
-                total=total,
-                initial=max(start - 1, 0),
-                desc=f"job {job_name}",
-                unit="epoch",
-                dynamic_ncols=True,
-                leave=True,
-            )
-            if dashboard:
-                self._bar.write(f"Dask dashboard: {dashboard}")
+            enabled = jupyter or _stderr_is_terminal()
+        if not enabled:
+            return
+        done = max(start - 1, 0)
+        bar = _bar_class(jupyter)
+        sizes = {} if jupyter else _bare_terminal_size()
+        self._bar = bar(
+            total=total if total is None else max(total, done),
+            initial=done,
+            desc=f"job {job_name}",
+            unit="epoch",
+            dynamic_ncols=not jupyter and "ncols" not in sizes,
+            leave=True,
+            **sizes,
+        )
+        if dashboard:
+            # The text bar lives on stderr, so the link goes there too (stdout stays the program's own).
+            self._bar.write(f"Dask dashboard: {dashboard}", file=None if jupyter else sys.stderr)
 
     def update(self, record: EpochRecord) -> None:
         """Advance by one finished epoch."""
         logger.info(
-            "epoch %d: %.3f s, checkpoint %.3f s (%d bytes), stop %s",
+            "epoch %d: %.3f s, checkpoint %.3f s (%d bytes written, %d reused), metrics %s, stop %s",
             record.epoch,
             record.seconds,
             record.checkpoint_seconds,
-            record.checkpoint_bytes,
+            record.bytes_written,
+            record.bytes_reused,
+            record.metrics,
             record.stop_values,
         )
         if self._bar is not None:
-            stops = ",".join(f"{k}={int(v)}" for k, v in record.stop_values.items())
-            self._bar.set_postfix_str(
-                f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s"
-                f"{' ' + stops if stops else ''}",
-                refresh=False,
-            )
-            self._bar.update(1)
+            self._bar.set_postfix_str(describe(record), refresh=False)
+            # The bar stands at the last finished epoch: an epoch run again after a recovery is not counted twice.
+            if record.epoch > self._bar.n:
+                self._bar.update(record.epoch - self._bar.n)
+            else:
+                self._bar.refresh()
+
+    def complete(self) -> None:
+        """The run ended normally: a stop condition that came before the known total is not a failure."""
+        bar = self._bar
+        if bar is not None and bar.total is not None and bar.n < bar.total:
+            bar.total = bar.n
+            container = getattr(bar, "container", None)  # the Jupyter widget keeps its own maximum
+            if container is not None:
+                container.children[1].max = bar.n
+            bar.refresh()
 
     def close(self) -> None:
         """Finish the bar."""

@@ -1,10 +1,13 @@
-"""The bundled demo: parameter-server logistic regression, checkpointed every epoch.
+"""The bundled demo: parameter-server logistic regression on shuffled minibatches, checkpointed every epoch.
 
-A ``ps`` node holds the model; ``trainer_<i>`` nodes hold deterministic data shards. Each
-epoch the ps publishes its look-ahead weights, every trainer computes the gradient of its shard
-(the weights and gradients travel along ``inputs`` edges, worker to worker), and the ps applies
-a Nesterov-momentum step and checks convergence. The job stops on convergence or after
-``max_epochs``; re-running it against the same checkpoint directory resumes where it was.
+A ``ps`` node holds the model; each ``trainer_<i>`` node reads its own data shard through an
+``ArrayReader`` (shuffled afresh every pass) limited to a few minibatches per epoch
+(``ReaderWithLimit``) and ``pipe``-d into an SGD step. Each epoch the ps publishes its weights,
+every trainer takes its minibatch steps from them (weights and results travel along ``inputs``
+edges, worker to worker), and the ps averages the trainers' models with momentum. The job stops
+once the training loss reaches a target, or when the trainers' data runs out (``data_finished``),
+or after ``max_epochs``. The readers' positions are checkpointed with the model, so re-running it
+against the same checkpoint directory resumes exactly where it was, without re-reading a batch.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 
 from ._model.job import Job, epoch_limiter
 from ._model.node import Cluster, Node
-from ._model.task import Task, TaskOutput, final_output
+from ._model.task import SetupNets, Task, TaskOutput, final_output
+from .data import ArrayReader, ReaderWithLimit, pipe
 
 if TYPE_CHECKING:
     from ._workspace import Workspace
@@ -38,10 +42,15 @@ class DemoConfig:
     samples: int = 5000
     """Samples per trainer shard."""
     features: int = 16
-    learning_rate: float = 1.0
+    batch_size: int = 100
+    batches_per_epoch: int = 2
+    """Minibatches each trainer reads per epoch."""
+    passes: int = 10
+    """Passes over its shard after which a trainer's data is finished."""
+    learning_rate: float = 0.05
     momentum: float = 0.9
-    tolerance: float = 1e-5
-    """Stop once the loss improves by less than this fraction."""
+    target_loss: float = 0.34
+    """Stop once an epoch's mean training loss is below this."""
     max_epochs: int = 200
 
     def nodes(self) -> list[str]:
@@ -73,46 +82,45 @@ class _InitPs:
         ws["loss"] = np.float64(np.inf)
 
 
-@dataclass(frozen=True)
-class _InitTrainer:
-    seed: int
-    samples: int
-    features: int
+def _publish(ws: Workspace) -> None:
+    ws["model"] = ws["weights"]
 
-    def __call__(self, ws: Workspace) -> None:
-        ws["x"], ws["y"] = make_shard(self.seed, self.samples, self.features)
+
+def _reset_stats(ws: Workspace) -> None:
+    ws["stats"] = np.zeros(2)
 
 
 @dataclass(frozen=True)
-class _Publish:
-    momentum: float
+class _SgdStep:
+    """The trainers' processor: one SGD step of the local model on a minibatch ``(x, y)``."""
 
-    def __call__(self, ws: Workspace) -> None:
-        ws["lookahead"] = ws["weights"] + self.momentum * ws["velocity"]
+    learning_rate: float
 
-
-def _gradient(ws: Workspace) -> None:
-    x, y, w = ws["x"], ws["y"], ws["lookahead"]
-    z = x @ w[:-1] + w[-1]
-    error = 1.0 / (1.0 + np.exp(-z)) - y
-    ws["partial"] = np.concatenate([x.T @ error, [error.sum(), np.logaddexp(0, z).sum() - y @ z, len(y)]])
+    def __call__(self, ws: Workspace, batch: tuple[np.ndarray, np.ndarray]) -> None:
+        x, y = batch
+        w = ws["model"]
+        z = x @ w[:-1] + w[-1]
+        error = 1.0 / (1.0 + np.exp(-z)) - y
+        loss = float(np.sum(np.logaddexp(0, z) - y * z))
+        ws["model"] = w - self.learning_rate * np.concatenate([x.T @ error, [error.sum()]]) / len(y)
+        ws["stats"] = ws["stats"] + [loss, len(y)]
+        ws.log("loss", loss / len(y))
 
 
 @dataclass(frozen=True)
 class _Apply:
-    learning_rate: float
+    trainers: int
     momentum: float
-    tolerance: float
+    target_loss: float
 
     def __call__(self, ws: Workspace) -> None:
-        total = sum(ws[name] for name in ws if name.startswith("partial_"))
-        count = total[-1]
-        gradient, loss = total[:-2] / count, total[-2] / count
-        ws["velocity"] = self.momentum * ws["velocity"] - self.learning_rate * gradient
+        average = sum(ws[f"model_{i}"] for i in range(self.trainers)) / self.trainers
+        stats = sum(ws[f"stats_{i}"] for i in range(self.trainers))
+        ws["velocity"] = self.momentum * ws["velocity"] + (average - ws["weights"])
         ws["weights"] = ws["weights"] + ws["velocity"]
-        previous = float(ws["loss"])
-        ws["converged"] = bool(abs(previous - loss) < self.tolerance * abs(loss))
+        loss = stats[0] / stats[1] if stats[1] else float(ws["loss"])
         ws["loss"] = np.float64(loss)
+        ws["converged"] = bool(loss < self.target_loss)
 
 
 @dataclass(frozen=True)
@@ -149,21 +157,36 @@ def build_demo_job(config: DemoConfig | None = None) -> DemoJob:
     with Cluster(), Job(name="ps-logistic-regression") as job:
         with Node("ps"):
             Task(_InitPs(config.features), group=job.init_group, name="init_model")
-            publish = Task(_Publish(config.momentum), outputs="lookahead", name="publish")
-        partials = {}
+            publish = Task(_publish, outputs="model", name="publish")
+        inputs = {}
+        data_finished = []
         for i in range(config.trainers):
             with Node(f"trainer_{i}"):
-                Task(_InitTrainer(1 + i, config.samples, config.features), group=job.init_group, name="load_shard")
-                gradient = Task(_gradient, outputs="partial", inputs={"lookahead": publish.outputs()[0]})
-                partials[f"partial_{i}"] = gradient.outputs()[0]
+                with job.init_group:
+                    shard = ArrayReader(
+                        *make_shard(1 + i, config.samples, config.features),
+                        batch_size=config.batch_size,
+                        shuffle=True,
+                        seed=i,
+                        num_passes=config.passes,
+                        name="shard",
+                    )
+                job.epoch_group.add_local_setup(SetupNets(init_nets=[_reset_stats]))
+                limited = ReaderWithLimit(shard, num_iter=config.batches_per_epoch)
+                train = pipe(limited, _SgdStep(config.learning_rate), name="train")
+                train.add_input("model", publish.outputs()[0])
+                inputs[f"model_{i}"], inputs[f"stats_{i}"] = train.add_outputs(["model", "stats"])
+                data_finished.append(limited.data_finished())
         with Node("ps"):
             apply = Task(
-                _Apply(config.learning_rate, config.momentum, config.tolerance),
-                inputs=partials,
+                _Apply(config.trainers, config.momentum, config.target_loss),
+                inputs=inputs,
                 outputs=["loss", "converged"],
                 name="apply",
             )
             job.add_stop_condition(apply.outputs()[1])
+            for finished in data_finished:
+                job.add_stop_condition(finished)
             epoch_limiter(job, config.max_epochs)
             with job.download_group:
                 weights = final_output("weights")

@@ -1,11 +1,19 @@
-"""What happened in each epoch of a run: :class:`EpochRecord`, and epoch metrics (pure: no Dask, no I/O)."""
+"""What happened in each epoch of a run: :class:`EpochRecord`, epoch metrics, and tables and plots of them.
+
+No Dask, no I/O. pandas and matplotlib are optional and imported only by :func:`history_frame`
+and :func:`plot_history`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from ._notebook import show_figures_inline
 
 MetricSums = dict[str, tuple[float, int]]
 """Metric name -> (sum of the logged values, how many were logged)."""
@@ -68,3 +76,102 @@ def merge_sums(parts: Iterable[Mapping[str, tuple[float, int]]]) -> MetricSums:
 def means(sums: Mapping[str, tuple[float, int]]) -> dict[str, float]:
     """The mean of each metric (metrics logged zero times are left out)."""
     return {name: total / count for name, (total, count) in sorted(sums.items()) if count and math.isfinite(total)}
+
+
+_NOTEBOOK_EXTRA = 'pip install "daskjobs[notebook]"'
+
+HISTORY_COLUMNS = ("epoch", "seconds", "checkpoint_seconds", "bytes_written", "bytes_reused", "recoveries")
+"""The fixed columns of :func:`history_frame`, in order; stop values and metrics follow."""
+
+
+def _optional(module: str, purpose: str) -> Any:
+    """Import an optional dependency, or say which extra brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{purpose} needs {module.split('.')[0]}, which is not installed: {_NOTEBOOK_EXTRA}") from exc
+
+
+def history_rows(records: Iterable[EpochRecord]) -> list[dict[str, Any]]:
+    """One flat dict per epoch: the fixed fields, ``stop:<name>`` per stop condition and one key per metric.
+
+    A metric whose name collides with a fixed field is stored as ``metric:<name>``.
+
+    Examples
+    --------
+    >>> history_rows([EpochRecord(1, 0.5, 0.1, 10, 0, {"done": False}, {"loss": 0.25})])[0]["loss"]
+    0.25
+    """
+    rows = []
+    for record in records:
+        row: dict[str, Any] = {name: getattr(record, name) for name in HISTORY_COLUMNS}
+        row.update({f"stop:{name}": value for name, value in record.stop_values.items()})
+        for name, value in record.metrics.items():
+            row[f"metric:{name}" if name in row or name.startswith("stop:") else name] = value
+        rows.append(row)
+    return rows
+
+
+def history_frame(records: Iterable[EpochRecord]) -> Any:
+    """A pandas DataFrame with one row per epoch (see :func:`history_rows` for the columns).
+
+    Raises
+    ------
+    ImportError
+        pandas is not installed (it comes with ``daskjobs[notebook]``).
+
+    Examples
+    --------
+    >>> frame = history_frame([EpochRecord(1, 0.5, 0.1, 10, 0, {}, {"loss": 0.25})])
+    >>> list(frame.columns)
+    ['epoch', 'seconds', 'checkpoint_seconds', 'bytes_written', 'bytes_reused', 'recoveries', 'loss']
+    """
+    pandas = _optional("pandas", "history_frame()")
+    rows = history_rows(records)
+    columns = list(dict.fromkeys([*HISTORY_COLUMNS, *(key for row in rows for key in row)]))
+    return pandas.DataFrame(rows, columns=columns)
+
+
+def plot_history(records: Iterable[EpochRecord], *, title: str | None = None) -> Any:
+    """A matplotlib Figure: one panel per metric, and a panel of epoch and checkpoint seconds, over epochs.
+
+    Uses :class:`matplotlib.figure.Figure` directly (no pyplot state), so it works in scripts,
+    on servers without a display and in notebooks (where the Figure is shown as the cell's result).
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (it comes with ``daskjobs[notebook]``).
+
+    Examples
+    --------
+    >>> figure = plot_history([EpochRecord(1, 0.5, 0.1, 10, 0, {}, {"loss": 0.25})])
+    >>> [axes.get_title() for axes in figure.axes]
+    ['loss', 'time per epoch']
+    """
+    figure_module = _optional("matplotlib.figure", "plot()")
+    show_figures_inline(figure_module.Figure)
+    records = list(records)
+    epochs = [r.epoch for r in records]
+    metrics = list(dict.fromkeys(name for r in records for name in r.metrics))
+    panels = len(metrics) + 1
+    figure = figure_module.Figure(figsize=(6.4, 2.2 * panels), layout="constrained")
+    axes = figure.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    for ax, name in zip(axes, metrics, strict=False):
+        points = [(r.epoch, r.metrics[name]) for r in records if name in r.metrics]
+        ax.plot([e for e, _ in points], [v for _, v in points], marker="o", markersize=3)
+        ax.set_title(name)
+        ax.set_ylabel(name)
+        values = [v for _, v in points]
+        if values and min(values) > 0 and max(values) > 100 * min(values):
+            ax.set_yscale("log")
+    times = axes[-1]
+    times.plot(epochs, [r.seconds for r in records], marker="o", markersize=3, label="epoch")
+    times.plot(epochs, [r.checkpoint_seconds for r in records], marker="o", markersize=3, label="checkpoint")
+    times.set_title("time per epoch")
+    times.set_ylabel("seconds")
+    times.set_xlabel("epoch")
+    times.legend(loc="best")
+    if title:
+        figure.suptitle(title)
+    return figure

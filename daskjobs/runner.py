@@ -13,18 +13,17 @@ import numpy as np
 
 from ._interrupt import SIGNALS, GracefulStop
 from ._model.job import Job
-from ._progress import EpochProgress
+from ._progress import EpochProgress, known_total
 from ._saving import EpochSaver
-from .checkpoint._lock import holder_alive, local_holder
+from .checkpoint._lock import local_holder
 from .errors import (
-    CheckpointLockedError,
     CheckpointWriteError,
     JobDefinitionError,
     JobInterruptedError,
     NodeLostError,
     StopConditionError,
 )
-from .history import EpochRecord, means
+from .history import EpochRecord, history_frame, history_rows, means, plot_history
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
@@ -179,6 +178,8 @@ class JobRunner:
         self.on_epoch = on_epoch
         self.break_lock = break_lock
         self.history: list[EpochRecord] = []
+        self.dashboard_link: str | None = None
+        """The Dask dashboard of the last session trained on, when it has one."""
         self._signals = GracefulStop(lambda signum: self._interruption(signum, abandoned=True))
         self._saver: EpochSaver | None = None
 
@@ -279,7 +280,7 @@ class JobRunner:
             )
         failures = 0
         phase, epoch, stop = "start", 0, False
-        dashboard = getattr(getattr(session, "client", None), "dashboard_link", None)
+        dashboard = self.dashboard_link = getattr(getattr(session, "client", None), "dashboard_link", None)
         if dashboard:
             logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
         bar: EpochProgress | None = None
@@ -295,9 +296,8 @@ class JobRunner:
                         self._stop_if_interrupted(manager, session)
                         phase = "loop"
                     if bar is None:
-                        bar = EpochProgress(
-                            self.progress, job.name, start=epoch, total=self.max_epochs, dashboard=dashboard
-                        )
+                        total = known_total(self.max_epochs, job.epoch_limit)
+                        bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
                     if phase == "loop":
                         epoch = self._loop(session, manager, epoch, stop, failures, bar)
                         phase = "finish"
@@ -332,6 +332,7 @@ class JobRunner:
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
                 epoch += 1
+        bar.complete()
         if self._saver is not None:
             self._saver.flush(session)
         return epoch
@@ -500,15 +501,7 @@ class JobRunner:
         return self.checkpoint_manager
 
     def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
-        holder = self._lock_holder()
-        try:
-            manager.store.acquire_lock(holder, break_lock=self.break_lock)
-        except CheckpointLockedError:
-            held = manager.store.read_lock() or {}
-            if holder_alive(held) is not False:
-                raise
-            logger.warning("breaking the stale checkpoint lock of %s: its holder %s is gone", manager.store.url, held)
-            manager.store.acquire_lock(holder, break_lock=True)
+        manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
 
     @staticmethod
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:
@@ -525,18 +518,45 @@ class JobRunner:
     def _lock_holder(self) -> dict[str, Any]:
         return local_holder(self.job.name)
 
+    def history_frame(self) -> Any:
+        """:attr:`history` as a pandas DataFrame, one row per epoch.
+
+        Columns: ``epoch``, ``seconds``, ``checkpoint_seconds``, ``bytes_written``, ``bytes_reused``,
+        ``recoveries``, then ``stop:<name>`` per stop condition and one column per logged metric.
+        Needs pandas (``pip install "daskjobs[notebook]"``).
+        """
+        return history_frame(self.history)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure of every metric and of epoch and checkpoint seconds over the epochs.
+
+        Needs matplotlib (``pip install "daskjobs[notebook]"``); no pyplot state is touched.
+        """
+        return plot_history(self.history, title=f"job {self.job.name}")
+
     def __repr__(self) -> str:
         last = self.history[-1].epoch if self.history else None
         return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last})"
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{r.epoch}</td><td>{r.seconds:.3f}</td><td>{r.checkpoint_seconds:.3f}</td>"
-            f"<td>{r.checkpoint_bytes}</td><td>{html.escape(str(r.stop_values))}</td></tr>"
-            for r in self.history[-20:]
+        rows = history_rows(self.history[-20:])
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{_cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows
         )
+        where = self.checkpoint_manager.store.url if self.checkpoint_manager is not None else "no checkpoints"
+        dashboard = self.dashboard_link
+        link = f' &mdash; <a href="{html.escape(dashboard)}" target="_blank">Dask dashboard</a>' if dashboard else ""
+        shown = f", last {len(rows)} shown" if len(self.history) > len(rows) else ""
         return (
-            f"<b>JobRunner</b> for job {html.escape(self.job.name)}"
-            "<table><tr><th>epoch</th><th>seconds</th><th>checkpoint s</th><th>bytes</th><th>stop</th></tr>"
-            f"{rows}</table>"
+            f"<b>JobRunner</b> for job {html.escape(self.job.name)} &mdash; {len(self.history)} epochs run{shown}, "
+            f"checkpoints: <code>{html.escape(where)}</code>{link}"
+            f"<table><tr>{head}</tr>{body}</table>"
         )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))

@@ -342,8 +342,9 @@ def test_node_cluster_rejects_a_node_on_two_workers():
 
 
 def scheduler_tasks(client: Client) -> dict[str, str]:
-    """Key -> state of every task the scheduler still knows."""
-    return client.run_on_scheduler(lambda dask_scheduler: {k: t.state for k, t in dask_scheduler.tasks.items()})
+    """Key -> state of every task the scheduler still knows, but the sessions' anchor tasks."""
+    tasks = client.run_on_scheduler(lambda dask_scheduler: {k: t.state for k, t in dask_scheduler.tasks.items()})
+    return {k: state for k, state in tasks.items() if not str(k).endswith("-anchor")}
 
 
 def test_futures_are_released_after_each_run(dask_session, client):
@@ -462,3 +463,22 @@ def test_job_runner_trains_on_a_raw_client(client):
     n, pid = counted.fetch()
     assert (int(n), int(pid)) == (3, worker_pids(client)["a"])
     assert client.status == "running"
+
+
+def test_dashboard_link_is_logged_shown_and_serves_the_status_page(cluster, caplog):
+    """Every session start logs the dashboard link (INFO, logger daskjobs); repr and _repr_html_
+    show it; the link serves Dask's real status page (bokeh installed), not "Dask needs bokeh"."""
+    import urllib.request
+
+    with caplog.at_level("INFO", logger="daskjobs"), dj.DaskSession(cluster) as session:
+        link = session.dashboard_link
+        assert link is not None
+        assert link.startswith("http://127.0.0.1:")
+        assert any(link in record.getMessage() for record in caplog.records if record.name == "daskjobs")
+        assert link in repr(session)
+        assert f'href="{link}"' in session._repr_html_()
+    with urllib.request.urlopen(link, timeout=30) as response:
+        assert response.status == 200
+        page = response.read().decode(errors="replace")
+    assert "Dask" in page
+    assert "needs bokeh" not in page.lower()

@@ -17,6 +17,7 @@ CORE = (
     "daskjobs._model.node",
     "daskjobs._workspace",
     "daskjobs._execute",
+    "daskjobs.data",
 )
 
 
@@ -27,12 +28,12 @@ def imported_after(modules: tuple[str, ...], probe: str) -> bool:
 
 
 def test_core_does_not_import_zarr():
-    """Importing the job model, workspaces and executor does not import zarr."""
+    """Importing the job model, workspaces, executor and readers does not import zarr."""
     assert imported_after(CORE, "zarr") is False
 
 
 def test_core_does_not_import_distributed():
-    """Importing the job model, workspaces and executor does not import distributed."""
+    """Importing the job model, workspaces, executor and readers does not import distributed."""
     assert imported_after(CORE, "distributed") is False
 
 

@@ -1,7 +1,9 @@
-"""Every notebook in notebooks/ runs top to bottom."""
+"""Every notebook in notebooks/ runs top to bottom without an error or a warning in any output."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import nbformat
@@ -10,17 +12,73 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def outputs(notebook: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+
+
+def warnings_in(output: nbformat.NotebookNode) -> list[str]:
+    """Text of an output that is or contains a warning (stderr stream, or displayed warning text)."""
+    if output.output_type == "stream":
+        text = output.text
+    elif output.output_type in ("display_data", "execute_result"):
+        text = "\n".join(str(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
+    else:
+        return []
+    return [line for line in text.splitlines() if "warning" in line.lower() or "IProgress not found" in line]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory):
+    """Runs a notebook once per test module (in a fresh kernel, this checkout importable and its
+    scripts, such as ``daskjobs``, on PATH) and returns the executed notebook."""
+    done: dict[Path, nbformat.NotebookNode] = {}
+    root = str(Path(__file__).parent.parent)
+
+    def execute(path: Path) -> nbformat.NotebookNode:
+        if path not in done:
+            notebook = nbformat.read(path, as_version=4)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+                patch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+                where = tmp_path_factory.mktemp(path.stem)
+                NotebookClient(
+                    notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(where)}}
+                ).execute()
+            done[path] = notebook
+        return done[path]
+
+    return execute
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, tmp_path: Path) -> None:
-    """The notebook executes without an error."""
-    notebook = nbformat.read(path, as_version=4)
-    NotebookClient(
-        notebook, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    errors = [
-        o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
-    ]
-    assert not errors
+def test_notebook_runs_without_errors_or_warnings(path: Path, executed):
+    """The notebook executes; no cell shows an error, a traceback or a warning."""
+    notebook = executed(path)
+    shown = outputs(notebook)
+    assert not [o for o in shown if o.output_type == "error"]
+    assert not [line for o in shown for line in warnings_in(o)]
+    sources = "".join(c.source for c in notebook.cells if c.cell_type == "code")
+    assert "progress=False" not in sources
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_quickstart_shows_widget_progress_table_plot_and_dashboard(executed):
+    """The progress bar is a real widget; the runner repr, history table, plot and dashboard link show."""
+    notebook = executed(NOTEBOOKS[0])
+    shown = outputs(notebook)
+    assert any(WIDGET in o.get("data", {}) for o in shown)
+    html = "\n".join(o.get("data", {}).get("text/html", "") for o in shown)
+    assert "<b>JobRunner</b>" in html
+    assert "<th>loss</th>" in html
+    assert "Dask dashboard</a>" in html
+    assert "<b>Job</b>" in html
+    assert "<b>TaskGroup</b>" in html
+    assert any("image/png" in o.get("data", {}) for o in shown)
+    text = "\n".join(o.get("text", "") for o in shown if o.output_type == "stream")
+    assert "Dask dashboard: http://127.0.0.1:" in text

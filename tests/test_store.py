@@ -284,7 +284,8 @@ def test_cleanup_removes_only_uncommitted_groups_and_own_temp_files(store):
     own_temp = f"__daskjobs__/commits/epoch-000000000004.json.tmp-{uuid.uuid4().hex}"
     put(store, own_temp, b"{")
     assert store.cleanup_uncommitted(["a"]) == [f"{store.url}/a.2", f"{store.url}/a.3", f"{store.url}/{own_temp}"]
-    assert store.cleanup_uncommitted() == [f"{store.url}/b.x.7"]
+    assert store.cleanup_uncommitted() == []  # by default only the committed job's nodes
+    assert store.cleanup_uncommitted(["b.x"]) == [f"{store.url}/b.x.7"]
     assert store.cleanup_uncommitted() == []
     for name, data in foreign.items():
         assert fs.cat_file(fs_path(store, name)) == data, name

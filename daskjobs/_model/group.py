@@ -205,9 +205,9 @@ class TaskGroup(Managed):
         """The node-local setups of ``node``."""
         return list(self._local_setups.get(node, []))
 
-    def add_remote_net(self, net: object) -> None:
-        """Keep ``net`` for custom sessions; the built-in sessions ignore it."""
-        self._remote_nets.append(net)
+    def add_remote_net(self, obj: object) -> None:
+        """Keep ``obj`` (opaque) for custom sessions; the built-in sessions ignore it."""
+        self._remote_nets.append(obj)
 
     def remote_nets(self) -> list[object]:
         """Objects added with :meth:`add_remote_net`."""

@@ -103,6 +103,8 @@ class Job(Managed):
         for condition in conditions or []:
             self.add_stop_condition(condition)
         self._num_limiters = 0
+        self.epoch_limit: int | None = None
+        """The smallest ``num_epochs`` of the job's :func:`epoch_limiter` calls (progress bars show it as the total)."""
 
     def groups(self) -> dict[str, TaskGroup]:
         """The four groups by role: ``init``, ``epoch``, ``download``, ``exit``."""
@@ -199,6 +201,7 @@ def epoch_limiter(job: Job, num_epochs: int, node: Node | str | None = None) -> 
                 ws[counter] = np.int64(remaining - 1)
             ws[stop] = remaining == 0
 
+    job.epoch_limit = int(num_epochs) if job.epoch_limit is None else min(job.epoch_limit, int(num_epochs))
     Task(create_counter, group=job.init_group, node=where, name="epoch_limiter")
     output = Task(count_down, group=job.epoch_group, node=where, name="epoch_limiter", outputs=stop).outputs()[0]
     return job.add_stop_condition(output)

@@ -70,10 +70,10 @@ class Node(Managed):
 
     _managed_default = True
 
-    def __init__(self, node: str | Node = "local", **kwargs: float) -> None:
-        if not isinstance(node, str | Node):
-            raise DefinitionTypeError(f"a node is named by a str (or a Node), got {type(node).__name__}: {node!r}")
-        self._name = validate_name(str(node), "node")
+    def __init__(self, name: str | Node = "local", **kwargs: float) -> None:
+        if not isinstance(name, str | Node):
+            raise DefinitionTypeError(f"a node is named by a str (or a Node), got {type(name).__name__}: {name!r}")
+        self._name = validate_name(str(name), "node")
         for key, value in kwargs.items():
             validate_name(key, f"node {self._name!r}: resource")
             check_positive(value, f"node {self._name!r}: resource {key}")

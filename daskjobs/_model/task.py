@@ -184,7 +184,8 @@ class TaskOutputList:
         values: list[Value] = []
         for output in self.outputs:
             value = output.fetch()
-            values.extend(value if isinstance(value, list) else [value])
+            # A single-name output's value may itself be a JSON list: never spread it.
+            values.extend([value] if output._scalar else value)
         return values
 
     def __repr__(self) -> str:
@@ -312,18 +313,18 @@ class Task(Managed):
         if self._used:
             raise RuntimeError(f"cannot {what} task {self._name!r}: its group has already run")
 
-    def add_output(self, output: str | Sequence[str] | TaskOutput) -> TaskOutput:
+    def add_output(self, name: str | Sequence[str] | TaskOutput) -> TaskOutput:
         """Capture another blob (or list of blobs) when the task finishes."""
         self._check_unused("add an output to")
-        out = output if isinstance(output, TaskOutput) else TaskOutput(output)
+        out = name if isinstance(name, TaskOutput) else TaskOutput(name)
         out.task = self
         self._outputs.append(out)
         return out
 
-    def add_outputs(self, outputs: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
-        """Add each of ``outputs`` as a separate :class:`TaskOutput` (all or none)."""
+    def add_outputs(self, names: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
+        """Add each of ``names`` as a separate :class:`TaskOutput` (all or none)."""
         self._check_unused("add an output to")
-        return [self.add_output(item) for item in _as_outputs(outputs, f"task {self._name!r}")]
+        return [self.add_output(item) for item in _as_outputs(names, f"task {self._name!r}")]
 
     def add_input(self, local_name: str, output: TaskOutput) -> None:
         """Feed ``output`` of another task of the same group to this task as ``local_name``."""

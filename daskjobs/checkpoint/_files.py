@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import queue
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -76,9 +78,28 @@ def sync_paths(paths: Sequence[str]) -> None:
         fsync_path(path)
 
 
+FILE_MODE = 0o644
+"""Mode of every file daskjobs creates (less what the umask removes): never group- or world-writable."""
+DIR_MODE = 0o755
+"""Mode of every folder daskjobs creates (less what the umask removes)."""
+
+
+def make_dirs(path: str) -> None:
+    """Create ``path`` and its missing parents, each with :data:`DIR_MODE` (``os.makedirs`` gives
+    parents ``0o777``); an existing directory is fine."""
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        make_dirs(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
 def write_file(path: str, parts: Sequence[Any]) -> None:
     """Create or truncate ``path`` and write the buffers ``parts`` to it (no fsync)."""
-    fd = os.open(path, _WRITE_FLAGS, 0o644)
+    fd = os.open(path, _WRITE_FLAGS, FILE_MODE)
     try:
         for part in parts:
             view = memoryview(part).cast("B")
@@ -140,9 +161,9 @@ class LocalFiles:
     def mkdir(self, path: str, parents: bool = False) -> None:
         """Create directory ``path`` (and, with ``parents``, missing parents)."""
         if parents:
-            os.makedirs(path, exist_ok=True)
+            make_dirs(path)
         else:
-            os.mkdir(path)
+            os.mkdir(path, DIR_MODE)
         self._unsynced.append(path)
 
     def put(self, path: str, *parts: Any) -> None:
@@ -151,10 +172,15 @@ class LocalFiles:
         self._unsynced.append(path)
 
     def track_tree(self, path: str) -> None:
-        """Remember every file and directory under ``path`` (written by someone else) for :meth:`flush`."""
+        """Remember every file and directory under ``path`` (written by someone else) for :meth:`flush`,
+        taking group and world write permission away from them (others ignore :data:`FILE_MODE`)."""
         for root, _dirs, files in os.walk(path):
             self._unsynced.append(root)
             self._unsynced.extend(os.path.join(root, name) for name in files)
+            for name in [root, *(os.path.join(root, f) for f in files)]:
+                mode = os.lstat(name).st_mode
+                if not stat.S_ISLNK(mode) and stat.S_IMODE(mode) & 0o022:
+                    os.chmod(name, stat.S_IMODE(mode) & ~0o022)
 
     def flush(self) -> None:
         """fsync what was written (and the parent of the first path), if syncing is on."""
@@ -179,7 +205,7 @@ class LocalFiles:
 
     def replace(self, path: str, data: bytes) -> None:
         """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        make_dirs(os.path.dirname(path))
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             write_file(temp, [data])
@@ -194,8 +220,8 @@ class LocalFiles:
 
     def create(self, path: str, data: bytes) -> None:
         """Create a small file that must not exist yet (``O_EXCL``); raises :class:`FileExistsError`."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        make_dirs(os.path.dirname(path))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             os.write(fd, data)
             if self._fsync:

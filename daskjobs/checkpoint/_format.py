@@ -220,6 +220,8 @@ def make_commit_record(
     node_entries: Mapping[str, Mapping[str, Any]],
     stop_values: Mapping[str, Any],
     timings: Mapping[str, float],
+    *,
+    metrics: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Build the commit record of ``epoch`` from every node's entry.
 
@@ -235,6 +237,8 @@ def make_commit_record(
         The stop-condition values of the epoch (``bool`` or ``numpy.bool_``), by name.
     timings
         Durations in seconds, by name (e.g. ``{"save_seconds": 1.2}``).
+    metrics
+        The epoch's metric means, by name (finite floats).
 
     Returns
     -------
@@ -255,6 +259,7 @@ def make_commit_record(
         "node_entries": {node: dict(entry) for node, entry in node_entries.items()},
         "stop_values": {str(name): bool(value) for name, value in stop_values.items()},
         "timings": {str(name): float(value) for name, value in timings.items()},
+        "metrics": {str(name): float(value) for name, value in (metrics or {}).items()},
     }
     return validate_commit_record(record, epoch)
 

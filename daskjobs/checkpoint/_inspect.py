@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import html
-import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import CheckpointError, CheckpointNotFoundError
+from ..errors import CheckpointError, CheckpointNotFoundError, JobDefinitionError
+from ._manager import best_epochs
 from ._store import CheckpointStore
 
 
@@ -25,7 +24,10 @@ class CheckpointInfo:
     nbytes: int
     created: str
     stop_values: dict[str, bool]
-    record: dict[str, Any]
+    record: dict[str, Any] = field(repr=False)
+    """The whole commit record."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The epoch's metric means (logged with ``ws.log``), from the commit record."""
 
 
 def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
@@ -51,6 +53,7 @@ def _info(record: dict[str, Any]) -> CheckpointInfo:
         record.get("created", ""),
         dict(record.get("stop_values", {})),
         record,
+        dict(record.get("metrics", {})),
     )
 
 
@@ -137,131 +140,101 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         return f"CheckpointView(job={self.job!r}, epoch={self.epoch}, nodes={self.nodes})"
 
     def _repr_html_(self) -> str:
+        entries = self.record["node_entries"]
         rows = "".join(
-            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{meta['dtype']}</td>"
-            f"<td>{tuple(meta['shape'])}</td></tr>"
+            f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{_kind_text(meta)}</td>"
+            f"<td>{'' if meta.get('kind') == 'json' else tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
             for node in self.nodes
-            for name, meta in sorted(self.record["node_entries"][node]["blobs"].items())
+            for name, meta in sorted(entries[node]["blobs"].items())
         )
+        nbytes = sum(int(entry.get("bytes", 0)) for entry in entries.values())
+        facts = [f"{nbytes} bytes", f"committed {html.escape(str(self.record.get('created', '?')))}"]
+        facts += [f"{html.escape(k)}={v:.6g}" for k, v in self.record.get("metrics", {}).items()]
+        facts += [f"{html.escape(k)}={v}" for k, v in self.record.get("stop_values", {}).items()]
         return (
-            f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch}"
-            f"<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th></tr>{rows}</table>"
+            f"<b>Checkpoint</b> of job {html.escape(self.job)}, epoch {self.epoch} "
+            f"<code>{html.escape(self._store.url)}</code> ({', '.join(facts)})"
+            "<table><tr><th>node</th><th>blob</th><th>dtype</th><th>shape</th><th>bytes</th></tr>"
+            f"{rows}</table>"
         )
+
+
+def _kind_text(meta: dict[str, Any]) -> str:
+    """``float32`` for an array stored as ``<f4``, ``JSON`` for a JSON value; unknown dtypes as recorded."""
+    if meta.get("kind") == "json":
+        return "JSON"
+    try:
+        return html.escape(str(np.dtype(meta["dtype"])))
+    except TypeError:
+        return html.escape(str(meta["dtype"]))
 
 
 def open_checkpoint(
-    db_prefix: str, epoch: int | None = None, storage_options: dict[str, Any] | None = None
+    db_prefix: str,
+    epoch: int | Literal["best"] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    metric: str | None = None,
+    mode: Literal["min", "max"] | None = None,
 ) -> CheckpointView:
     """A read-only view of committed ``epoch`` (default: the latest) under ``db_prefix``.
 
     Works while a runner holds the prefix's writer lock.
 
+    Parameters
+    ----------
+    db_prefix
+        A local path or an fsspec URL.
+    epoch
+        A committed epoch, ``None`` for the latest, or ``"best"``: the committed epoch with the
+        best value of ``metric`` (ties: the earlier epoch).
+    storage_options
+        Passed to fsspec.
+    metric, mode
+        Used with ``epoch="best"``. Default: the ``best_metric``/``best_mode`` the latest commit was
+        made with (a manager with ``keep_best``), else ``"loss"`` and ``"min"``.
+
     Raises
     ------
     CheckpointNotFoundError
-        No such committed epoch (or none at all).
+        No such committed epoch (or none at all), or with ``"best"`` no committed epoch has ``metric``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> open_checkpoint(tempfile.mkdtemp(), "best")
+    Traceback (most recent call last):
+    ...
+    daskjobs.errors.CheckpointNotFoundError: no committed checkpoint under ...
     """
     store = CheckpointStore(db_prefix, storage_options)
-    if epoch is None:
+    if epoch is None or epoch == "best":
         record = store.latest_commit()
         if record is None:
             raise CheckpointNotFoundError(f"no committed checkpoint under {store.url}")
+        if epoch == "best":
+            return CheckpointView(store, _best_record(store, record, metric, mode))
         return CheckpointView(store, record)
+    if isinstance(epoch, str):
+        raise JobDefinitionError(f"epoch must be an int, None or 'best', got {epoch!r}")
     return CheckpointView(store, store.read_commit(epoch))
 
 
-def add_checkpoints_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``daskjobs checkpoints list|show|verify|prune|unlock``."""
-    parser = subparsers.add_parser("checkpoints", help="inspect, verify and prune checkpoints under a prefix")
-    actions = parser.add_subparsers(dest="action", required=True)
-    for name, text in [
-        ("list", "committed epochs, one line each"),
-        ("show", "blobs of one epoch (default latest)"),
-        ("verify", "read and verify every blob of one epoch (default: all epochs)"),
-        ("prune", "delete old committed epochs and uncommitted leftovers"),
-        ("unlock", "break a stale writer lock"),
-    ]:
-        action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("db_prefix", help="checkpoint prefix: a path or fsspec URL")
-        if name in ("show", "verify"):
-            action.add_argument("--epoch", type=int)
-        if name in ("list", "show"):
-            action.add_argument("--json", action="store_true", help="print JSON")
-        if name == "prune":
-            action.add_argument("--keep-last", type=int, default=None)
-            action.add_argument("--keep-every", type=int, default=None)
-            action.add_argument("--dry-run", action="store_true")
-    parser.set_defaults(handler=run_checkpoints)
-
-
-def run_checkpoints(args: argparse.Namespace) -> int:
-    """Carry out a ``daskjobs checkpoints`` command; returns the exit code."""
-    store = CheckpointStore(args.db_prefix)
-    if args.action == "list":
-        infos = list_checkpoints(args.db_prefix)
-        if args.json:
-            print(json.dumps([i.record for i in infos], indent=2))
-        for info in [] if args.json else infos:
-            stops = ",".join(k for k, v in info.stop_values.items() if v) or "-"
-            print(
-                f"{info.epoch:8d}  {info.job}  nodes={','.join(info.nodes)}  {info.nbytes} bytes  "
-                f"{info.created}  stopped={stops}"
-            )
-        if not infos and not args.json:
-            print(f"no committed checkpoints under {store.url}")
-    elif args.action == "show":
-        view = open_checkpoint(args.db_prefix, args.epoch)
-        if args.json:
-            print(json.dumps(view.record, indent=2))
-            return 0
-        print(f"job {view.job}, epoch {view.epoch}")
-        for node in view.nodes:
-            for name, meta in sorted(view.record["node_entries"][node]["blobs"].items()):
-                print(f"  {node}/{name}: {meta['dtype']} {tuple(meta['shape'])}")
-    elif args.action == "verify":
-        epochs = [args.epoch] if args.epoch is not None else store.committed_epochs()
-        for epoch in epochs:
-            size = open_checkpoint(args.db_prefix, epoch).verify()
-            print(f"epoch {epoch}: OK ({size} bytes verified)")
-    elif args.action == "prune":
-        return _prune(store, args)
-    else:
-        lock = store.read_lock()
-        store.release_lock()
-        print(f"removed lock {lock}" if lock else f"no lock under {store.url}")
-    return 0
-
-
-def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
-    import os
-    import socket
-
-    if not args.dry_run:
-        store.acquire_lock(
-            {"host": socket.gethostname(), "pid": os.getpid(), "job": "daskjobs checkpoints prune", "started": ""}
+def _best_record(
+    store: CheckpointStore, latest: dict[str, Any], metric: str | None, mode: str | None
+) -> dict[str, Any]:
+    recorded = latest.get("best") or {}
+    if metric is None:
+        metric = recorded.get("metric", "loss")
+    if mode is None:
+        mode = recorded.get("mode", "min") if recorded.get("metric") == metric else "min"
+    if mode not in ("min", "max"):
+        raise JobDefinitionError(f"mode must be 'min' or 'max', got {mode!r}")
+    records = {e: store.read_commit(e) for e in store.committed_epochs()}
+    ranked = best_epochs({e: r.get("metrics", {}).get(metric) for e, r in records.items()}, mode)
+    if not ranked:
+        raise CheckpointNotFoundError(
+            f"no committed epoch under {store.url} has metric {metric!r} (committed epochs: {sorted(records)}); "
+            "log it with ws.log(name, value), or pass metric= the name of a logged metric"
         )
-    try:
-        return _prune_locked(store, args)
-    finally:
-        if not args.dry_run:
-            store.release_lock()
-
-
-def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
-    epochs = store.committed_epochs()
-    keep = set(epochs[-1:])
-    if args.keep_last is not None:
-        keep.update(epochs[-args.keep_last :] if args.keep_last > 0 else [])
-    if args.keep_every is not None:
-        keep.update(e for e in epochs if e % args.keep_every == 0)
-    if args.keep_last is None and args.keep_every is None:
-        keep = set(epochs)
-    doomed = [e for e in epochs if e not in keep]
-    for epoch in doomed:
-        print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
-        if not args.dry_run:
-            store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
-    if not args.dry_run:
-        for path in store.cleanup_uncommitted():
-            print(f"removed uncommitted {path}")
-    return 0
+    return records[ranked[0]]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import inspect
 import json
 import logging
 import os
@@ -20,7 +19,13 @@ from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
-from ..errors import CheckpointError, CheckpointNotFoundError, CheckpointWriteError, JobDefinitionError
+from ..errors import (
+    CheckpointError,
+    CheckpointLockedError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    JobDefinitionError,
+)
 from ._files import fsync_path
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
@@ -43,15 +48,14 @@ logger = logging.getLogger("daskjobs")
 
 _STAGING = "__daskjobs__/staging"
 """Where the first save after resuming from an older epoch is written (see ``resume_older``)."""
-_RECORD_TAKES_METRICS = "metrics" in inspect.signature(make_commit_record).parameters
 
 
-def get_ckpt_filename(node_name: str, epoch: int) -> str:
+def get_ckpt_filename(node: str, epoch: int) -> str:
     """The checkpoint name of a node at an epoch: ``"<node>.<epoch>"``."""
-    return f"{node_name}.{epoch}"
+    return f"{node}.{epoch}"
 
 
-def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None = None) -> str:
+def db_name(epoch: int, node: str, db_prefix: str, path_prefix: str | None = None) -> str:
     """Where a node's checkpoint of ``epoch`` lives: ``"<db_prefix>/<node>.<epoch>"``.
 
     A non-empty ``path_prefix`` is prepended as it is, without a separator (as in Caffe2).
@@ -61,10 +65,25 @@ def db_name(epoch: int, node_name: str, db_prefix: str, path_prefix: str | None 
     >>> db_name(5, "trainer_0", "T")
     'T/trainer_0.5'
     """
-    name = get_ckpt_filename(node_name, epoch)
+    name = get_ckpt_filename(node, epoch)
     if path_prefix:
         return f"{path_prefix}{name}"
     return f"{db_prefix.rstrip('/')}/{name}"
+
+
+def best_epochs(values: dict[int, float | None], mode: str) -> list[int]:
+    """Epochs ordered best first by their metric value (``None``: no value, never best); ties: earlier first.
+
+    Examples
+    --------
+    >>> best_epochs({1: 0.5, 2: 0.25, 3: None, 4: 0.25}, "min")
+    [2, 4, 1]
+    >>> best_epochs({1: 0.5, 2: 0.25}, "max")
+    [1, 2]
+    """
+    sign = 1.0 if mode == "min" else -1.0
+    scored = [(sign * value, epoch) for epoch, value in values.items() if value is not None]
+    return [epoch for _, epoch in sorted(scored)]
 
 
 class MultiNodeCheckpointManager:
@@ -86,6 +105,14 @@ class MultiNodeCheckpointManager:
     keep_last, keep_every
         Retention: keep the newest ``keep_last`` committed epochs and every epoch divisible by
         ``keep_every``; older ones are deleted after a newer commit. Default: keep all.
+    keep_best, best_metric, best_mode
+        Best-k retention: also keep the ``keep_best`` committed epochs with the lowest
+        (``best_mode="min"``, default) or highest (``"max"``) value of metric ``best_metric`` (logged
+        with ``ws.log``; epochs without it never count as best; ties keep the earlier epoch). The
+        kept sets of ``keep_last``, ``keep_every`` and ``keep_best`` are united, and the newest
+        committed epoch is always kept. ``keep_best`` alone keeps the best ``keep_best`` and the
+        newest. With ``best_metric`` set (also without ``keep_best``) commit records name the
+        metric and mode, so ``dj.open_checkpoint(prefix, epoch="best")`` finds the same best epoch.
     compression
         ``None`` (default, fastest) or a compressor name the store supports.
     async_save
@@ -114,17 +141,28 @@ class MultiNodeCheckpointManager:
         compression: str | None = None,
         fsync: bool = True,
         async_save: bool = False,
+        keep_best: int | None = None,
+        best_metric: str | None = None,
+        best_mode: str = "min",
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
-        for label, value in (("keep_last", keep_last), ("keep_every", keep_every)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+        for label, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise JobDefinitionError(f"{label} must be a positive int or None, got {value!r}")
+        if best_mode not in ("min", "max"):
+            raise JobDefinitionError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+        if keep_best is not None and not (isinstance(best_metric, str) and best_metric):
+            raise JobDefinitionError(
+                f"keep_best={keep_best} needs best_metric, the name of a metric logged with ws.log, got {best_metric!r}"
+            )
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
+        self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
         self._pending: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
         self.last_commit_bytes = 0
@@ -180,8 +218,8 @@ class MultiNodeCheckpointManager:
         return list(self._nodes)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
-        """The checkpoint name of ``node_name`` at ``epoch``."""
-        return db_name(epoch, str(node_name), self.store.url)
+        """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
+        return db_name(epoch, str(node_name), self.db_prefix)
 
     # -- handler pass-throughs --------------------------------------------------------------
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
@@ -494,14 +532,16 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )
-        extra = {"metrics": metrics} if _RECORD_TAKES_METRICS else {}
-        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, **extra)
+        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
+        if self.best_metric is not None:
+            record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self.wait_background()
         if self._retire:
             self._retire_newer(epoch)
         if epoch in self._staged:
             self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
+        self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
         self.last_commit = record
         self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
@@ -584,19 +624,40 @@ class MultiNodeCheckpointManager:
                 fs.mv(source, target, recursive=True)
 
     def _apply_retention(self, newest: int) -> None:
-        if self.keep_last is None and self.keep_every is None:
+        """Delete committed epochs that retention does not keep; failures are logged warnings."""
+        if self.keep_last is None and self.keep_every is None and self.keep_best is None:
             return
-        epochs = self.store.committed_epochs()
+        try:
+            epochs = self.store.committed_epochs()
+            best = self._best_epochs(epochs) if self.keep_best is not None else []
+        except OSError as exc:
+            logger.warning("retention: could not list the epochs under %s: %s", self.store.url, exc)
+            return
         keep = {newest}
         if self.keep_last is not None:
             keep.update(epochs[-self.keep_last :])
         if self.keep_every is not None:
             keep.update(e for e in epochs if e % self.keep_every == 0)
+        keep.update(best)
         for epoch in epochs:
             if epoch < newest and epoch not in keep:
-                record = self.store.read_commit(epoch)
-                self.store.delete_epoch(epoch, record["nodes"])
+                try:
+                    self.store.delete_epoch(epoch, self.store.read_commit(epoch)["nodes"])
+                except Exception as exc:  # the new epoch is committed: never fail the save for this
+                    logger.warning("retention: could not delete epoch %d under %s: %s", epoch, self.store.url, exc)
+                    if isinstance(exc, CheckpointLockedError):
+                        return
+                    continue
                 logger.info("retention: deleted epoch %d under %s", epoch, self.store.url)
+
+    def _best_epochs(self, epochs: list[int]) -> list[int]:
+        """The ``keep_best`` best of ``epochs`` by ``best_metric``; each commit record is read once per manager."""
+        known = self._best_values
+        self._best_values = {
+            e: known[e] if e in known else self.store.read_commit(e).get("metrics", {}).get(self.best_metric)
+            for e in epochs
+        }
+        return best_epochs(self._best_values, self.best_mode)[: self.keep_best]
 
     def stop_values(self, epoch: int) -> dict[str, bool]:
         """The stop-condition values recorded when ``epoch`` was committed."""
@@ -629,9 +690,23 @@ class MultiNodeCheckpointManager:
 
     def _repr_html_(self) -> str:
         epochs = self.store.committed_epochs()
+        options = {
+            "nodes": self._nodes,
+            "keep_last": self.keep_last,
+            "keep_every": self.keep_every,
+            "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
+            "async_save": self.async_save or None,
+        }
+        facts = "".join(f", {k}={html.escape(str(v))}" for k, v in options.items() if v)
+        latest = ""
+        if epochs:
+            metrics = self.store.read_commit(epochs[-1]).get("metrics", {})
+            shown = "".join(f" {html.escape(k)}={v:.6g}" for k, v in metrics.items())
+            listed = ", ".join(map(str, epochs)) if len(epochs) <= 12 else f"{epochs[0]} &hellip; {epochs[-1]}"
+            latest = f" ({listed}); latest {epochs[-1]}{shown}"
         return (
-            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>: "
-            f"{len(epochs)} committed epochs{f', latest {epochs[-1]}' if epochs else ''}"
+            f"<b>{type(self).__name__}</b> <code>{html.escape(self.store.url)}</code>{facts}: "
+            f"{len(epochs)} committed epochs{latest}"
         )
 
 

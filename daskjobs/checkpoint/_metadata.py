@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .._validation import check_count
 from ..errors import CheckpointNotFoundError
 
 if TYPE_CHECKING:
@@ -62,7 +63,19 @@ class CommitRecordHandler:
         """Nothing to remember: the manager's store knows the prefix."""
 
     def last_epoch(self, user_epoch: int | None = None) -> int | None:
-        """The user's epoch if committed, else the latest committed epoch (or ``None``)."""
+        """The user's epoch if committed, else the latest committed epoch (or ``None``).
+
+        Raises
+        ------
+        DefinitionTypeError
+            ``user_epoch`` is not an int (``True`` and ``1.0`` are refused, not taken as 1).
+        JobDefinitionError
+            ``user_epoch`` is negative.
+        CheckpointNotFoundError
+            ``user_epoch`` is not committed.
+        """
+        if user_epoch is not None:
+            user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
         epochs = self._store.committed_epochs()
         if user_epoch is not None:
             if user_epoch not in epochs:

@@ -29,23 +29,23 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import (
-    CheckpointCorruptError,
     CheckpointError,
     CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     JobDefinitionError,
 )
+from . import _lock
+from ._cleanup import Tree, group_folders, remove_group, remove_temp_files
 from ._files import LocalFiles, RemoteFiles, files_for
 from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record
+from ._lock import LOCK_NAME
 from ._zarr import COMPRESSIONS, Location, read_group, read_group_entry, write_group
 
 logger = logging.getLogger("daskjobs")
 
 _OWN = "__daskjobs__"
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
-_TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
-_GROUP_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})")
 _SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 
@@ -220,9 +220,18 @@ class CheckpointStore:
         """Write the commit record of ``record["epoch"]``, atomically (this is what makes the epoch exist).
 
         Local disks: temp file, fsync, ``os.replace``, fsync of the directory. Object stores: one PUT.
+        A store holding the writer lock first checks it still does (:meth:`check_lock`).
+
+        Raises
+        ------
+        CheckpointLockedError
+            This store's lock vanished or changed hands; nothing was written.
+        CheckpointWriteError
+            Storage failed.
         """
         epoch = _epoch(record.get("epoch"))
         data = dumps(validate_commit_record(dict(record), epoch))
+        self._check_held()
         try:
             self._files().replace(self._commit_file(epoch), data)
         except OSError as exc:
@@ -268,53 +277,63 @@ class CheckpointStore:
             raise CheckpointWriteError(f"could not un-commit epoch {epoch} under {self.url}: {exc}") from exc
 
     def delete_epoch(self, epoch: int, nodes: Iterable[str]) -> None:
-        """Delete ``epoch``: its commit record first, then the groups of ``nodes``."""
+        """Delete ``epoch``: its commit record first, then what it recorded of the groups of ``nodes``.
+
+        Only the files the commit record lists (each blob's ``zarr.json`` and chunks) and the
+        group's own ``zarr.json`` are deleted, folders only once empty; a group without
+        daskjobs' marker, a user's file inside a group, a symlink are left alone (see
+        :mod:`._cleanup`). A crash midway leaves an uncommitted group that
+        :meth:`cleanup_uncommitted` finishes, never a damaged committed one.
+
+        Raises
+        ------
+        CheckpointLockedError
+            This store holds the writer lock and it vanished or changed hands.
+        CheckpointWriteError
+            Storage failed.
+        """
         nodes = [validate_name(node, "node") for node in nodes]
+        epoch = _epoch(epoch)
+        self._check_held()
+        try:
+            entries = self.read_commit(epoch)["node_entries"]
+        except CheckpointNotFoundError:
+            entries = {}
         self.uncommit(epoch)
+        tree = Tree(self.fs)
         try:
             for node in nodes:
-                self._files().clear(self._path(f"{node}.{_epoch(epoch)}"))
+                remove_group(tree, self._path(f"{node}.{epoch}"), node, epoch, entries.get(node))
         except OSError as exc:
             raise CheckpointWriteError(f"could not delete epoch {epoch} under {self.url}: {exc}") from exc
 
     def cleanup_uncommitted(self, nodes: Iterable[str] | None = None) -> list[str]:
         """Remove debris of saves that never committed; return what was removed.
 
-        Removed: directories named exactly ``<node>.<epoch>`` (a valid node name, of ``nodes`` if
-        given, and a canonical integer epoch) whose epoch has no commit record, and daskjobs' own
-        temp files under ``__daskjobs__/``. Nothing else is ever touched. Do not call it while a
-        save to the prefix is in flight.
+        Removed: daskjobs' files in directories named ``<node>.<epoch>`` whose epoch has no
+        commit record and that carry daskjobs' marker for that node and epoch, and daskjobs' own
+        temp files under ``__daskjobs__/``. ``nodes`` defaults to the nodes of the latest commit
+        (any node while nothing is committed). A folder that merely looks like a group
+        (``mydata.2024``), a user's file, a symlink are never touched (see :mod:`._cleanup`).
+        Do not call it while a save to the prefix is in flight.
         """
         wanted = None if nodes is None else {validate_name(n, "node") for n in nodes}
+        self._check_held()
         committed = set(self.committed_epochs())
-        files, removed = self._files(), []
+        if wanted is None and committed:  # the prefix holds one job: its nodes are the latest commit's
+            wanted = set(self.read_commit(max(committed))["nodes"])
+        tree, removed = Tree(self.fs), []
         try:
-            for name, is_dir in sorted(files.listdir(self._root).items()):
-                match = _GROUP_RE.fullmatch(name)
-                if not (
-                    is_dir and match and self._is_node(match.group(1), wanted) and int(match.group(2)) not in committed
-                ):
-                    continue
-                files.clear(self._path(name))
-                removed.append(f"{self.url}/{name}")
-            for folder in (self._path(_OWN), self._path(_OWN, "commits")):
-                for name, is_dir in sorted(files.listdir(folder).items()):
-                    if not is_dir and _TEMP_RE.fullmatch(name):
-                        files.remove(f"{folder}/{name}")
-                        removed.append(f"{self.url}{folder[len(self._root) :]}/{name}")
+            for name, node, epoch in group_folders(tree, self._root, wanted):
+                if epoch not in committed and remove_group(tree, self._path(name), node, epoch):
+                    removed.append(f"{self.url}/{name}")
+            for where in (_OWN, f"{_OWN}/commits"):
+                removed.extend(f"{self.url}/{where}/{name}" for name in remove_temp_files(tree, self._path(where)))
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
         if removed:
             logger.info("removed uncommitted checkpoint debris under %s: %s", self.url, removed)
         return removed
-
-    @staticmethod
-    def _is_node(name: str, wanted: set[str] | None) -> bool:
-        try:
-            validate_name(name, "node")
-        except JobDefinitionError:
-            return False
-        return wanted is None or name in wanted
 
     # -- writability and the writer lock ------------------------------------------------------
     def check_writable(self) -> None:
@@ -340,70 +359,69 @@ class CheckpointStore:
                 f"{back!r} instead of what was written"
             )
 
-    def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
-        """Become the one writer of the prefix.
+    def _own_path(self) -> str:
+        return self._path(_OWN)
 
-        Local disks create ``__daskjobs__/lock.json`` with ``O_EXCL``; other filesystems use an
-        exclusive create (on S3 a PUT with ``If-None-Match: *``).
+    def _lock_file(self) -> str:
+        return self._path(_OWN, LOCK_NAME)
+
+    def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
+        """Become the one writer of the prefix, taking over a provably stale lock atomically.
+
+        The lock is ``__daskjobs__/lock.json``, created exclusively (``O_EXCL`` locally, a PUT
+        with ``If-None-Match: *`` on S3). A lock whose holder provably no longer runs (this
+        host, no such process, or a pid no process can have) is taken over with a warning; of
+        several processes racing for it exactly one wins (see :mod:`._lock`).
 
         Parameters
         ----------
         holder
             Who is writing, e.g. ``{"host", "pid", "job", "started"}``; shown to anyone refused.
         break_lock
-            Remove an existing lock first (when its holder is known to be gone).
+            Take over the lock even if its holder may still run (another host, a damaged lock file).
 
         Raises
         ------
         CheckpointLockedError
             Another holder has the lock; the message names it.
-        """
-        path = self._path(_OWN, "lock.json")
-        token = uuid.uuid4().hex
-        data = dumps({**holder, "token": token})
-        if break_lock:
-            logger.warning("breaking the checkpoint lock of %s held by %s", self.url, self.read_lock())
-            self._files().remove(path)
-        try:
-            self._files().create(path, data)
-        except FileExistsError:  # s3fs reports a failed If-None-Match precondition as this too
-            raise self._locked() from None
-        except OSError as exc:
-            raise CheckpointWriteError(f"could not lock checkpoint prefix {self.url}: {exc}") from exc
-        self._lock_token = token
+        CheckpointWriteError
+            The lock could not be written.
 
-    def _locked(self) -> CheckpointLockedError:
-        held = self.read_lock() or {}
-        who = ", ".join(f"{k} {held[k]}" for k in ("host", "pid", "job", "started") if k in held) or str(held)
-        return CheckpointLockedError(
-            f"checkpoint prefix {self.url} is locked by another writer ({who}); if it is "
-            "gone, run `daskjobs checkpoints unlock "
-            f"{self.url}` or pass JobRunner(..., break_lock=True)"
-        )
+        Examples
+        --------
+        >>> import tempfile
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> store.acquire_lock({"host": "here", "pid": 1, "job": "train"})
+        >>> store.check_lock()
+        >>> store.release_lock()
+        """
+        self._lock_token = _lock.acquire(self._files(), self._lock_file(), self.url, holder, break_lock=break_lock)
+
+    def check_lock(self) -> None:
+        """Check that this store still holds its lock (one small read); :meth:`commit` calls it first.
+
+        Raises
+        ------
+        CheckpointLockedError
+            The lock file (or the whole prefix) vanished, or holds another writer's token, or
+            this store never acquired the lock.
+        """
+        if self._lock_token is None:
+            raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
+        _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
+
+    def _check_held(self) -> None:
+        if self._lock_token is not None:
+            self.check_lock()
 
     def release_lock(self) -> None:
         """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).
 
         A lock taken over by someone else (after ``break_lock``) is left alone, with a warning.
         """
-        current = self.read_lock()
         mine, self._lock_token = self._lock_token, None
-        if current is None:
-            return
-        if mine is not None and current.get("token") != mine:
-            logger.warning("not releasing the checkpoint lock of %s: it is now held by %s", self.url, current)
-            return
-        self._files().remove(self._path(_OWN, "lock.json"))
+        _lock.release(self._files(), self._lock_file(), self.url, mine)
 
     def read_lock(self) -> dict[str, Any] | None:
         """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""
-        data = self._read(self._path(_OWN, "lock.json"))
-        if isinstance(data, FileNotFoundError):
-            return None
-        try:
-            if isinstance(data, OSError):
-                raise CheckpointCorruptError(str(data))
-            holder = loads(data, "lock file")
-        except CheckpointCorruptError as exc:
-            return {"unreadable": str(exc)}
-        return holder if isinstance(holder, dict) else {"unreadable": f"lock file holds {type(holder).__name__}"}
+        return _lock.read(self._files(), self._lock_file())

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
+from ._files import make_dirs, write_file
 
 if TYPE_CHECKING:
     from .._workspace import Workspace
@@ -51,9 +53,14 @@ class _CopyStep:
                 (path, f"{dst_root.rstrip('/')}/{path[len(src_root.rstrip('/')) + 1 :]}")
                 for path in src_fs.find(src_root)
             ]
+        local = isinstance(dst_fs, LocalFileSystem)
         for source, target in pairs:
-            dst_fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-            dst_fs.pipe_file(target, src_fs.cat_file(source))
+            data = src_fs.cat_file(source)
+            if local:  # daskjobs' own file modes: never group- or world-writable
+                make_dirs(target.rsplit("/", 1)[0])
+                write_file(target, [data])
+            else:
+                dst_fs.pipe_file(target, data)
         ws[_DONE] = True
         logger.info("uploaded %s to %s", self.source, self.destination)
 

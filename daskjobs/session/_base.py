@@ -132,7 +132,9 @@ class Session(abc.ABC):
         """
         self._check_open()
         plan = plan_group(group, job)
-        run_key = f"{job}-{self.session_id}/{group.label}/r{next(self._run_counter)}/a{attempt}"
+        # Every Dask key of the session starts with "daskjobs-<session id>-": Dask's key_split
+        # maps them all to one task group and prefix, so the scheduler's bookkeeping stays flat.
+        run_key = f"daskjobs-{self.session_id}-{job}/{group.label}/r{next(self._run_counter)}/a{attempt}"
         graph = lower(
             plan,
             self._provider(),

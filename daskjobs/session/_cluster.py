@@ -10,13 +10,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dask.config
-from distributed import Nanny, Scheduler, SpecCluster, Worker
+from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
 from .._model.node import Node
 from .._validation import validate_name
 from ._placement import worker_resources
 
 _HOST = "127.0.0.1"
+
+CLUSTER_CONFIG = {
+    "distributed.scheduler.no-workers-timeout": "10s",
+    "distributed.admin.low-level-log-length": 100,
+}
+"""Dask config of ``node_cluster``. Dask keeps its last ``low-level-log-length`` messages per
+connection and event topic for debugging (with every task's run spec); 100 instead of 1000 keeps
+that bounded memory small and reached after a few hundred epochs."""
 
 NodesLike = Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
 """Node names or Nodes (one worker each), or worker name -> the nodes that worker serves."""
@@ -45,7 +53,14 @@ def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float
     return plan
 
 
-def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True, **kwargs: Any) -> SpecCluster:
+def node_cluster(
+    nodes: NodesLike,
+    *,
+    nthreads: int = 2,
+    processes: bool = True,
+    security: Security | bool | None = None,
+    **kwargs: Any,
+) -> SpecCluster:
     """A ready local Dask cluster with one worker per node, listening on 127.0.0.1 only.
 
     Each worker is named after its node and provides :func:`~daskjobs.node_resource` of it
@@ -53,7 +68,9 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     extra resources of :class:`~daskjobs.Node` objects (``Node("t", GPU=1)`` adds ``GPU: 1``).
     The scheduler fails a job task at once when its worker dies (``allowed-failures`` 0) and
     fails tasks that wait more than 10 s for a missing worker (``no-workers-timeout``); its
-    dashboard listens on a free port of 127.0.0.1.
+    dashboard listens on a free port of 127.0.0.1. Dask's debugging logs of recent messages
+    keep 100 entries instead of 1000 (``distributed.admin.low-level-log-length``), so memory
+    stays flat after a short warm-up however many epochs run.
 
     Parameters
     ----------
@@ -63,8 +80,13 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     nthreads : int
         Threads per worker.
     processes : bool
-        One process per worker (behind a ``Nanny`` that restarts it if it dies) when true,
-        else in-process workers (faster to start; all share this process).
+        One process per worker (behind a ``Nanny`` that restarts it, every time it dies) when
+        true, else in-process workers (faster to start; all share this process).
+    security : distributed.Security or bool, optional
+        TLS for every connection of the cluster (``tls://`` addresses; plain TCP clients are
+        refused). ``True`` makes a temporary self-signed certificate
+        (``distributed.Security.temporary()``). A :class:`~daskjobs.DaskSession` on the
+        cluster object uses it.
     **kwargs
         Passed to :class:`distributed.SpecCluster` (e.g. ``name``, ``silence_logs``).
 
@@ -82,10 +104,14 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
     ...         print(session.nodes())
     ['ps', 'trainer']
     >>> cluster = dj.node_cluster({"machine0": ["ps", "trainer"]}, processes=False)  # doctest: +SKIP
+    >>> secure = dj.node_cluster(["ps"], security=True)  # doctest: +SKIP
     """
     if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
         raise ValueError(f"nthreads must be a positive integer, got {nthreads!r}")
     plan = _worker_plan(nodes)
+    if security is True:
+        security = Security.temporary()
+    tls = {"security": security, "protocol": "tls://"} if security else {}
     silence_logs = kwargs.pop("silence_logs", logging.ERROR)
     directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
     workers = {
@@ -98,6 +124,7 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
                 "local_directory": directory,
                 "dashboard": False,
                 "silence_logs": silence_logs,
+                **tls,
             },
         }
         for name, (served, extra) in plan.items()
@@ -110,12 +137,16 @@ def node_cluster(nodes: NodesLike, *, nthreads: int = 2, processes: bool = True,
             "dashboard": True,
             "dashboard_address": f"{_HOST}:0",
             "allowed_failures": 0,
+            **tls,
         },
     }
     try:
-        # The scheduler reads this when it starts, inside the constructor.
-        with dask.config.set({"distributed.scheduler.no-workers-timeout": "10s"}):
-            cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs, **kwargs)
+        # Read when the scheduler and workers start, inside the constructor (nannies pass the
+        # config on to their worker processes).
+        with dask.config.set(CLUSTER_CONFIG):
+            cluster = SpecCluster(
+                workers=workers, scheduler=scheduler, silence_logs=silence_logs, security=security or None, **kwargs
+            )
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import logging
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
+import dask.config
 from distributed import Client, Future
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
@@ -19,7 +21,7 @@ from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerErro
 from .._execute import NodeResult, abandon_node_run
 from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
-from ..errors import NodeLostError, SessionClosedError
+from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
 from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
@@ -37,19 +39,47 @@ _RECOVERY_HINT = (
     "the workspace from a checkpoint (JobRunner does both when given a checkpoint manager and max_failures > 0)."
 )
 
+_MESSAGE_LOG_LENGTH = 100
+"""Messages a client made here keeps for debugging (Dask's default 1000 holds ~1000 graphs)."""
+
 _DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, CancelledError, CommClosedError)
 """What distributed raises when a node's worker dies, is missing, or the cluster connection breaks."""
 
 
-def _connect(target: object) -> tuple[Client, bool]:
+def _connect(target: object, security: object) -> tuple[Client, bool]:
     """A synchronous client for ``target`` and whether the session owns (and later closes) it."""
     if isinstance(target, Client):
         if target.asynchronous:
             raise TypeError("DaskSession needs a synchronous distributed.Client, got an asynchronous one")
+        if security is not None:
+            raise TypeError("security= applies to a scheduler address or a cluster; a Client has its own security")
         return target, False
     if isinstance(target, str) or hasattr(target, "scheduler_address"):
-        return Client(target, set_as_default=False), True
+        address = target if isinstance(target, str) else target.scheduler_address
+        timeout = config_timeout("connect-timeout")
+        try:
+            # The client gives up reconnecting after ``timeout`` too, and closes itself.
+            with dask.config.set({"distributed.admin.low-level-log-length": _MESSAGE_LOG_LENGTH}):
+                return Client(target, set_as_default=False, timeout=timeout, security=security), True
+        except OSError as exc:  # TimeoutError and refused or failed (e.g. TLS) connections
+            raise SessionLostError(
+                f"cannot connect to the Dask scheduler at {address} within {timeout:g} s "
+                f"(daskjobs.connect-timeout): {exc}. Check that the scheduler runs at that address and, "
+                "for a tls:// scheduler, pass security= with certificates it accepts."
+            ) from None
     raise TypeError(f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}")
+
+
+def _dashboard_link(client: Client) -> str | None:
+    """The scheduler's dashboard URL, or ``None`` when it serves none."""
+    try:
+        return client.dashboard_link
+    except (KeyError, AttributeError, TypeError):
+        return None
+
+
+def _keep_group() -> None:
+    """The anchor task of a session: its result (``None``) is held while the session is open."""
 
 
 def _when_all_done(futures: Sequence[Future]) -> threading.Event:
@@ -116,14 +146,23 @@ class DaskSession(Session):
     first run the session checks that exactly one worker serves it, with the node's extra
     resources, and raises :class:`~daskjobs.errors.NodePlacementError` within seconds otherwise.
     A worker that dies or restarts is detected (its workspace would be empty) and reported as
-    :class:`~daskjobs.errors.NodeLostError`.
+    :class:`~daskjobs.errors.NodeLostError`. Losing the scheduler (no connection for
+    ``daskjobs.connect-timeout``, default 30 s, or no answer within it) raises
+    :class:`~daskjobs.errors.SessionLostError` naming its address and closes the session.
+    The dashboard link is logged (INFO, logger ``daskjobs``) when the session connects, and
+    shown by its ``repr`` and in Jupyter.
 
     Parameters
     ----------
     target : distributed.Client, cluster or str
         A synchronous client (left open by :meth:`close`), a cluster object such as the result
-        of :func:`~daskjobs.node_cluster`, or a scheduler address such as ``"tcp://127.0.0.1:8786"``.
-        For the last two the session makes its own client and closes it with the session.
+        of :func:`~daskjobs.node_cluster`, or a scheduler address such as ``"tcp://127.0.0.1:8786"``
+        or ``"tls://10.0.0.5:8786"``. For the last two the session makes its own client and
+        closes it with the session; connecting waits at most ``daskjobs.connect-timeout``.
+    security : distributed.Security or bool, optional
+        TLS settings of the client made for an address (``distributed.Security(tls_ca_file=...,
+        tls_client_cert=..., tls_client_key=..., require_encryption=True)``); a cluster object
+        brings its own. Not allowed with a Client, which has its own.
 
     Notes
     -----
@@ -142,24 +181,40 @@ class DaskSession(Session):
     1.5
     """
 
-    def __init__(self, target: Client | str | Any) -> None:
-        client, owned = _connect(target)
+    def __init__(self, target: Client | str | Any, *, security: Any = None) -> None:
+        client, owned = _connect(target, security)
         super().__init__()
         self._client, self._owns_client = client, owned
+        self._address = client.scheduler.address
         self._states = WorkerStates(self.session_id)
         self._node_resources: dict[str, dict[str, float]] = {}
         self._placed: dict[str, frozenset[str]] = {}
         try:
             client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
+            # While this future is held, the scheduler keeps the one task group all of the
+            # session's keys map to, so each run does not leave a new group behind in its spans.
+            self._anchor = client.submit(_keep_group, key=f"daskjobs-{self.session_id}-anchor", pure=False)
         except BaseException:
             if owned:
                 client.close()
             raise
+        self._dashboard = _dashboard_link(client)
+        logger.info(
+            "DaskSession %s connected to the Dask scheduler at %s; dashboard: %s",
+            self.session_id,
+            self._address,
+            self._dashboard or "none (the scheduler serves no dashboard)",
+        )
 
     @property
     def client(self) -> Client:
         """The ``distributed.Client`` the session submits to."""
         return self._client
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The URL of the scheduler's Dask dashboard, or ``None`` if it serves none."""
+        return self._dashboard
 
     # -- seams ----------------------------------------------------------------------------
     def _provider(self) -> WorkerStates:
@@ -218,6 +273,7 @@ class DaskSession(Session):
 
     def _shutdown(self) -> None:
         try:
+            self._anchor.release()
             if self._client.status == "running":
                 self._client.run(drop_session, self.session_id, on_error="ignore")
         except Exception as exc:  # best effort: workspaces also go away with their workers
@@ -228,12 +284,60 @@ class DaskSession(Session):
 
     # -- placement ------------------------------------------------------------------------
     def _check_client(self) -> None:
-        if self._client.status in ("closing", "closed"):
-            raise SessionClosedError(f"the Dask client of DaskSession {self.session_id} was closed")
+        """Raise unless the session is open and its client connected (waiting for a reconnect)."""
+        self._check_open()
+        status = self._client.status
+        if status == "running":
+            return
+        if status in ("closing", "closed") and not self._owns_client:
+            raise SessionClosedError(
+                f"the Dask client of DaskSession {self.session_id} was closed (by its owner, or after it lost "
+                f"the scheduler at {self._address}); open a new session"
+            )
+        self._await_reconnect()
+
+    def _await_reconnect(self) -> None:
+        """Return once the client is connected again; after ``daskjobs.connect-timeout`` close the
+        session and raise :class:`SessionLostError`."""
+        timeout = config_timeout("connect-timeout")
+        deadline = time.monotonic() + timeout
+        while self._client.status != "running" and time.monotonic() < deadline:
+            if self._client.status in ("closing", "closed"):
+                break
+            time.sleep(0.05)
+        if self._client.status != "running":
+            raise self._lost_scheduler(f"no connection to it for {timeout:g} s (daskjobs.connect-timeout)")
+
+    def _lost_scheduler(self, why: str) -> SessionLostError:
+        """Close the session (it can do nothing without its scheduler) and return the error to raise."""
+        self._open = False
+        if self._owns_client:
+            with contextlib.suppress(Exception):
+                self._client.close(timeout=2)
+        return SessionLostError(
+            f"lost the Dask scheduler at {self._address}: {why}. DaskSession {self.session_id} is closed and "
+            "its node workspaces are gone; committed checkpoints are intact: run the job again (on a running "
+            "scheduler) to resume from the last committed epoch."
+        )
 
     def _workers(self) -> WorkerTable:
-        self._check_client()
-        return self._client.scheduler_info(n_workers=-1)["workers"]
+        """The scheduler's worker table, asked for afresh; the scheduler must answer within
+        ``daskjobs.connect-timeout``."""
+        timeout = config_timeout("connect-timeout")
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_client()
+            try:
+                identity = self._client.sync(
+                    self._client.scheduler.identity,
+                    n_workers=-1,
+                    callback_timeout=max(deadline - time.monotonic(), 0.1),
+                )
+                return identity["workers"]
+            except OSError as exc:  # TimeoutError, CommClosedError
+                if time.monotonic() >= deadline:
+                    raise self._lost_scheduler(f"it did not answer for {timeout:g} s ({exc!r})") from None
+                time.sleep(0.1)
 
     def _preflight(self, nodes: Iterable[str], resources: Mapping[str, Mapping[str, float]]) -> None:
         """Check placement of nodes not yet checked (or needing resources not yet checked)."""
@@ -332,6 +436,10 @@ class DaskSession(Session):
         finally:
             futures.clear()
             every.clear()
+        if self._client.status != "running":
+            # The scheduler connection broke (distributed cancelled the futures): a lost
+            # session unless the client reconnects within daskjobs.connect-timeout.
+            self._await_reconnect()
         if isinstance(error, _DISTRIBUTED_FAILURES):
             raise self._lost(error, node_of) from None
         if isinstance(error, NodeLostError):
@@ -376,4 +484,17 @@ class DaskSession(Session):
 
     def __repr__(self) -> str:
         state = "open" if self.is_open() else "closed"
-        return f"DaskSession({state}, id={self.session_id}, scheduler={self._client.scheduler.address})"
+        return f"DaskSession({state}, id={self.session_id}, scheduler={self._address}, dashboard={self._dashboard})"
+
+    def _repr_html_(self) -> str:
+        state = "open" if self.is_open() else "closed"
+        link = html.escape(self._dashboard or "")
+        dashboard = f'<a href="{link}" target="_blank">{link}</a>' if link else "none"
+        rows = [
+            ("state", html.escape(state)),
+            ("id", html.escape(self.session_id)),
+            ("scheduler", html.escape(self._address)),
+            ("dashboard", dashboard),
+        ]
+        cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        return f"<div><strong>DaskSession</strong><table>{cells}</table></div>"

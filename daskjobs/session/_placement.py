@@ -11,7 +11,11 @@ Waits are bounded by two Dask config values (seconds or strings such as ``"10s"`
     how long the check before a node's first run waits for a missing worker (default 2 s);
 ``daskjobs.placement-timeout``
     how long :meth:`DaskSession.wait_for_nodes` waits, and how long a running group tolerates
-    a node without a worker before raising :class:`~daskjobs.errors.NodeLostError` (default 10 s).
+    a node without a worker before raising :class:`~daskjobs.errors.NodeLostError` (default 10 s);
+``daskjobs.connect-timeout``
+    how long a :class:`DaskSession` waits to connect to its scheduler, for the scheduler to
+    answer, and for a lost connection to come back before raising
+    :class:`~daskjobs.errors.SessionLostError` (default 30 s).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from ..errors import NodePlacementError
 
 RESOURCE_PREFIX = "daskjobs-node-"
 
-dask.config.update_defaults({"daskjobs": {"preflight-timeout": "2s", "placement-timeout": "10s"}})
+dask.config.update_defaults(
+    {"daskjobs": {"preflight-timeout": "2s", "placement-timeout": "10s", "connect-timeout": "30s"}}
+)
 
 WorkerTable = Mapping[str, Mapping[str, Any]]
 """``client.scheduler_info()["workers"]``: worker address -> its identity (name, resources, …)."""

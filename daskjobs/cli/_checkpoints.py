@@ -1,0 +1,276 @@
+"""``daskjobs checkpoints list|show|verify|prune|unlock PREFIX``.
+
+Every action first checks that the prefix exists and holds daskjobs checkpoints (its
+``__daskjobs__`` folder); otherwise it is a usage error (exit 2) and nothing is created.
+``list``, ``show`` and ``verify`` only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..checkpoint import CheckpointStore, open_checkpoint
+from ..checkpoint._lock import local_holder, unlock
+from ..errors import CheckpointError, CheckpointNotFoundError
+from ._common import OK, Subparsers, UsageError, add_storage_options, add_verbose, epoch_number, positive_int
+
+OWN_FOLDER = "__daskjobs__"
+"""The folder every daskjobs prefix has (commit records and the writer lock)."""
+
+JSON_PREVIEW = 200
+"""Characters of a JSON value that ``show`` prints."""
+
+
+class CheckFailed(CheckpointError):
+    """A check found problems (``verify``, or corrupt commit records in ``list``): exit code 1."""
+
+
+def add_checkpoints_parser(subparsers: Subparsers) -> None:
+    """Register ``daskjobs checkpoints list|show|verify|prune|unlock``."""
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="inspect, verify, prune and unlock the checkpoints under a prefix",
+        description="Inspect, verify, prune and unlock the checkpoints under a prefix (a path or fsspec URL).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in [
+        ("list", "committed epochs, one line each (metrics and stop values included)"),
+        ("show", "the blobs of one committed epoch (default: the latest)"),
+        ("verify", "read and verify every blob of one epoch (default: of every epoch); exit 1 on damage"),
+        ("prune", "delete old committed epochs and uncommitted leftovers (keeps the newest epoch)"),
+        ("unlock", "remove the writer lock of a runner that is gone"),
+    ]:
+        action = actions.add_parser(name, help=text, description=text)
+        action.add_argument("db_prefix", metavar="PREFIX", help="checkpoint prefix: a path or fsspec URL")
+        add_storage_options(action)
+        add_verbose(action)
+        if name in ("show", "verify"):
+            action.add_argument(
+                "--epoch",
+                type=epoch_number,
+                help="the epoch (default: " + ("the latest)" if name == "show" else "every committed epoch)"),
+            )
+        if name in ("list", "show"):
+            action.add_argument("--json", action="store_true", help="print JSON")
+        if name == "prune":
+            action.add_argument("--keep-last", type=positive_int, help="keep the newest N committed epochs")
+            action.add_argument("--keep-every", type=positive_int, help="keep epochs divisible by N")
+            action.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+        if name == "unlock":
+            action.add_argument("--force", action="store_true", help="remove the lock even if its holder may still run")
+    parser.set_defaults(handler=run_checkpoints)
+
+
+def run_checkpoints(args: argparse.Namespace) -> int:
+    """Carry out a ``daskjobs checkpoints`` action; returns the exit code."""
+    store = open_prefix(args.db_prefix, dict(args.storage_options))
+    return _ACTIONS[args.action](store, args)
+
+
+def open_prefix(prefix: str, storage_options: dict[str, Any]) -> CheckpointStore:
+    """The store of an existing daskjobs prefix; :class:`UsageError` (creating nothing) otherwise."""
+    store = CheckpointStore(prefix, storage_options)
+    if not store.fs.exists(store.url):
+        raise UsageError(f"checkpoint prefix {store.url} does not exist")
+    if not store.fs.exists(f"{store.url}/{OWN_FOLDER}"):
+        raise UsageError(
+            f"{store.url} holds no daskjobs checkpoints (no {OWN_FOLDER} folder): "
+            "is it the prefix given to the checkpoint manager?"
+        )
+    return store
+
+
+def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, dict[str, Any] | CheckpointError]]:
+    """Each committed epoch, oldest first, with its validated record or the error reading it."""
+    scan = getattr(store, "scan_commits", None)
+    if scan is not None:
+        found = scan()
+        yield from sorted(found.items() if isinstance(found, Mapping) else found, key=lambda pair: pair[0])
+        return
+    for epoch in store.committed_epochs():
+        try:
+            yield epoch, store.read_commit(epoch)
+        except CheckpointNotFoundError:
+            continue  # deleted while we listed (retention of a running job)
+        except CheckpointError as exc:
+            yield epoch, exc
+
+
+def summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-epoch facts ``list`` prints: epoch, job, nodes, bytes, created, stop values, metrics."""
+    entries = record.get("node_entries", {})
+    return {
+        "epoch": record["epoch"],
+        "job": record.get("job", ""),
+        "nodes": list(record.get("nodes", [])),
+        "bytes": sum(int(entry.get("bytes", 0)) for entry in entries.values()),
+        "created": record.get("created", ""),
+        "stop_values": dict(record.get("stop_values", {})),
+        "metrics": dict(record.get("metrics", {})),
+    }
+
+
+def _list(store: CheckpointStore, args: argparse.Namespace) -> int:
+    rows, broken = [], []
+    for epoch, record in scan_commits(store):
+        if isinstance(record, Exception):
+            broken.append(f"epoch {epoch}: {record}")
+            rows.append({"epoch": epoch, "error": str(record)})
+        else:
+            rows.append(summary(record))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            print(_list_line(row))
+        if not rows:
+            print(f"no committed checkpoints under {store.url}")
+    if broken:
+        raise CheckFailed(f"{len(broken)} corrupt commit record(s) under {store.url}: " + "; ".join(broken))
+    return OK
+
+
+def _list_line(row: Mapping[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['epoch']:8d}  CORRUPT commit record: {row['error']}"
+    stops = ",".join(name for name, value in row["stop_values"].items() if value) or "-"
+    metrics = "".join(f"  {name}={value:.6g}" for name, value in sorted(row["metrics"].items()))
+    return (
+        f"{row['epoch']:8d}  {row['job']}  nodes={','.join(row['nodes'])}  {row['bytes']} bytes  "
+        f"{row['created']}  stopped={stops}{metrics}"
+    )
+
+
+def _committed_or_usage_error(store: CheckpointStore, epoch: int | None) -> int:
+    """``epoch`` if committed (default: the latest); a usage error listing the committed epochs otherwise."""
+    committed = store.committed_epochs()
+    if not committed:
+        raise UsageError(f"no committed checkpoint under {store.url}")
+    if epoch is None:
+        return committed[-1]
+    if epoch not in committed:
+        raise UsageError(
+            f"epoch {epoch} is not committed under {store.url}; committed epochs: {_epochs_text(committed)}"
+        )
+    return epoch
+
+
+def _epochs_text(epochs: list[int]) -> str:
+    shown = [str(e) for e in epochs] if len(epochs) <= 20 else [*map(str, epochs[:10]), "...", *map(str, epochs[-10:])]
+    return ", ".join(shown)
+
+
+def _show(store: CheckpointStore, args: argparse.Namespace) -> int:
+    epoch = _committed_or_usage_error(store, args.epoch)
+    view = open_checkpoint(store.url, epoch, store.storage_options)
+    if args.json:
+        print(json.dumps(view.record, indent=2))
+        return OK
+    record = view.record
+    print(f"job {view.job}, epoch {view.epoch}, created {record.get('created', '?')}")
+    stops = dict(record.get("stop_values", {}))
+    if stops:
+        print("  stop values: " + ", ".join(f"{name}={value}" for name, value in stops.items()))
+    metrics = record.get("metrics", {})
+    if metrics:
+        print("  metrics: " + ", ".join(f"{name}={value:.6g}" for name, value in sorted(metrics.items())))
+    for node in view.nodes:
+        for name, meta in sorted(record["node_entries"][node]["blobs"].items()):
+            print(f"  {node}/{name}: {_describe(view, node, name, meta)}")
+    return OK
+
+
+def _describe(view: Any, node: str, blob: str, meta: Mapping[str, Any]) -> str:
+    """``dtype shape`` of an array blob; the (shortened) JSON text of a JSON blob."""
+    if _is_array(meta):
+        return f"{meta['dtype']} {tuple(meta['shape'])}"
+    value = view[node][blob]
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.str} {value.shape}"
+    text = json.dumps(value)
+    return "json " + (text if len(text) <= JSON_PREVIEW else text[: JSON_PREVIEW - 3] + "...")
+
+
+def _is_array(meta: Mapping[str, Any]) -> bool:
+    """Whether a blob's record entry describes a numpy array (anything else is read to be shown)."""
+    if meta.get("kind", "array") != "array" or "shape" not in meta or "dtype" not in meta:
+        return False
+    try:
+        np.dtype(meta["dtype"])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _verify(store: CheckpointStore, args: argparse.Namespace) -> int:
+    if args.epoch is not None:
+        _committed_or_usage_error(store, args.epoch)
+        scanned: list[tuple[int, Any]] = [(args.epoch, None)]
+    else:
+        scanned = list(scan_commits(store))
+        if not scanned:
+            raise UsageError(f"no committed checkpoint under {store.url}")
+    failures = []
+    for epoch, record in scanned:
+        try:
+            if isinstance(record, Exception):
+                raise record
+            size = open_checkpoint(store.url, epoch, store.storage_options).verify()
+        except CheckpointNotFoundError as exc:
+            if args.epoch is not None:
+                failures.append(str(exc))
+                print(f"epoch {epoch}: MISSING")
+            continue  # deleted by retention while we verified
+        except CheckpointError as exc:
+            failures.append(str(exc))
+            print(f"epoch {epoch}: CORRUPT")
+            continue
+        print(f"epoch {epoch}: OK ({size} bytes verified)")
+    if failures:
+        raise CheckFailed(f"verification failed under {store.url}: " + "; ".join(failures))
+    return OK
+
+
+def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _prune_locked(store, args)
+    store.acquire_lock(local_holder("daskjobs checkpoints prune"))
+    try:
+        return _prune_locked(store, args)
+    finally:
+        store.release_lock()
+
+
+def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
+    epochs = store.committed_epochs()
+    if args.keep_last is None and args.keep_every is None:
+        keep = set(epochs)
+    else:
+        keep = set(epochs[-1:])
+        if args.keep_last is not None:
+            keep.update(epochs[-args.keep_last :])
+        if args.keep_every is not None:
+            keep.update(e for e in epochs if e % args.keep_every == 0)
+    for epoch in [e for e in epochs if e not in keep]:
+        print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
+        if not args.dry_run:
+            store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
+    if not args.dry_run:
+        for path in store.cleanup_uncommitted():
+            print(f"removed uncommitted {path}")
+    print(f"kept epochs {_epochs_text(sorted(keep))}" if keep else f"no committed checkpoints under {store.url}")
+    return OK
+
+
+def _unlock(store: CheckpointStore, args: argparse.Namespace) -> int:
+    holder = unlock(store, force=args.force)
+    print(f"removed lock {holder}" if holder else f"no lock under {store.url}")
+    return OK
+
+
+_ACTIONS = {"list": _list, "show": _show, "verify": _verify, "prune": _prune, "unlock": _unlock}

@@ -1,0 +1,248 @@
+"""``daskjobs run TARGET``: run a job from the command line, checkpointed and resumable.
+
+TARGET is ``package.module:name`` or ``path/to/file.py:name``, naming a :class:`~daskjobs.Job`
+or a callable (without arguments) that returns one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .._model.job import Job
+from ._common import (
+    OK,
+    CommandFailed,
+    Subparsers,
+    UsageError,
+    add_storage_options,
+    add_verbose,
+    epoch_number,
+    positive_int,
+)
+
+logger = logging.getLogger("daskjobs")
+
+
+def add_run_parser(subparsers: Subparsers) -> None:
+    """Register ``daskjobs run``."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run a job (module:name or file.py:name), checkpointed and resumable",
+        description=(
+            "Run a daskjobs Job. TARGET is package.module:name or path/to/file.py:name, naming a Job or a "
+            "callable that returns one. By default the job runs on a local Dask cluster with one worker per "
+            "node; with --checkpoint it saves every epoch and a re-run resumes from the latest commit."
+        ),
+    )
+    parser.add_argument("target", metavar="TARGET", help="package.module:name or path/to/file.py:name")
+    parser.add_argument("--checkpoint", metavar="PREFIX", help="checkpoint prefix (a path or fsspec URL)")
+    add_storage_options(parser)
+    parser.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N committed epochs")
+    parser.add_argument("--async-save", action="store_true", help="write each checkpoint while the next epoch runs")
+    parser.add_argument(
+        "--resume-from", type=epoch_number, metavar="N", help="resume from committed epoch N (default: the latest)"
+    )
+    parser.add_argument("--max-epochs", type=positive_int, metavar="N", help="stop after epoch N at the latest")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler", metavar="ADDRESS", help="run on this Dask scheduler (its workers serve the nodes)"
+    )
+    where.add_argument("--local", action="store_true", help="run in this process (LocalSession), no cluster")
+    parser.add_argument("--nthreads", type=positive_int, default=2, help="threads per node of the local cluster")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose(parser)
+    parser.set_defaults(handler=run_job)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Carry out ``daskjobs run``; returns the exit code."""
+    from ..checkpoint import MultiNodeCheckpointManager
+    from ..runner import JobRunner
+
+    needs_prefix = [
+        flag
+        for flag, given in (
+            ("--keep-last", args.keep_last is not None),
+            ("--async-save", args.async_save),
+            ("--resume-from", args.resume_from is not None),
+            ("--storage-option", bool(args.storage_options)),
+        )
+        if given
+    ]
+    if needs_prefix and not args.checkpoint:
+        verb = "needs" if len(needs_prefix) == 1 else "need"
+        raise UsageError(f"{', '.join(needs_prefix)} {verb} a checkpoint prefix: add --checkpoint PREFIX")
+    job = load_job(args.target)
+    if not job.stop_conditions and args.max_epochs is None:
+        raise CommandFailed(
+            f"job {job.name!r} ({args.target}) has no stop condition, so it would never stop: "
+            "pass --max-epochs N (or give the job a stop condition)"
+        )
+    manager = None
+    if args.checkpoint:
+        manager = MultiNodeCheckpointManager(
+            args.checkpoint,
+            storage_options=dict(args.storage_options),
+            keep_last=args.keep_last,
+            async_save=args.async_save,
+        )
+        if args.resume_from is not None:
+            _check_resumable(manager.store, args.resume_from)
+    runner = JobRunner(
+        job,
+        manager,
+        resume_from_epoch=args.resume_from,
+        max_epochs=args.max_epochs,
+        progress=False if args.no_progress else None,
+    )
+    with _session(job, args) as session:
+        last = runner.train(session)
+    print(_final_line(job, runner, last, manager), flush=True)
+    return OK
+
+
+def _check_resumable(store: Any, epoch: int) -> None:
+    """A usage error unless ``epoch`` is committed under the store's prefix (nothing is created)."""
+    committed = store.committed_epochs()
+    if epoch not in committed:
+        have = ", ".join(map(str, committed)) if committed else "none"
+        raise UsageError(f"--resume-from {epoch}: epoch {epoch} is not committed under {store.url}; committed: {have}")
+
+
+@contextlib.contextmanager
+def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
+    """The session ``run`` asked for: in-process, on a scheduler, or on a new ``node_cluster``."""
+    from ..session import DaskSession, LocalSession, node_cluster
+
+    if args.local:
+        with LocalSession() as session:
+            yield session
+    elif args.scheduler:
+        try:
+            connected = DaskSession(args.scheduler)
+        except OSError as exc:
+            raise CommandFailed(
+                f"cannot reach the Dask scheduler at {args.scheduler} ({exc}); is `dask scheduler` running there, "
+                "with one `daskjobs worker` per node?"
+            ) from exc
+        with connected as session:
+            _print_dashboard(getattr(session.client, "dashboard_link", None))
+            yield session
+    else:
+        nodes = job.nodes()
+        print(f"starting a local Dask cluster with one worker per node: {', '.join(nodes)}", flush=True)
+        with node_cluster(nodes, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:
+            _print_dashboard(cluster.dashboard_link)
+            yield session
+
+
+def _print_dashboard(link: str | None) -> None:
+    if link:
+        print(f"dashboard: {link}", flush=True)
+
+
+def _final_line(job: Job, runner: Any, last: int, manager: Any) -> str:
+    ran = (
+        f"ran epochs {runner.history[0].epoch}-{runner.history[-1].epoch}"
+        if len(runner.history) > 1
+        else f"ran epoch {runner.history[0].epoch}"
+        if runner.history
+        else "no epoch ran: the job had already finished"
+    )
+    if manager is None:
+        where = "no checkpoint (pass --checkpoint PREFIX to keep one)"
+    else:
+        committed = manager.store.committed_epochs()
+        if last in committed:
+            where = f"committed under {manager.store.url}"
+        else:
+            newest = committed[-1] if committed else None
+            where = f"not committed; newest committed epoch under {manager.store.url}: {newest}"
+    return f"job {job.name!r}: last epoch {last}, {where}; {ran}"
+
+
+def load_job(target: str) -> Job:
+    """The :class:`~daskjobs.Job` that ``TARGET`` names (calling it if it is a callable).
+
+    Raises
+    ------
+    UsageError
+        TARGET is malformed, cannot be imported, has no such attribute, or is not a Job.
+    """
+    source, sep, name = target.rpartition(":")
+    if not sep or not source or not name or (len(source) == 1 and source.isalpha()):
+        raise UsageError(f"TARGET must be package.module:name or path/to/file.py:name, got {target!r}")
+    try:
+        module = _import_file(source) if source.endswith(".py") or os.sep in source else _import_module(source)
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise CommandFailed(f"importing {source} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            found = sorted(n for n, v in vars(module).items() if isinstance(v, Job) or callable(v))[:10]
+            raise UsageError(f"{source} has no attribute {name!r}; it has e.g. {', '.join(found) or 'nothing usable'}")
+        obj = getattr(obj, part)
+    if isinstance(obj, Job):
+        return obj
+    if not callable(obj):
+        raise UsageError(f"{target} is not a Job or a callable returning one: it is {type(obj).__name__} {obj!r:.80}")
+    try:
+        job = obj()
+    except Exception as exc:
+        raise CommandFailed(f"building the job with {target}() failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(job, Job):
+        raise UsageError(f"{target}() returned {type(job).__name__} {job!r:.80}, not a Job")
+    return job
+
+
+def _import_file(path: str) -> ModuleType:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise UsageError(f"TARGET file {path} does not exist")
+    name = f"daskjobs_target_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(file.parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _pickle_by_value(module)
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            raise UsageError(f"cannot import {name!r}: no module named {exc.name!r} (run from its folder?)") from None
+        raise
+    if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(Path.cwd()):
+        _pickle_by_value(module)
+    return module
+
+
+def _pickle_by_value(module: ModuleType) -> None:
+    """Ship the module's functions by value, so workers that cannot import it still run its steps."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)

@@ -1,0 +1,86 @@
+"""``daskjobs worker``: a ``dask worker`` that serves one or more daskjobs nodes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from ..session._placement import worker_resources
+from ._common import OK, Subparsers, UsageError, positive_int
+
+TLS_OPTIONS = ("tls_ca_file", "tls_cert", "tls_key")
+"""Dask's TLS options, passed through to ``dask worker`` under the same names."""
+
+
+def _resources(text: str) -> dict[str, float]:
+    """Parse ``"GPU=1,MEM=2"`` into a resource dict."""
+    pairs = [p for p in text.replace(",", " ").split() if p]
+    try:
+        return {name: float(amount) for name, amount in (p.split("=") for p in pairs)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT[,NAME=AMOUNT...], got {text!r}") from None
+
+
+def add_worker_parser(subparsers: Subparsers) -> None:
+    """Register ``daskjobs worker``."""
+    parser = subparsers.add_parser(
+        "worker",
+        help="start a Dask worker that serves one or more daskjobs nodes",
+        description=(
+            "Start a Dask worker (behind a nanny that restarts it if it dies) that serves the given nodes: "
+            "it provides each node's placement resource and is named after the node(s). Start exactly one "
+            "such worker per node. Runs `python -m distributed.cli.dask_worker` in place of this process."
+        ),
+    )
+    parser.add_argument("scheduler", metavar="SCHEDULER_ADDRESS", help="e.g. tcp://127.0.0.1:8786 or tls://host:8786")
+    parser.add_argument(
+        "--node", dest="nodes", action="append", required=True, metavar="NAME", help="a node to serve (repeatable)"
+    )
+    parser.add_argument(
+        "--nthreads", type=positive_int, default=2, help="threads, and concurrent tasks per node (default 2)"
+    )
+    parser.add_argument(
+        "--resources", type=_resources, default={}, metavar="NAME=N,...", help="extra resources, e.g. GPU=1"
+    )
+    parser.add_argument("--host", help="interface address to listen on (default: chosen by Dask)")
+    parser.add_argument("--local-directory", help="directory for the worker's files")
+    tls = parser.add_argument_group("TLS", "Dask's TLS options, for a tls:// scheduler")
+    tls.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate(s) file to verify peers")
+    tls.add_argument("--tls-cert", metavar="PATH", help="the worker's certificate file")
+    tls.add_argument("--tls-key", metavar="PATH", help="the worker's private key file")
+    parser.add_argument("--dry-run", action="store_true", help="print the dask worker command instead of running it")
+    parser.set_defaults(handler=run_worker)
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``dask worker`` command line that serves ``args.nodes``."""
+    resources = worker_resources(args.nodes, args.nthreads, args.resources)
+    argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.scheduler]
+    argv += ["--name", "+".join(args.nodes), "--nthreads", str(args.nthreads), "--nworkers", "1"]
+    argv += ["--resources", ",".join(f"{name}={amount:g}" for name, amount in resources.items())]
+    argv += ["--no-dashboard"]
+    if args.host:
+        argv += ["--host", args.host, "--dashboard-address", f"{args.host}:0"]
+    if args.local_directory:
+        argv += ["--local-directory", args.local_directory]
+    for option in TLS_OPTIONS:
+        path = getattr(args, option, None)
+        if path:
+            flag = "--" + option.replace("_", "-")
+            if not os.path.isfile(path):
+                raise UsageError(f"{flag} {path}: no such file")
+            argv += [flag, path]
+    return argv
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Replace this process with the Dask worker (or print its command with ``--dry-run``)."""
+    argv = worker_argv(args)
+    if not args.dry_run:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(argv[0], argv)  # never returns
+    print(shlex.join(argv))
+    return OK

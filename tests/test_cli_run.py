@@ -1,0 +1,415 @@
+"""``daskjobs run TARGET`` (and ``python -m daskjobs run``) in subprocesses: targets, sessions,
+checkpoints and resume, storage options, failures and signals, with their exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import daskjobs as dj
+from daskjobs.cli import main
+
+pytestmark = pytest.mark.timeout(90)
+
+JOBS = textwrap.dedent(
+    '''
+    """Jobs for the command-line tests: node 'a' counts epochs."""
+
+    import os
+    import time
+
+    import numpy as np
+
+    import daskjobs as dj
+
+
+    def counter(stop_at=5, fail_at=None, sleep=0.0, stop=True, name="counter"):
+        def init(ws):
+            ws["count"] = np.int64(0)
+
+        def step(ws):
+            count = int(ws["count"]) + 1
+            if count == fail_at:
+                raise ZeroDivisionError("division by zero on purpose")
+            time.sleep(sleep)
+            ws["count"] = np.int64(count)
+            ws["done"] = np.bool_(count >= stop_at)
+
+        with dj.Cluster(), dj.Job(name=name) as job:
+            with job.init_group, dj.Node("a"):
+                dj.Task(init)
+            with dj.Node("a"):
+                done = dj.Task(step, outputs="done").outputs()[0]
+            if stop:
+                job.add_stop_condition(done)
+        return job
+
+
+    job = counter()
+
+
+    def failing():
+        return counter(fail_at=3, name="failing")
+
+
+    def endless():
+        return counter(stop=False, name="endless")
+
+
+    def slow():
+        return counter(stop_at=10**6, sleep=0.05, name="slow")
+
+
+    not_a_job = 42
+
+
+    def returns_int():
+        return 3
+
+
+    def raises():
+        raise RuntimeError("cannot build the job")
+    '''
+)
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Path:
+    """A folder holding ``jobs.py``; commands run there."""
+    (tmp_path / "jobs.py").write_text(JOBS)
+    return tmp_path
+
+
+def env() -> dict[str, str]:
+    """This checkout first on the path of every subprocess."""
+    root = str(Path(dj.__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+def daskjobs(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m daskjobs ARGS`` in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "daskjobs", *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_here(*args: str, cwd: Path, monkeypatch, capsys) -> subprocess.CompletedProcess:
+    """``daskjobs ARGS`` in this process (fast: no interpreter start), as a CompletedProcess."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+def epochs(prefix: str | Path, **options) -> list[int]:
+    return [info.epoch for info in dj.list_checkpoints(str(prefix), **options)]
+
+
+def test_version_through_python_m(jobs):
+    """``python -m daskjobs --version`` prints the version."""
+    result = daskjobs("--version", cwd=jobs)
+    assert (result.returncode, result.stdout.strip()) == (0, f"daskjobs {dj.__version__}")
+
+
+@pytest.mark.parametrize("target", ["jobs.py:job", "jobs.py:counter", "{path}:job"])
+def test_run_local_every_target_form(jobs, target, monkeypatch, capsys):
+    """A Job or a callable returning one, by module or file path (relative or absolute)."""
+    result = run_here(
+        "run",
+        target.format(path=jobs / "jobs.py"),
+        "--local",
+        "--no-progress",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert result.returncode == 0, result.stderr
+    assert last_line(result) == (
+        "job 'counter': last epoch 5, no checkpoint (pass --checkpoint PREFIX to keep one); ran epochs 1-5"
+    )
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["jobs:job", "--local"], 0, "job 'counter': last epoch 5, no checkpoint"),
+        (["jobs.py:failing", "--local"], 1, "error: task 'a/step' failed in the epoch group of job 'failing'"),
+        (["jobs.py:not_a_job"], 2, "jobs.py:not_a_job is not a Job or a callable returning one"),
+    ],
+)
+def test_run_exit_codes_of_the_real_command(jobs, args, code, message):
+    """The real command's exit codes, with a module target (from the current folder) too."""
+    result = daskjobs("run", *args, cwd=jobs)
+    assert result.returncode == code, result.stderr
+    assert message in (result.stdout if code == 0 else result.stderr)
+
+
+def test_checkpoint_then_rerun_resumes_then_finished(jobs, monkeypatch, capsys):
+    """--max-epochs stops early with a commit; a re-run resumes; a third run runs nothing."""
+    prefix = jobs / "ckpt"
+    first = run_here(
+        "run",
+        "jobs.py:job",
+        "--local",
+        "--checkpoint",
+        str(prefix),
+        "--max-epochs",
+        "2",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert first.returncode == 0, first.stderr
+    assert last_line(first) == f"job 'counter': last epoch 2, committed under {prefix}; ran epochs 1-2"
+    second = run_here(
+        "run", "jobs.py:job", "--local", "--checkpoint", str(prefix), cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert last_line(second) == f"job 'counter': last epoch 5, committed under {prefix}; ran epochs 3-5"
+    assert epochs(prefix) == [0, 1, 2, 3, 4, 5]
+    third = run_here(
+        "run",
+        "jobs.py:job",
+        "--local",
+        "--checkpoint",
+        str(prefix),
+        "--keep-last",
+        "2",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert third.returncode == 0, third.stderr
+    assert "last epoch 5" in last_line(third)
+    assert "no epoch ran" in last_line(third)
+
+
+def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys):
+    """--resume-from N re-runs from N; an epoch that is not committed is a usage error listing the committed."""
+    prefix = jobs / "ckpt"
+    assert (
+        run_here(
+            "run",
+            "jobs.py:job",
+            "--local",
+            "--checkpoint",
+            str(prefix),
+            cwd=jobs,
+            monkeypatch=monkeypatch,
+            capsys=capsys,
+        ).returncode
+        == 0
+    )
+    again = run_here(
+        "run",
+        "jobs.py:job",
+        "--local",
+        "--checkpoint",
+        str(prefix),
+        "--resume-from",
+        "3",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert again.returncode == 0, again.stderr
+    assert last_line(again).endswith("ran epochs 4-5")
+    before = epochs(prefix)
+    missing = run_here(
+        "run",
+        "jobs.py:job",
+        "--local",
+        "--checkpoint",
+        str(prefix),
+        "--resume-from",
+        "9",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert missing.returncode == 2
+    assert f"epoch 9 is not committed under {prefix}; committed: 0, 1, 2, 3, 4, 5" in missing.stderr
+    assert epochs(prefix) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (
+            ["jobs.py:failing"],
+            1,
+            "error: task 'a/step' failed in the epoch group of job 'failing' on node 'a', "
+            "epoch 3: ZeroDivisionError: division by zero on purpose (run with -v for the traceback)",
+        ),
+        (["jobs.py:endless"], 1, "job 'endless' (jobs.py:endless) has no stop condition"),
+        (["jobs.py:raises"], 1, "building the job with jobs.py:raises() failed: RuntimeError: cannot build the job"),
+        (["jobs.py:not_a_job"], 2, "jobs.py:not_a_job is not a Job or a callable returning one: it is int 42"),
+        (["jobs.py:returns_int"], 2, "jobs.py:returns_int() returned int 3, not a Job"),
+        (["jobs.py:nothing"], 2, "jobs.py has no attribute 'nothing'"),
+        (["missing.py:job"], 2, "TARGET file missing.py does not exist"),
+        (["no_such_module:job"], 2, "cannot import 'no_such_module'"),
+        (["jobs.py"], 2, "TARGET must be package.module:name or path/to/file.py:name"),
+        (["jobs.py:job", "--keep-last", "2"], 2, "--keep-last needs a checkpoint prefix: add --checkpoint PREFIX"),
+        (["jobs.py:job", "--max-epochs", "0"], 2, "expected a positive integer"),
+        (["jobs.py:job", "--local", "--scheduler", "tcp://127.0.0.1:1"], 2, "not allowed with argument"),
+    ],
+)
+def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, monkeypatch, capsys):
+    """Failures exit 1, usage errors 2; one paragraph on stderr, no traceback, nothing created."""
+    result = run_here(
+        "run", *args, "--local" if "--scheduler" not in args else "-v", cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr
+    if "-v" not in args and "--scheduler" not in args:
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 or code == 2
+    assert sorted(p.name for p in jobs.iterdir() if p.name != "__pycache__") == ["jobs.py"]
+
+
+def test_verbose_shows_the_traceback_of_the_step(jobs):
+    """-v adds the traceback, including the one from the node."""
+    result = daskjobs("run", "jobs.py:failing", "--local", "-v", cwd=jobs)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert "division by zero on purpose" in result.stderr
+
+
+def test_storage_option_reaches_s3(jobs, s3_prefix, monkeypatch, capsys):
+    """--storage-option KEY=VALUE (JSON when it parses) configures the checkpoint filesystem."""
+    url, options = s3_prefix
+    flags = [arg for key, value in options.items() for arg in ("--storage-option", f"{key}={value}")]
+    flags = [flag.replace("=False", "=false") for flag in flags]
+    result = run_here(
+        "run",
+        "jobs.py:job",
+        "--local",
+        "--checkpoint",
+        url,
+        *flags,
+        "--max-epochs",
+        "2",
+        cwd=jobs,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert result.returncode == 0, result.stderr
+    assert last_line(result).startswith(f"job 'counter': last epoch 2, committed under {url}")
+    assert epochs(url, storage_options=options) == [0, 1, 2]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
+    """Without --local/--scheduler the job runs on a node_cluster of its nodes; the dashboard link is printed."""
+    prefix = jobs / "ckpt"
+    result = daskjobs("run", "jobs.py:job", "--checkpoint", str(prefix), "--async-save", cwd=jobs, timeout=80)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "starting a local Dask cluster with one worker per node: a"
+    assert lines[1].startswith("dashboard: http://127.0.0.1:")
+    assert lines[-1] == f"job 'counter': last epoch 5, committed under {prefix}; ran epochs 1-5"
+    assert epochs(prefix) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "where"),
+    [
+        (signal.SIGINT, 130, ["--local"]),
+        (signal.SIGTERM, 143, ["--local"]),
+        pytest.param(signal.SIGINT, 130, [], marks=[pytest.mark.cluster, pytest.mark.slow], id="node_cluster-SIGINT"),
+    ],
+)
+@pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
+def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, times):
+    """SIGINT exits 130, SIGTERM 143 (also when a second signal follows), with one line and no traceback;
+    what is committed verifies."""
+    prefix = jobs / "ckpt"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daskjobs", "run", "jobs.py:slow", *where, "--checkpoint", str(prefix)],
+        cwd=jobs,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (prefix.exists() and len(epochs(prefix)) >= 3):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no epoch committed in time"
+            time.sleep(0.05)
+        for _ in range(times):
+            process.send_signal(sig)
+            time.sleep(0.1)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    assert process.returncode == code, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2, err
+    assert epochs(prefix)[:3] == [0, 1, 2]
+    assert dj.open_checkpoint(str(prefix)).verify() > 0
+    again = daskjobs("checkpoints", "verify", str(prefix), cwd=jobs)
+    assert again.returncode == 0, again.stderr
+
+
+def readme_commands() -> list[str]:
+    """The commands of the first ``bash`` block under ``## Command line`` in README.md (none if absent)."""
+    text = (Path(dj.__file__).resolve().parents[1] / "README.md").read_text()
+    _, found, section = text.partition("\n## Command line\n")
+    if not found or "```bash\n" not in section:
+        return []
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_readme_command_line_section_runs_as_printed(tmp_path):
+    """Every command of the README's command-line block exits 0, run in order in a copy of examples/."""
+    import shlex
+    import shutil
+
+    commands = readme_commands()
+    if not commands:
+        pytest.skip("README.md has no '## Command line' section with a bash block yet")
+    shutil.copytree(Path(dj.__file__).resolve().parents[1] / "examples", tmp_path / "examples")
+    for line in commands:
+        argv = shlex.split(line, comments=True)
+        argv = argv[3:] if argv[:3] == ["python", "-m", "daskjobs"] else argv[1:]
+        result = daskjobs(*argv, cwd=tmp_path, timeout=120)
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+
+
+def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
+    """--scheduler at an address nobody listens on: exit 1 naming the address, within the connect timeout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "daskjobs", "run", "jobs.py:job", "--scheduler", "tcp://127.0.0.1:1"],
+        cwd=jobs,
+        env={**env(), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("daskjobs run: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (")
+    assert len(result.stderr.strip().splitlines()) == 1

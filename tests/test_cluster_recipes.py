@@ -1,0 +1,200 @@
+"""The "beyond one machine" recipes in ``examples/cluster/``: the workers they start serve the right
+nodes. dask-jobqueue's job scripts and the Kubernetes manifests' worker commands are run here as
+local processes against a scheduler on 127.0.0.1; ``daskjobs run --scheduler`` then runs a job on them."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from distributed import get_worker
+
+import daskjobs as dj
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "examples" / "cluster"
+NODES = ["ps", "trainer_0"]
+
+JOB = textwrap.dedent(
+    '''
+    """A job on nodes ps and trainer_0; each epoch a node checks that it runs on the worker named after it."""
+
+    import numpy as np
+    from distributed import get_worker
+
+    import daskjobs as dj
+
+
+    def make():
+        def init(ws):
+            ws["epochs"] = np.int64(0)
+            ws["placed"] = np.bool_(False)
+
+        def step(ws):
+            ws["epochs"] = ws["epochs"] + 1
+            ws["placed"] = np.bool_(get_worker().name == ws.node)
+            ws["done"] = np.bool_(int(ws["epochs"]) >= 3)
+
+        with dj.Cluster(), dj.Job(name="recipe") as job:
+            for node in ("ps", "trainer_0"):
+                with job.init_group, dj.Node(node):
+                    dj.Task(init)
+            with dj.Node("ps"):
+                dj.Task(step)
+            with dj.Node("trainer_0"):
+                done = dj.Task(step, outputs="done").outputs()[0]
+            job.add_stop_condition(done)
+        return job
+    '''
+)
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{Path(name).stem}", RECIPES / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def processes(commands: list[list[str]], logs: Path) -> Iterator[list[subprocess.Popen]]:
+    """Start each command in its own session; kill every one afterwards."""
+    started = []
+    try:
+        for index, argv in enumerate(commands):
+            with (logs / f"worker-{index}.log").open("ab") as out:
+                started.append(
+                    subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(), start_new_session=True)
+                )
+        yield started
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in started:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+def check_placement(address: str, logs: Path) -> None:
+    """Every node has exactly one worker, named after it; a task of each node runs on that worker."""
+    with dj.DaskSession(address) as session:
+        deadline = time.monotonic() + 60
+        while not set(NODES) <= set(session.nodes()):
+            assert time.monotonic() < deadline, "\n".join(p.read_text() for p in logs.glob("*.log"))
+            time.sleep(0.2)
+        session.check_nodes(NODES)
+        group = dj.TaskGroup(dj.WorkspaceType.GLOBAL)
+        with group:
+            for node in NODES:
+                with dj.Node(node):
+                    dj.Task(lambda ws: ws.update(placed=np.bool_(get_worker().name == ws.node)))
+        session.run(group)
+        assert all(bool(session.fetch("placed", node=node)) for node in NODES)
+
+
+def run_job_on(address: str, tmp_path: Path) -> None:
+    """``daskjobs run --scheduler`` trains the job on those workers and commits its epochs."""
+    (tmp_path / "recipe_job.py").write_text(JOB)
+    prefix = tmp_path / "ckpt"
+    argv = [sys.executable, "-m", "daskjobs", "run", "recipe_job.py:make", "--scheduler", address]
+    result = subprocess.run(
+        [*argv, "--checkpoint", str(prefix)], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("dashboard: http://127.0.0.1:")
+    assert lines[-1] == f"job 'recipe': last epoch 3, committed under {prefix}; ran epochs 1-3"
+    view = dj.open_checkpoint(str(prefix))
+    assert view.epoch == 3
+    assert all(bool(view[node]["placed"]) for node in NODES)
+
+
+@pytest.fixture
+def jobqueue_cluster():
+    """A dask-jobqueue SLURMCluster whose scheduler listens on 127.0.0.1 (no batch system needed)."""
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    options = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+    with jobqueue.SLURMCluster(cores=2, processes=1, memory="2GB", scheduler_options=options) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("kind", ["SLURMCluster", "PBSCluster"])
+def test_jobqueue_job_scripts_serve_one_node_each(kind):
+    """add_node_workers gives each node a job script with its --resources, named after the node."""
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    recipe = load_recipe("jobqueue_nodes.py")
+    options = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+    with getattr(jobqueue, kind)(cores=4, processes=1, memory="2GB", scheduler_options=options) as cluster:
+        recipe.add_node_workers(cluster, NODES, nthreads=4)
+        assert list(cluster.worker_spec) == NODES
+        for node, spec in cluster.worker_spec.items():
+            script = spec["cls"](cluster.scheduler_address, name=node, **spec["options"]).job_script()
+            command = shlex.split(script.strip().splitlines()[-1])
+            flags = {flag: command[i + 1] for i, flag in enumerate(command) if flag in ("--name", "--resources")}
+            assert flags == {"--name": node, "--resources": f"{dj.node_resource(node)}=4"}
+
+
+def test_jobqueue_workers_run_locally_are_placed_and_run_a_job(jobqueue_cluster, tmp_path):
+    """The job scripts' worker commands, run here, serve their nodes; daskjobs run --scheduler uses them."""
+    recipe = load_recipe("jobqueue_nodes.py")
+    recipe.add_node_workers(jobqueue_cluster, NODES, nthreads=2)
+    commands = []
+    for node, spec in jobqueue_cluster.worker_spec.items():
+        script = spec["cls"](jobqueue_cluster.scheduler_address, name=node, **spec["options"]).job_script()
+        argv = shlex.split(script.strip().splitlines()[-1])
+        commands.append([*argv, "--host", "127.0.0.1", "--local-directory", str(tmp_path / "workers")])
+    with processes(commands, tmp_path):
+        check_placement(jobqueue_cluster.scheduler_address, tmp_path)
+        run_job_on(jobqueue_cluster.scheduler_address, tmp_path)
+
+
+def test_kubernetes_worker_commands_run_locally_are_placed(tmp_path):
+    """The manifest's worker containers (command + args), pointed at a local scheduler, serve their nodes."""
+    documents = list(yaml.safe_load_all((RECIPES / "kubernetes-workers.yaml").read_text()))
+    containers = [
+        container
+        for doc in documents
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("daskjobs-worker-")
+        for container in doc["spec"]["template"]["spec"]["containers"]
+    ]
+    assert all(doc["spec"]["replicas"] == 1 for doc in documents if doc["kind"] == "Deployment")
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
+    scheduler += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
+    with processes([scheduler], tmp_path):
+        deadline = time.monotonic() + 30
+        while not (scheduler_file.exists() and scheduler_file.read_text().strip()):
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.05)
+        address = yaml.safe_load(scheduler_file.read_text())["address"]
+        commands = []
+        for container in containers:
+            argv = [*container["command"], *container["args"]]
+            assert argv[:3] == ["daskjobs", "worker", "tcp://daskjobs-scheduler:8786"]
+            commands.append([sys.executable, "-m", "daskjobs", "worker", address, *argv[3:], "--host", "127.0.0.1"])
+        served = sorted(c["args"][c["args"].index("--node") + 1] for c in containers)
+        assert served == NODES
+        with processes(commands, tmp_path):
+            check_placement(address, tmp_path)

@@ -1,0 +1,116 @@
+"""Flat for days (SPEC §4): no per-epoch growth of Dask bookkeeping, and RSS growth per 1000 epochs.
+
+The short test counts what a leak would leave behind, exactly; the soak test (``-m soak``,
+excluded from the default run) measures RSS of the driver and every worker over 2000 epochs.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+
+SOAK_LIMIT_MB_PER_1000 = 2.0
+
+
+def define_job() -> dj.Job:
+    with dj.Cluster(), dj.Job(name="soak") as job:
+        with dj.Node("a"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("w", np.zeros(4)))
+            dj.Task(lambda ws: ws.__setitem__("w", ws["w"] + 1.0), name="step")
+            dj.Task(lambda ws: ws.log("loss", 1.0 / (1 + ws.epoch)), name="log")
+        with dj.Node("b"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("n", 0))
+            dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1), name="count")
+    return job
+
+
+def _scheduler_counts(dask_scheduler) -> dict[str, int]:
+    spans = dask_scheduler.extensions["spans"]
+    return {
+        "tasks": len(dask_scheduler.tasks),
+        "task_groups": len(dask_scheduler.task_groups),
+        "task_prefixes": len(dask_scheduler.task_prefixes),
+        "spans": len(spans.spans),
+        "span_groups": sum(len(span.groups) for span in spans.spans.values()),
+    }
+
+
+def _worker_counts(dask_worker) -> dict[str, int]:
+    return {"tasks": len(dask_worker.state.tasks), "data": len(dask_worker.data)}
+
+
+def bookkeeping(session: dj.DaskSession) -> dict[str, object]:
+    """What the client, scheduler and workers keep, once the last run's releases arrived (only
+    the session's anchor task is left, or 5 s passed)."""
+    client = session.client
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        on_workers = sum(c["tasks"] for c in client.run(_worker_counts).values())
+        if on_workers == 1 and client.run_on_scheduler(_scheduler_counts)["tasks"] == 1:
+            break
+        time.sleep(0.02)
+    return {
+        "client_futures": len(client.futures),
+        "client_refcount": len(client.refcount),
+        "scheduler": client.run_on_scheduler(_scheduler_counts),
+        "workers": client.run(_worker_counts),
+    }
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_dask_bookkeeping_does_not_grow_per_epoch():
+    """After warm-up, 250 more epochs leave exactly as many futures, tasks, task groups, prefixes,
+    spans and span groups as before (each run used to add a task group to a span, forever)."""
+    counts = {}
+    with dj.node_cluster(["a", "b"], processes=False) as cluster, dj.DaskSession(cluster) as session:
+
+        def on_epoch(record: dj.EpochRecord) -> None:
+            if record.epoch in (50, 300):
+                counts[record.epoch] = bookkeeping(session)
+
+        dj.JobRunner(define_job(), max_epochs=300, on_epoch=on_epoch, progress=False).train(session)
+    assert counts[300] == counts[50]
+    assert counts[300]["client_futures"] == 1  # the session's anchor
+    assert counts[300]["scheduler"]["task_groups"] == 1
+    assert counts[300]["scheduler"]["spans"] == 1
+
+
+def _slope_per_1000(points: list[tuple[int, float]]) -> float:
+    epochs, values = zip(*points, strict=True)
+    return float(np.polyfit(np.asarray(epochs, float), np.asarray(values, float), 1)[0] * 1000)
+
+
+@pytest.mark.soak
+@pytest.mark.cluster
+@pytest.mark.timeout(1800)
+def test_rss_growth_per_1000_epochs_is_bounded():
+    """Driver and worker RSS grow by at most 2 MB per 1000 epochs after warm-up (2000 epochs);
+    open files and threads stay constant."""
+    psutil = pytest.importorskip("psutil")
+    epochs, warmup, every = 2000, 500, 100
+    with dj.node_cluster(["a", "b"]) as cluster, dj.DaskSession(cluster) as session:
+        pids = session.client.run(os.getpid)
+        processes = {"driver": psutil.Process(), **{addr: psutil.Process(pid) for addr, pid in pids.items()}}
+        rss: dict[str, list[tuple[int, float]]] = {name: [] for name in processes}
+        handles: dict[str, list[tuple[int, int]]] = {name: [] for name in processes}
+
+        def on_epoch(record: dj.EpochRecord) -> None:
+            if record.epoch >= warmup and record.epoch % every == 0:
+                gc.collect()
+                for name, process in processes.items():
+                    rss[name].append((record.epoch, process.memory_info().rss / 2**20))
+                    handles[name].append((len(process.open_files()), process.num_threads()))
+
+        dj.JobRunner(define_job(), max_epochs=epochs, on_epoch=on_epoch, progress=False).train(session)
+    growth = {name: _slope_per_1000(points) for name, points in rss.items()}
+    assert all(value <= SOAK_LIMIT_MB_PER_1000 for value in growth.values()), growth
+    assert all(seen[0] == seen[-1] for seen in handles.values()), handles
