@@ -38,11 +38,15 @@ class EpochSaver:
         self.last_committed = last_committed
 
     def hooks(self, epoch: int, used_nodes: list[str]) -> dict[str, Callable[[Any], Any]] | None:
-        """The ``finish`` hooks saving ``epoch`` inside the epoch's graph, or ``None`` when a
-        checkpointed node does not run in it (then :meth:`save` saves as a group of its own)."""
+        """The ``finish`` hooks saving ``epoch`` inside the epoch's graph; ``None`` when a
+        checkpointed node does not run in it (then :meth:`save` saves as a group of its own);
+        ``{}`` when the storage is not accessible (the save is skipped, with a warning)."""
         manager = self.manager
-        if not manager.cp_accessible(epoch=None) or not set(manager.nodes()) <= set(used_nodes):
+        if not set(manager.nodes()) <= set(used_nodes):
             return None
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return {}
         return manager.finish_hooks(epoch)
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:

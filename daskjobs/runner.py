@@ -350,7 +350,7 @@ class JobRunner:
         hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
         finished: dict[str, Any] = {}
         sums = session.run_group(
-            job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks, finished=finished
+            job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks or None, finished=finished
         )
         elapsed = time.perf_counter() - started
         values, metrics = self._stop_values(), means(sums)
@@ -359,6 +359,8 @@ class JobRunner:
         else:
             if hooks is None:
                 saved = saver.save(epoch, session, values, metrics)
+            elif not hooks:
+                saved = 0.0
             else:
                 saved = saver.accept(epoch, session, finished, values, metrics)
             written, reused = saver.bytes()
