@@ -205,13 +205,13 @@ class JobRunner:
                 if manager is None:
                     return self._train(session, None)
                 self._acquire_lock(manager)
-                manager.retention_in_background = manager.holds_lock = True
+                manager.holds_lock = True
                 try:
                     for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
                     return self._train(session, manager)
                 finally:
-                    manager.retention_in_background = manager.holds_lock = False
+                    manager.holds_lock = False
                     try:
                         manager.wait_background()
                     finally:

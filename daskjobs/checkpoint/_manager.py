@@ -182,7 +182,9 @@ class MultiNodeCheckpointManager:
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
         self._newest_seen: int | None = None
         """Apply retention in a thread after each commit (joined before the next commit and by
-        :meth:`wait_background`); the runner turns it on while it trains."""
+        :meth:`wait_background`). Off by default: the runner keeps retention in step with the
+        epochs, so that nothing is deleted while the next epoch runs (a lost lock stops the run
+        before anything else changes under the prefix)."""
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
 
