@@ -1,22 +1,23 @@
-"""Checkpoint I/O against numpy baselines on the same disk (SPEC §6: bulk and small-blob targets).
+"""Checkpoint I/O against numpy baselines on the same disk, in the same run (SPEC §6).
 
-Measures, over ``--runs`` runs with the order of baseline and daskjobs alternating, and reports
-the ratio of the medians (and of the best runs, less disturbed by other load on the machine):
+Every figure is a ratio of medians over ``--runs`` runs (at least 5) in which daskjobs and its
+baseline alternate, so load from other processes hits both alike:
 
-* small blobs: 100 blobs of 4 KiB on one node, ``CheckpointStore.write_node`` against
-  ``np.savez`` of the same blobs, both fsynced (also reported without fsync); target time
-  ratio <= 5. Two untimed warm-up rounds come first: file creation is slow while the
-  filesystem's metadata blocks are not cached (e.g. right after dropping caches);
-* bulk save: 1 GiB of float32 over 2 nodes (4 arrays of 128 MiB each) with ``write_node``
-  (fsync included) against ``np.save`` of the same arrays to ``.npy`` files, each fsynced;
-  target ratio of throughputs >= 0.85;
-* bulk restore: ``read_node`` (verifying every checksum) against ``np.load``, both reading what
-  was just written from the page cache (each read once, untimed, first); with ``--drop-caches``
-  (root) instead after dropping the page cache, then again warm. Target ratio >= 0.85.
+* small save: 100 blobs of 4 KiB on one node, ``CheckpointStore.write_node`` (fsync on) against
+  ``np.savez`` to one file followed by fsync of the file and of its folder (the same durability);
+* small restore: ``open_checkpoint(...)[node][blob]`` for every blob, and ``read_node`` (what a
+  resume or ``load`` runs on the node), against ``np.load`` of that ``.npz`` reading every array;
+* scaling: the same with 1000 blobs, as a ratio to the 100-blob time of the same path;
+* bulk save: ``--size-mib`` (default 1024) of float32 over 2 nodes (4 arrays each) with fsync
+  against ``np.save`` of the same arrays, each file and the folder fsynced;
+* bulk restore: ``read_node`` (verifying every chunk's XXH3-128) against ``np.load``, both from
+  the page cache (each read once, untimed, first).
 
 Run::
 
-    python benchmarks/checkpoint_io.py [--dir DIR] [--runs 5] [--small-runs 21] [--drop-caches] [--json out.json]
+    python benchmarks/checkpoint_io.py [--quick] [--runs 5] [--size-mib 1024] [--dir DIR]
+
+``--quick`` uses 256 MiB for the bulk rows. The last line printed is the JSON of all results.
 """
 
 from __future__ import annotations
@@ -34,204 +35,194 @@ from collections.abc import Callable
 
 import numpy as np
 
+import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._files import fsync_path
+from daskjobs.checkpoint._format import make_commit_record
 
 MIB = 1 << 20
 
 
-def _drop_caches() -> bool:
-    """Write back and drop the page cache (needs root on Linux); whether it worked."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as file:
-            file.write("3\n")
-    except OSError:
-        return False
-    return True
-
-
-def _timed(action: Callable[[], object]) -> float:
+def timed(action: Callable[[], object]) -> float:
     started = time.perf_counter()
     action()
     return time.perf_counter() - started
 
 
-def _np_save(folder: str, arrays: dict[str, np.ndarray]) -> None:
-    os.makedirs(folder)
-    for name, array in arrays.items():
-        path = os.path.join(folder, f"{name}.npy")
-        with open(path, "wb") as file:
-            np.save(file, array)
-            file.flush()
-            os.fsync(file.fileno())
-    fsync_path(folder)
+def interleaved(runs: int, actions: dict[str, Callable[[int], object]]) -> dict[str, list[float]]:
+    """Seconds of each action per run; the order of the actions alternates between runs."""
+    times: dict[str, list[float]] = {label: [] for label in actions}
+    items = list(actions.items())
+    for run in range(runs):
+        for label, action in items if run % 2 == 0 else items[::-1]:
+            times[label].append(timed(lambda a=action, r=run: a(r)))
+    return times
 
 
-def _np_load(folder: str, names: list[str]) -> dict[str, np.ndarray]:
-    return {name: np.load(os.path.join(folder, f"{name}.npy")) for name in names}
-
-
-def _np_savez(path: str, arrays: dict[str, np.ndarray], fsync: bool) -> None:
+def savez_durable(path: str, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as file:
         np.savez(file, **arrays)
-        if fsync:
-            file.flush()
-            os.fsync(file.fileno())
+        file.flush()
+        os.fsync(file.fileno())
+    fsync_path(os.path.dirname(path))
 
 
-def _settle(*paths: str) -> None:
-    """Remove earlier outputs (outside the timings) and let the disk catch up."""
-    for path in paths:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-    os.sync()
-    time.sleep(0.5)
+def load_npz(path: str) -> dict[str, np.ndarray]:
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
 
 
-def bulk(root: str, runs: int, total_mib: int, drop_caches: bool) -> dict[str, object]:
-    """Bulk save and restore: 2 nodes x 4 float32 arrays, ``total_mib`` in all."""
+def small(root: str, runs: int, count: int) -> dict[str, list[float]]:
+    """``count`` blobs of 4 KiB: save and three restore paths against ``np.savez`` / ``np.load``."""
+    rng = np.random.default_rng(count)
+    blobs = {f"b{i:04d}": rng.standard_normal(1024, dtype=np.float32) for i in range(count)}
+    store = CheckpointStore(os.path.join(root, f"small{count}"))
+    folder = os.path.join(root, f"npz{count}")
+    os.makedirs(folder)
+    entries: dict[int, dict] = {}
+
+    def save(run: int) -> None:
+        entries[run] = store.write_node("n", run, blobs, save_id="s")
+        store.commit(make_commit_record("bench", run, {"n": entries[run]}, {}, {}))
+
+    for warm in (-2, -1):  # file creation is slow while the filesystem's metadata is cold
+        savez_durable(os.path.join(folder, f"{warm}.npz"), blobs)
+        store.write_node("n", 10**6 + warm, blobs, save_id="w")
+    times = interleaved(
+        runs,
+        {"savez": lambda r: savez_durable(os.path.join(folder, f"{r}.npz"), blobs), "dj_save": save},
+    )
+
+    def view_loop(run: int) -> None:
+        node = dj.open_checkpoint(store.url, run)["n"]
+        for name in node:
+            node[name]
+
+    times.update(
+        interleaved(
+            runs,
+            {
+                "npz_load": lambda r: load_npz(os.path.join(folder, f"{r}.npz")),
+                "dj_open_checkpoint": view_loop,
+                "dj_read_node": lambda r: store.read_node("n", r, entries[r]),
+            },
+        )
+    )
+    check = store.read_node("n", 0, entries[0])
+    assert all(np.array_equal(check[name], blobs[name]) for name in blobs)
+    return times
+
+
+def bulk(root: str, runs: int, size_mib: int) -> dict[str, list[float]]:
+    """``size_mib`` of float32 over 2 nodes x 4 arrays: durable save and warm verified restore."""
     rng = np.random.default_rng(0)
-    per_array = total_mib * MIB // 8 // 4
-    nodes = {
-        node: {f"w{i}": rng.standard_normal(per_array, dtype=np.float32) for i in range(4)}
-        for node in ("ps", "trainer")
-    }
-    flat = {f"{node}_{name}": array for node, arrays in nodes.items() for name, array in arrays.items()}
-    nbytes = sum(a.nbytes for a in flat.values())
-    store = CheckpointStore(os.path.join(root, "ckpt"))
-    labels = ["np_save", "dj_save", "np_load", "dj_load"] + (["np_load_cold", "dj_load_cold"] if drop_caches else [])
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    dropped = True
+    per_array = size_mib * MIB // 4 // 8
+    nodes = {n: {f"w{i}": rng.standard_normal(per_array, dtype=np.float32) for i in range(4)} for n in ("ps", "tr")}
+    store = CheckpointStore(os.path.join(root, "bulk"))
+    entries: dict[tuple[int, str], dict] = {}
+
+    def np_save(run: int) -> None:
+        folder = os.path.join(root, f"npy{run}")
+        os.makedirs(folder)
+        for node, arrays in nodes.items():
+            for name, array in arrays.items():
+                with open(os.path.join(folder, f"{node}.{name}.npy"), "wb") as file:
+                    np.save(file, array)
+                    file.flush()
+                    os.fsync(file.fileno())
+        fsync_path(folder)
+
+    def dj_save(run: int) -> None:
+        for node, arrays in nodes.items():
+            entries[run, node] = store.write_node(node, run, arrays, save_id="s")
+
+    def np_load(run: int) -> None:
+        folder = os.path.join(root, f"npy{run}")
+        [np.load(os.path.join(folder, name)) for name in sorted(os.listdir(folder))]
+
+    def dj_load(run: int) -> None:
+        for node in nodes:
+            store.read_node(node, run, entries[run, node])
+
+    times: dict[str, list[float]] = {"np_save": [], "dj_save": [], "np_load": [], "dj_load": []}
     for run in range(runs):
-        baseline = os.path.join(root, f"npy{run}")
-        entries: dict[str, dict] = {}
-
-        def save_ours(run: int = run, entries: dict = entries) -> None:
-            for node, arrays in nodes.items():
-                entries[node] = store.write_node(node, run, arrays, save_id=f"bench{run}")
-
-        def load_ours(run: int = run, entries: dict = entries) -> None:
-            for node in nodes:
-                store.read_node(node, run, entries[node])
-
-        swap = run % 2 == 1
-        saves = [("np_save", lambda b=baseline: _np_save(b, flat)), ("dj_save", save_ours)]
-        for label, action in saves[::-1] if swap else saves:
-            _settle()
-            times[label].append(_timed(action))
-        loads = [("np_load", lambda b=baseline: _np_load(b, list(flat))), ("dj_load", load_ours)]
-        for label, action in loads[::-1] if swap else loads:
-            if drop_caches:
-                dropped = _drop_caches() and dropped
-                times[f"{label}_cold"].append(_timed(action))
-            else:
-                action()  # the page cache may have dropped some of it since the save: read it in first
-            times[label].append(_timed(action))
-        check = store.read_node("ps", run, entries["ps"])
-        assert all(np.array_equal(check[name], nodes["ps"][name]) for name in check)
-        _settle(baseline, store.db_name("ps", run), store.db_name("trainer", run))
-    result: dict[str, object] = {"bytes": nbytes, "runs": runs, "seconds": times}
-    if drop_caches:
-        result["page_cache_dropped"] = dropped
-    return result
-
-
-def small(root: str, runs: int) -> dict[str, object]:
-    """100 blobs of 4 KiB on one node: ``write_node`` against ``np.savez`` (after two untimed warm-up rounds).
-
-    Every save goes to a new place and nothing is deleted until the end: on ext4, creating files
-    right after deleting many others is slower (recently freed inodes are skipped), which would
-    measure deletion churn rather than saving.
-    """
-    rng = np.random.default_rng(1)
-    blobs = {f"b{i:03d}": rng.standard_normal(1024, dtype=np.float32) for i in range(100)}
-    synced = CheckpointStore(os.path.join(root, "small"))
-    unsynced = CheckpointStore(os.path.join(root, "small"), fsync=False)
-    times: dict[str, list[float]] = {"savez_fsync": [], "dj_fsync": [], "savez": [], "dj_nofsync": []}
-    for run in range(-2, runs):
-        archive = os.path.join(root, f"small{run}.npz")
-        order: list[tuple[str, Callable[[], object]]] = [
-            ("savez_fsync", lambda a=archive: _np_savez(a, blobs, True)),
-            ("dj_fsync", lambda r=run: synced.write_node("n", 2 * r + 4, blobs, save_id="s")),
-            ("savez", lambda a=archive: _np_savez(a, blobs, False)),
-            ("dj_nofsync", lambda r=run: unsynced.write_node("n", 2 * r + 5, blobs, save_id="s")),
+        pairs = [
+            (("np_save", np_save), ("dj_save", dj_save)),
+            (("np_load", np_load), ("dj_load", dj_load)),
         ]
-        for label, action in order if run % 2 == 0 else order[::-1]:
-            seconds = _timed(action)
-            if run >= 0:
-                times[label].append(seconds)
-        _settle()
-    _settle(os.path.join(root, "small"), *(os.path.join(root, f"small{run}.npz") for run in range(-2, runs)))
-    return {"runs": runs, "seconds": times}
+        for pair in pairs:
+            for label, action in pair if run % 2 == 0 else pair[::-1]:
+                if label.endswith("load"):
+                    action(run)  # warm: read it into the page cache first
+                else:
+                    os.sync()
+                times[label].append(timed(lambda a=action, r=run: a(r)))
+        shutil.rmtree(os.path.join(root, f"npy{run}"))
+        for node in nodes:
+            shutil.rmtree(os.path.join(store.url, f"{node}.{run}"))
+    return times
 
 
-ROWS = [  # label, part, baseline, daskjobs, ratio of ("throughput" | "time"), target
-    ("bulk save 1 GiB, 2 nodes, fsync", "bulk", "np_save", "dj_save", "throughput", ">= 0.85"),
-    ("bulk restore, verified, page cache", "bulk", "np_load", "dj_load", "throughput", ">= 0.85"),
-    ("bulk restore, verified, caches dropped", "bulk", "np_load_cold", "dj_load_cold", "throughput", ">= 0.85"),
-    ("100 x 4 KiB save, fsync", "small", "savez_fsync", "dj_fsync", "time", "<= 5"),
-    ("100 x 4 KiB save, no fsync", "small", "savez", "dj_nofsync", "time", "<= 5"),
+ROWS = [  # label, baseline key, daskjobs key, target
+    ("100 x 4 KiB save (fsync)", ("small100", "savez"), ("small100", "dj_save"), 2.0),
+    ("100 x 4 KiB restore, open_checkpoint", ("small100", "npz_load"), ("small100", "dj_open_checkpoint"), 2.0),
+    ("100 x 4 KiB restore, read_node (resume)", ("small100", "npz_load"), ("small100", "dj_read_node"), 2.0),
+    ("1000 vs 100 blobs: save", ("small100", "dj_save"), ("small1000", "dj_save"), 12.0),
+    (
+        "1000 vs 100 blobs: open_checkpoint",
+        ("small100", "dj_open_checkpoint"),
+        ("small1000", "dj_open_checkpoint"),
+        12.0,
+    ),
+    ("1000 vs 100 blobs: read_node", ("small100", "dj_read_node"), ("small1000", "dj_read_node"), 12.0),
+    ("bulk save (fsync) vs np.save", ("bulk", "np_save"), ("bulk", "dj_save"), 1.05),
+    ("bulk restore (warm, verified) vs np.load", ("bulk", "np_load"), ("bulk", "dj_load"), 1.1),
 ]
 
 
-def summarise(results: dict[str, dict]) -> list[dict[str, object]]:
-    """Median (and best) seconds of each comparison and their ratio as the target states it."""
+def summarise(results: dict[str, dict[str, list[float]]]) -> list[dict[str, object]]:
     rows = []
-    for label, part, baseline, ours, kind, target in ROWS:
-        times = results[part]["seconds"]
-        if baseline not in times:
-            continue
-        row: dict[str, object] = {"benchmark": label, "target": target}
-        for stat, pick in (("median", statistics.median), ("best", min)):
-            base, mine = pick(times[baseline]), pick(times[ours])
-            row[f"baseline_{stat}_s"], row[f"daskjobs_{stat}_s"] = base, mine
-            row[f"ratio_{stat}"] = base / mine if kind == "throughput" else mine / base
-        rows.append(row)
+    for label, (base_part, base), (our_part, ours), target in ROWS:
+        baseline, mine = statistics.median(results[base_part][base]), statistics.median(results[our_part][ours])
+        rows.append(
+            {
+                "benchmark": label,
+                "baseline_s": baseline,
+                "daskjobs_s": mine,
+                "ratio": mine / baseline,
+                "target": target,
+                "met": mine / baseline <= target,
+            }
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run both benchmarks, print a table and the JSON results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", help="where to write (default: a new temporary directory, removed afterwards)")
+    parser.add_argument("--quick", action="store_true", help="256 MiB bulk instead of --size-mib")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--small-runs", type=int, default=21)
     parser.add_argument("--size-mib", type=int, default=1024)
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument(
-        "--drop-caches",
-        action="store_true",
-        help="also time restores after dropping the page cache (root only; slows the whole "
-        "machine's file metadata for a while, so the small-blob benchmark runs first)",
-    )
+    parser.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")
     args = parser.parse_args(argv)
+    runs, size = max(5, args.runs), 256 if args.quick else args.size_mib
     with contextlib.ExitStack() as stack:
         root = args.dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="daskjobs-bench-"))
-        os.makedirs(root, exist_ok=True)
         results = {
-            "small": small(root, args.small_runs),
-            "bulk": bulk(root, args.runs, args.size_mib, args.drop_caches),
+            "small100": small(root, runs, 100),
+            "small1000": small(root, runs, 1000),
+            "bulk": bulk(root, runs, size),
         }
-    results["summary"] = summarise(results)
+    rows = summarise(results)
     print(
-        f"{'benchmark (seconds, median of runs)':40s} {'baseline':>9s} {'daskjobs':>9s} {'ratio':>6s} "
-        f"{'best-run ratio':>14s} {'target':>8s}"
+        f"{'benchmark (median of ' + str(runs) + ' interleaved runs)':44s} {'baseline':>9s} {'daskjobs':>9s} "
+        f"{'ratio':>6s} {'target':>7s}"
     )
-    for row in results["summary"]:
+    for row in rows:
         print(
-            f"{row['benchmark']:40s} {row['baseline_median_s']:9.4f} {row['daskjobs_median_s']:9.4f} "
-            f"{row['ratio_median']:6.2f} {row['ratio_best']:14.2f} {row['target']:>8s}"
+            f"{row['benchmark']:44s} {row['baseline_s']:9.4f} {row['daskjobs_s']:9.4f} {row['ratio']:6.2f} "
+            f"{'<= ' + str(row['target']):>7s}{'' if row['met'] else '  (missed)'}"
         )
-    if args.drop_caches and not results["bulk"]["page_cache_dropped"]:
-        print("note: the page cache could not be dropped (not root?): 'cold' reads were warm", file=sys.stderr)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as file:
-            file.write(text)
+    print(json.dumps({"runs": runs, "bulk_mib": size, "rows": rows, "seconds": results}))
     return 0
 
 

@@ -405,7 +405,7 @@ def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
     result = subprocess.run(
         [sys.executable, "-m", "daskjobs", "run", "jobs.py:job", "--scheduler", "tcp://127.0.0.1:1"],
         cwd=jobs,
-        env={**env(), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"},
+        env={**env(), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s", "DASK_DASKJOBS__CONNECT_TIMEOUT": "3s"},
         capture_output=True,
         text=True,
         timeout=60,

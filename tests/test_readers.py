@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 import daskjobs as dj
-from daskjobs.errors import CheckpointWriteError, JobDefinitionError, TaskFailedError
+from daskjobs.errors import JobDefinitionError, TaskFailedError
 
 
 def record(ws, batch):
@@ -256,9 +256,6 @@ def test_custom_reader_with_json_state_continues_where_it_was():
     assert np.array_equal(seen_epoch, expected_epoch)
 
 
-@pytest.mark.xfail(
-    raises=CheckpointWriteError, strict=False, reason="JSON blobs in checkpoints arrive with the format branch"
-)
 def test_custom_reader_with_json_state_resumes_exactly(prefix):
     """A dj.Reader subclass keeping a JSON value as state resumes from a checkpoint where it was."""
     _, expected, expected_epoch = run_reading(custom_job())

@@ -20,7 +20,7 @@ from daskjobs.checkpoint._cleanup import Tree, marker
 NODES = ("n0", "n1")
 BLOBS = 4
 ROWS = 1 << 18  # float32 rows: 1 MiB per blob, 8 MiB per epoch
-FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 1) + 1  # per node: 2 files per blob + the group's; then the commit
+FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 2) + 1  # per node: marker, 2 files per blob, entry; then the commit
 
 WRITER = """
 import json, os, sys

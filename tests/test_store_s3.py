@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from daskjobs.checkpoint import CheckpointStore, _zarr
+from daskjobs.checkpoint import CheckpointStore, _chunks
 from daskjobs.checkpoint._format import make_commit_record
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 
@@ -81,7 +81,7 @@ def blobs_of(epoch: int) -> dict[str, np.ndarray]:
 
 
 def test_full_cycle(s3, url, no_rename, monkeypatch):
-    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 256)  # several chunks per array, with padding
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 256)  # several chunks per array, with padding
     store = CheckpointStore(url, s3)
     store.check_writable()
     store.acquire_lock({"host": "h", "pid": 1, "job": "job", "started": "t"})

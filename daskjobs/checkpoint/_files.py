@@ -3,7 +3,12 @@
 Both backends offer the same small interface, used by :mod:`._zarr` to write and read the raw
 chunk files and JSON documents of a node's Zarr group, and by :mod:`._store` for commit
 records, listings and the lock. Paths are the filesystem's own paths (absolute OS paths for
-the local backend). :class:`Checksums` computes the CRC-32C of what is read.
+the local backend).
+
+Reads are bounded and never block: local files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and
+read only if ``fstat`` says they are regular files (a FIFO, device, socket, directory or
+symbolic link raises :class:`UnsafeFileError`), and no read asks for more than the expected
+size plus one byte (to notice a file that is too long).
 """
 
 from __future__ import annotations
@@ -12,31 +17,77 @@ import contextlib
 import ctypes
 import errno
 import os
-import queue
 import shutil
 import stat
-import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
-import crc32c
+import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 ChunkRead = tuple[str, memoryview, int]
 """A chunk to read: its path, where its valid bytes go, and the size the file must have."""
-ChunkEvent = tuple[int, memoryview | None, str | None]
-"""Progress of reading chunk ``i``: ``(i, block, None)`` after each block of its valid bytes was read
-into place, then ``(i, None, problem)`` once the chunk is done, ``problem`` being ``None`` if it
-is intact, else what is wrong (missing, wrong size, corrupt padding)."""
+ChunkResult = tuple[str | None, str | None]
+"""What reading a chunk found: ``(digest, None)`` (XXH3-128 of the whole file), or ``(None, problem)``."""
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
-_READ_BLOCK = 4 << 20
-_FSYNC_EACH_UP_TO = 8
+_READ_BLOCK = 16 << 20
+_FSYNC_EACH_UP_TO = 64
+_FSYNC_THREADS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+class UnsafeFileError(OSError):
+    """A checkpoint path that is not what daskjobs writes there (a FIFO, device, socket, symlink …)."""
+
+
+def _unsafe(path: str, mode: int, expected: str) -> UnsafeFileError:
+    found = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return UnsafeFileError(f"{path} is {found}, not {expected}; daskjobs does not read it")
+
+
+def open_regular(path: str) -> tuple[int, int]:
+    """Open a regular file for reading without following a final symlink or blocking; return ``(fd, size)``.
+
+    Raises
+    ------
+    UnsafeFileError
+        ``path`` is a symbolic link, FIFO, device, socket or directory.
+    FileNotFoundError
+        It does not exist.
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(f"{path} is a symbolic link, not a regular file; daskjobs does not read it") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _unsafe(path, info.st_mode, "a regular file")
+    return fd, info.st_size
+
+
+def check_directory(path: str) -> None:
+    """Raise :class:`UnsafeFileError` unless ``path`` is a real directory (not a symlink); or ``FileNotFoundError``."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise _unsafe(path, info.st_mode, "a directory")
 
 
 @cache
@@ -59,7 +110,8 @@ def fsync_path(path: str) -> None:
 def sync_paths(paths: Sequence[str]) -> None:
     """Make ``paths`` (files and directories of one filesystem) durable.
 
-    A few paths are fsynced one by one. For more, on Linux, one ``syncfs`` flushes the whole
+    Up to :data:`_FSYNC_EACH_UP_TO` paths (a few big blobs) are fsynced each, several at once:
+    that flushes only our own data. For more, on Linux, one ``syncfs`` flushes the whole
     filesystem: it costs a few fsyncs, far less than hundreds of them for many small blobs.
     """
     if not paths:
@@ -69,13 +121,16 @@ def sync_paths(paths: Sequence[str]) -> None:
         fd = os.open(paths[0], os.O_RDONLY)
         try:
             if syncfs(fd) != 0:
-                errno = ctypes.get_errno()
-                raise OSError(errno, f"syncfs failed: {os.strerror(errno)}", paths[0])
+                code = ctypes.get_errno()
+                raise OSError(code, f"syncfs failed: {os.strerror(code)}", paths[0])
         finally:
             os.close(fd)
         return
-    for path in paths:
-        fsync_path(path)
+    if len(paths) == 1:
+        fsync_path(paths[0])
+        return
+    with ThreadPoolExecutor(min(_FSYNC_THREADS, len(paths)), thread_name_prefix="daskjobs-fsync") as pool:
+        list(pool.map(fsync_path, paths))
 
 
 FILE_MODE = 0o644
@@ -109,41 +164,35 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
         os.close(fd)
 
 
-def zero_padding(data: Any) -> bool:
-    """Whether a chunk's padding (past the array's last row) is all zero bytes."""
-    return bytes(data).count(0) == len(data)
+def read_regular(path: str, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of a regular file (see :func:`open_regular`)."""
+    fd, _size = open_regular(path)
+    with open(fd, "rb", buffering=0) as file:
+        return file.read(limit + 1)
 
 
-class Checksums:
-    """Running CRC-32C per blob; for big reads computed in a helper thread, overlapping the next read."""
-
-    def __init__(self, background: bool) -> None:
-        self._values: dict[str, int] = {}
-        self._queue: queue.SimpleQueue[tuple[str, memoryview] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="daskjobs-crc32c", daemon=True) if background else None
-        if self._thread is not None:
-            self._thread.start()
-
-    def add(self, name: str, block: memoryview) -> None:
-        """Extend blob ``name``'s checksum by ``block`` (which must not change until :meth:`close`)."""
-        if self._thread is None:
-            self._update(name, block)
-        else:
-            self._queue.put((name, block))
-
-    def _update(self, name: str, block: memoryview) -> None:
-        self._values[name] = crc32c.crc32c(block, self._values.get(name, 0))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._update(*item)
-
-    def close(self) -> dict[str, int]:
-        """Wait for the pending blocks; return the checksums by blob."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-        return self._values
+def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:
+    """Read a chunk file of ``size`` bytes: its first ``len(out)`` bytes into ``out``, the rest hashed too."""
+    try:
+        fd, found = open_regular(path)
+    except FileNotFoundError:
+        return None, "is missing"
+    with open(fd, "rb", buffering=0) as file:
+        if found != size:
+            return None, f"has {found} bytes, expected {size}"
+        if size >= _READ_BLOCK and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        hasher = xxhash.xxh3_128()
+        for start in range(0, len(out), _READ_BLOCK):
+            block = out[start : start + _READ_BLOCK]
+            if file.readinto(block) != len(block):
+                return None, "shrank while being read"
+            hasher.update(block)
+        rest = file.read(size - len(out) + 1)
+        if len(rest) != size - len(out):
+            return None, "changed size while being read"
+        hasher.update(rest)
+    return hasher.hexdigest(), None
 
 
 class LocalFiles:
@@ -171,6 +220,9 @@ class LocalFiles:
         write_file(path, parts)
         self._unsynced.append(path)
 
+    def flush_pending(self) -> None:
+        """Nothing to do: local writes are not queued."""
+
     def track_tree(self, path: str) -> None:
         """Remember every file and directory under ``path`` (written by someone else) for :meth:`flush`,
         taking group and world write permission away from them (others ignore :data:`FILE_MODE`)."""
@@ -189,19 +241,30 @@ class LocalFiles:
         self._unsynced = []
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
-        """Read each file, at most ``limit + 1`` bytes of it; errors are returned, not raised."""
+        """Read each regular file, at most ``limit + 1`` bytes of it; errors are returned, not raised."""
         out: list[bytes | OSError] = []
         for path in paths:
             try:
-                with open(path, "rb") as file:
-                    out.append(file.read(limit + 1))
+                out.append(read_regular(path, limit))
             except OSError as exc:
                 out.append(exc)
         return out
 
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` exists."""
-        return os.path.exists(path)
+    def check_directory(self, path: str) -> None:
+        """See :func:`check_directory`."""
+        check_directory(path)
+
+    def reuse(self, source: str, target: str, size: int) -> bool:
+        """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible."""
+        try:
+            info = os.lstat(source)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                return False
+            os.link(source, target, follow_symlinks=False)
+        except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
+            return False
+        self._unsynced.append(target)
+        return True
 
     def replace(self, path: str, data: bytes) -> None:
         """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder."""
@@ -252,28 +315,9 @@ class LocalFiles:
             found.update(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/") for name in files)
         return found
 
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[ChunkEvent]:
-        """Read each chunk into its view, block by block; see :data:`ChunkEvent`."""
-        for index, (path, view, size) in enumerate(chunks):
-            try:
-                with open(path, "rb", buffering=0) as file:
-                    found = os.fstat(file.fileno()).st_size
-                    if found != size:
-                        yield index, None, f"has {found} bytes, expected {size}"
-                        continue
-                    if hasattr(os, "posix_fadvise"):
-                        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                    for start in range(0, len(view), _READ_BLOCK):
-                        block = view[start : start + _READ_BLOCK]
-                        if file.readinto(block) != len(block):
-                            raise OSError(f"{path} shrank while being read")
-                        yield index, block, None
-                    padding = file.read(size - len(view) + 1)
-            except FileNotFoundError:
-                yield index, None, "is missing"
-                continue
-            intact = len(padding) == size - len(view) and zero_padding(padding)
-            yield index, None, None if intact else "has corrupt padding"
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
+        """Read each chunk into its view and hash the whole file; see :data:`ChunkResult`."""
+        return [read_chunk_file(*chunk) for chunk in chunks]
 
 
 class RemoteFiles:
@@ -305,6 +349,10 @@ class RemoteFiles:
     def track_tree(self, path: str) -> None:
         """Nothing to do: object stores have no fsync."""
 
+    def flush_pending(self) -> None:
+        """Upload the queued objects now."""
+        self.flush()
+
     def flush(self) -> None:
         """Upload the queued objects."""
         if self._pending:
@@ -312,13 +360,21 @@ class RemoteFiles:
         self._pending, self._pending_bytes = {}, 0
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
-        """Read each object (all of it: object stores cannot cheaply stop early); errors are returned."""
-        results = self._fs.cat_ranges(list(paths), None, None, on_error="return")
+        """Read the first ``limit + 1`` bytes of each object (range requests); errors are returned."""
+        paths = list(paths)
+        results = self._fs.cat_ranges(paths, [0] * len(paths), [limit + 1] * len(paths), on_error="return")
         return [r if isinstance(r, bytes | OSError) else OSError(str(r)) for r in results]
 
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` exists."""
-        return bool(self._fs.exists(path))
+    def check_directory(self, path: str) -> None:
+        """Nothing to check: object stores have neither symlinks nor special files."""
+
+    def reuse(self, source: str, target: str, size: int) -> bool:
+        """Copy ``source`` to ``target`` on the server (no download); ``False`` if that fails."""
+        try:
+            self._fs.copy(source, target)
+        except (OSError, ValueError, NotImplementedError):
+            return False
+        return True
 
     def replace(self, path: str, data: bytes) -> None:
         """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
@@ -356,28 +412,37 @@ class RemoteFiles:
         root = path.rstrip("/") + "/"
         return {found[len(root) :] for found in self._fs.find(path) if found.startswith(root)}
 
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> Iterator[ChunkEvent]:
-        """Fetch chunks in concurrent batches and copy each into its view; see :data:`ChunkEvent`."""
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
+        """Fetch chunks with bounded range requests in concurrent batches; see :data:`ChunkResult`."""
+        results: list[ChunkResult] = []
         start = 0
         while start < len(chunks):
             end, budget = start, 0
             while end < len(chunks) and (end == start or budget + chunks[end][2] <= _BATCH_BYTES):
                 budget += chunks[end][2]
                 end += 1
-            datas = self._fs.cat_ranges([path for path, _, _ in chunks[start:end]], None, None, on_error="return")
-            for index, data in enumerate(datas, start):
-                _path, view, size = chunks[index]
+            batch = chunks[start:end]
+            datas = self._fs.cat_ranges(
+                [path for path, _, _ in batch], [0] * len(batch), [size + 1 for _, _, size in batch], on_error="return"
+            )
+            for (_path, view, size), data in zip(batch, datas, strict=True):
                 if isinstance(data, FileNotFoundError):
-                    yield index, None, "is missing"
+                    results.append((None, "is missing"))
                 elif isinstance(data, BaseException):
                     raise data
                 elif len(data) != size:
-                    yield index, None, f"has {len(data)} bytes, expected {size}"
+                    results.append(
+                        (
+                            None,
+                            f"has {len(data) if len(data) <= size else 'more than ' + str(size)} "
+                            f"bytes, expected {size}",
+                        )
+                    )
                 else:
                     view[:] = memoryview(data)[: len(view)]
-                    yield index, view, None
-                    yield index, None, None if zero_padding(memoryview(data)[len(view) :]) else "has corrupt padding"
+                    results.append((xxhash.xxh3_128(data).hexdigest(), None))
             start = end
+        return results
 
 
 def files_for(fs: AbstractFileSystem, fsync: bool) -> LocalFiles | RemoteFiles:

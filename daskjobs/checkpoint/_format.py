@@ -3,13 +3,20 @@
 A node's save returns an *entry* (also stored in its Zarr group's attributes); the client
 gathers the entries of every node into the epoch's *commit record*::
 
-    {"format": "daskjobs-checkpoint", "format_version": 1, "daskjobs_version": "0.1.0",
+    {"format": "daskjobs-checkpoint", "format_version": 2, "daskjobs_version": "0.1.0",
      "created": "2026-01-01T00:00:00+00:00", "job": "train", "epoch": 3,
      "nodes": ["ps", "trainer"],
-     "node_entries": {"ps": {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16, "seconds": 0.01,
-                             "blobs": {"w": {"dtype": "<f4", "shape": [2, 2], "nbytes": 16,
-                                             "chunks": [2, 2], "checksum": "crc32c:1a2b3c4d"}}}, …},
-     "stop_values": {"done": false}, "timings": {"save_seconds": 0.02}}
+     "node_entries": {"ps": {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16,
+                             "bytes_written": 16, "bytes_reused": 0, "seconds": 0.01,
+                             "blobs": {"w": {"kind": "array", "dtype": "<f4", "shape": [2, 2],
+                                             "nbytes": 16, "chunks": [2, 2], "codec": null,
+                                             "hashes": ["<32 hex digits>"]}}}, …},
+     "stop_values": {"done": false}, "timings": {"save_seconds": 0.02}, "metrics": {"loss": 0.5}}
+
+``hashes`` holds the XXH3-128 digest of every stored chunk file, chunks in C order; it serves
+verification on every read path and delta reuse. A ``"json"`` blob is a 1-d ``uint8`` array of
+UTF-8 JSON text. ``codec`` names the compressor (``None``: raw bytes); compressed chunks also
+record their file sizes in ``sizes``.
 
 Everything read back is validated here before any path is built or byte is decoded: names
 with :func:`~daskjobs._validation.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
@@ -32,13 +39,23 @@ from .._version import __version__
 from ..errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
 
 FORMAT_NAME = "daskjobs-checkpoint"
-RECORD_FORMAT_VERSION = 1
-"""Version of the commit-record schema; records of a newer version are refused, never guessed at."""
+RECORD_FORMAT_VERSION = 2
+"""Version of the commit-record schema; other versions are refused with :class:`CheckpointFormatError`.
+
+Version 1 (daskjobs before per-chunk hashes) kept one CRC-32C per blob, which cannot verify a
+lazily read chunk on its own; its records are refused, naming the version, rather than read
+with weaker checks."""
 
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
 )
-"""Stored dtypes (numpy ``dtype.str``): bool, integers, floats and complex, always little-endian."""
+"""Stored numeric dtypes (numpy ``dtype.str``): bool, integers, floats and complex, always little-endian.
+Fixed-width strings are stored too: ``<U<n>`` (UTF-32, little-endian) and ``|S<n>``, see :func:`allowed_dtype`."""
+
+MAX_STRING_CHARS = 1 << 20
+"""Longest fixed-width string item (characters or bytes)."""
+KINDS = ("array", "json")
+CODECS = (None, "zstd", "blosc", "gzip")
 
 RESERVED_BLOB_NAMES = frozenset(["zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"])
 """Blob names that would collide with Zarr metadata keys inside a node's group."""
@@ -54,10 +71,11 @@ MAX_CHUNKS = 1 << 20
 MAX_EPOCH = 10**12 - 1
 """Commit records are named with 12 zero-padded digits."""
 
-_CHECKSUM_RE = re.compile(r"crc32c:[0-9a-f]{8}")
+_HASH_RE = re.compile(r"[0-9a-f]{32}")
+_STRING_RE = re.compile(r"(<U|\|S)([1-9][0-9]{0,6})")
 _SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
-_ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "seconds")
-_BLOB_KEYS = ("dtype", "shape", "checksum", "nbytes", "chunks")
+_ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "bytes_written", "bytes_reused", "seconds")
+_BLOB_KEYS = ("kind", "dtype", "shape", "nbytes", "chunks", "codec", "hashes")
 _RECORD_KEYS = (
     "format",
     "format_version",
@@ -69,12 +87,16 @@ _RECORD_KEYS = (
     "node_entries",
     "stop_values",
     "timings",
+    "metrics",
 )
 
 
-def format_checksum(crc: int) -> str:
-    """The checksum string of a CRC-32C value: ``"crc32c:<8 hex digits>"``."""
-    return f"crc32c:{crc:08x}"
+def allowed_dtype(dtype: str) -> bool:
+    """Whether ``dtype`` (a numpy ``dtype.str``) is one daskjobs stores and reads."""
+    if dtype in ALLOWED_DTYPES:
+        return True
+    match = _STRING_RE.fullmatch(dtype)
+    return match is not None and int(match.group(2)) <= MAX_STRING_CHARS
 
 
 def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
@@ -85,11 +107,13 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
     BlobTypeError
         The dtype is not bool or numeric, or has no Zarr v3 data type (e.g. ``float128``).
     """
-    check_dtype(dtype, blob)
-    stored = dtype.newbyteorder("<")
-    if stored.str not in ALLOWED_DTYPES:
+    if dtype.kind not in "US":
+        check_dtype(dtype, blob)
+    stored = dtype.newbyteorder("<") if dtype.kind != "S" else dtype
+    if not allowed_dtype(stored.str):
         raise BlobTypeError(
-            f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use one of {sorted(ALLOWED_DTYPES)}"
+            f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use one of {sorted(ALLOWED_DTYPES)} "
+            f"or a fixed-width string dtype of 1 to {MAX_STRING_CHARS} characters"
         )
     return stored
 
@@ -162,28 +186,44 @@ def _name(value: Any, where: str, what: str) -> str:
 
 def _validate_blob(meta: Any, where: str) -> None:
     meta = _mapping(meta, where, "blob entry", _BLOB_KEYS)
-    dtype = meta["dtype"]
-    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+    dtype, kind, codec = meta["dtype"], meta["kind"], meta["codec"]
+    if not isinstance(dtype, str) or not allowed_dtype(dtype):
         raise CheckpointFormatError(
-            f"{where}: dtype {dtype!r} is not one daskjobs reads {sorted(ALLOWED_DTYPES)}; nothing was decoded"
+            f"{where}: dtype {dtype!r} is not one daskjobs reads {sorted(ALLOWED_DTYPES)} (or <U<n>, |S<n>); "
+            "nothing was decoded"
         )
+    if kind not in KINDS or (kind == "json" and dtype != "|u1"):
+        raise CheckpointFormatError(f"{where}: blob kind {kind!r} of {dtype} is not one of {KINDS}; nothing decoded")
+    if codec not in CODECS:
+        raise CheckpointFormatError(f"{where}: codec {codec!r} is not one of {CODECS}; nothing was decoded")
     shape, chunks = meta["shape"], meta["chunks"]
     for field, dims, low in (("shape", shape, 0), ("chunks", chunks, 1)):
         if not isinstance(dims, list) or len(dims) > MAX_NDIM:
             raise _fail(where, f"{field} must be a list of at most {MAX_NDIM} ints, got {dims!r}")
         for dim in dims:
             _int(dim, where, field, low, MAX_BLOB_BYTES)
-    if len(chunks) != len(shape):
+    if len(chunks) != len(shape) or (kind == "json" and len(shape) != 1):
         raise _fail(where, f"chunks {chunks} do not match shape {shape}")
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes > MAX_BLOB_BYTES:
         raise _fail(where, f"shape {shape} of {dtype} is {nbytes} bytes, more than the limit {MAX_BLOB_BYTES}")
     if _int(meta["nbytes"], where, "nbytes") != nbytes:
         raise _fail(where, f"nbytes {meta['nbytes']} does not match shape {shape} and dtype {dtype}")
-    if math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True)) > MAX_CHUNKS:
+    count = math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
+    if count > MAX_CHUNKS:
         raise _fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
-    if not isinstance(meta["checksum"], str) or not _CHECKSUM_RE.fullmatch(meta["checksum"]):
-        raise _fail(where, f"checksum must look like 'crc32c:<8 hex digits>', got {meta['checksum']!r}")
+    hashes = meta["hashes"]
+    if not isinstance(hashes, list) or len(hashes) != count:
+        raise _fail(where, f"hashes must list one digest per chunk ({count}), got {type(hashes).__name__}")
+    for digest in hashes:
+        if not isinstance(digest, str) or not _HASH_RE.fullmatch(digest):
+            raise _fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
+    if codec is not None:
+        sizes = meta.get("sizes")
+        if not isinstance(sizes, list) or len(sizes) != count:
+            raise _fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
+        for size in sizes:
+            _int(size, where, "sizes", 0, MAX_BLOB_BYTES + (1 << 20))
 
 
 def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = None) -> dict[str, Any]:
@@ -210,6 +250,12 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
     total = sum(meta["nbytes"] for meta in blobs.values())
     if _int(entry["bytes"], where, "bytes") != total:
         raise _fail(where, f"bytes {entry['bytes']} is not the sum of the blobs' nbytes {total}")
+    written, reused = (
+        _int(entry["bytes_written"], where, "bytes_written"),
+        _int(entry["bytes_reused"], where, "bytes_reused"),
+    )
+    if written + reused != total:
+        raise _fail(where, f"bytes_written + bytes_reused is not the sum of the blobs' nbytes {total}")
     _number(entry["seconds"], where, "seconds")
     return dict(entry)
 
@@ -278,13 +324,20 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
     where = f"commit record of epoch {epoch}"
     if isinstance(obj, dict) and obj.get("format") != FORMAT_NAME and "format" in obj:
         raise CheckpointFormatError(f"{where}: format {obj['format']!r} is not {FORMAT_NAME!r}")
-    record = _mapping(obj, where, "record", _RECORD_KEYS)
-    version = _int(record["format_version"], where, "format_version", low=1)
-    if version > RECORD_FORMAT_VERSION:
+    version = obj.get("format_version") if isinstance(obj, dict) else None
+    if type(version) is int and version > RECORD_FORMAT_VERSION:
         raise CheckpointFormatError(
             f"{where}: checkpoint format version {version} is newer than supported version "
             f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it"
         )
+    if type(version) is int and 1 <= version < RECORD_FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"{where}: checkpoint format version {version} (one CRC-32C per blob, written by an older daskjobs) "
+            f"is no longer read; this daskjobs reads version {RECORD_FORMAT_VERSION} (a hash per chunk): restore "
+            "it with the daskjobs that wrote it, or start the job afresh under another prefix"
+        )
+    record = _mapping(obj, where, "record", _RECORD_KEYS)
+    _int(record["format_version"], where, "format_version", low=1)
     if _int(record["epoch"], where, "epoch", high=MAX_EPOCH) != epoch:
         raise _fail(where, f"record says epoch {record['epoch']}")
     for field in ("daskjobs_version", "created"):
@@ -302,7 +355,7 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
         raise _fail(where, f"nodes must be the sorted names of node_entries, got {nodes!r}")
     for node in nodes:
         validate_node_entry(entries[_name(node, where, "node")], node, epoch, f"{where}, node {node!r}")
-    for field, value_ok in (("stop_values", lambda v: type(v) is bool), ("timings", _finite)):
+    for field, value_ok in (("stop_values", lambda v: type(v) is bool), ("timings", _finite), ("metrics", _finite)):
         values = _mapping(record[field], where, field)
         bad = {k: v for k, v in values.items() if len(k) > 256 or not value_ok(v)}
         if bad or len(values) > 1024:

@@ -120,6 +120,11 @@ class MultiNodeCheckpointManager:
         while the next epoch runs (at most one save in flight; the epoch is committed once its
         write finished, at the next save or before the job ends). Needs memory for one copy of
         every workspace.
+    delta
+        Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
+        the previous committed epoch is hard-linked (server-side copied on object stores)
+        instead of written. Every epoch stays a complete group, verifiable on its own, also
+        after retention deleted the epoch it reused from.
 
     Examples
     --------
@@ -144,6 +149,7 @@ class MultiNodeCheckpointManager:
         keep_best: int | None = None,
         best_metric: str | None = None,
         best_mode: str = "min",
+        delta: bool = True,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
@@ -164,8 +170,12 @@ class MultiNodeCheckpointManager:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
         self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
+        self.delta = bool(delta)
+        self._last_record: dict[str, Any] | None = None
         self._pending: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
         self.last_commit_bytes = 0
+        self.last_commit_written = 0
+        self.last_commit_reused = 0
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
@@ -295,29 +305,40 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
-        save_id, store = self._new_save(epoch)
+        save_id, store, previous = self._new_save(epoch)
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(store, node, epoch, save_id), group=g, node=node, name="checkpoint_save"
+                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node)),
+                    group=g,
+                    node=node,
+                    name="checkpoint_save",
                 )
             )
-        return self._entry_group(epoch, lambda node: SaveStep(store, node, epoch, save_id), "checkpoint_save")
+        return self._entry_group(
+            epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
+        )
 
-    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore]:
-        """A new save id for ``epoch`` and the store to write it to, refusing to overwrite a commit."""
-        if epoch in self._committed_at_least(epoch) and epoch not in self._retire:
+    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
+        """A new save id for ``epoch``, the store to write it to and the node entries to reuse
+        chunks from (delta); refuses to overwrite a commit."""
+        committed = self._committed_at_least(epoch)
+        if epoch in committed and epoch not in self._retire:
             raise CheckpointError(
                 f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
                 f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
             )
+        if not committed and self._newest_seen is not None and self._newest_seen >= 0:
+            committed = [self._newest_seen]
+        # Never reuse from a commit that is about to be retired (its files may go while we link them).
+        previous = self._previous_entries(epoch, [e for e in committed if e not in self._retire])
         self._save_ids[epoch] = uuid.uuid4().hex
         self._entries.pop(epoch, None)
         if epoch in self._retire:  # its place still holds a commit that is kept until ours
             self._staged.add(epoch)
-            return self._save_ids[epoch], self._staging()
+            return self._save_ids[epoch], self._staging(), previous
         self._staged.discard(epoch)
-        return self._save_ids[epoch], self.store
+        return self._save_ids[epoch], self.store, previous
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -346,11 +367,13 @@ class MultiNodeCheckpointManager:
         the results to :meth:`accept_finished`: the save then costs no round trip of its own.
         With ``async_save`` each hook first waits, on its node, for the save in flight.
         """
-        previous = None if self._pending is None else self._save_ids.get(self._pending[0])
-        save_id, store = self._new_save(epoch)
+        in_flight = None if self._pending is None else self._save_ids.get(self._pending[0])
+        save_id, store, previous = self._new_save(epoch)
         if self.async_save:
-            return {n: AsyncSaveFinish(store, n, epoch, save_id, previous) for n in self.nodes()}
-        return {n: SaveFinish(store, n, epoch, save_id) for n in self.nodes()}
+            return {
+                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n)) for n in self.nodes()
+            }
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -407,6 +430,20 @@ class MultiNodeCheckpointManager:
         self._save_ids.pop(epoch, None)
         self._entries.pop(epoch, None)
 
+    def _previous_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+        """The node entries of the newest committed epoch before ``epoch`` (for delta reuse); {} without."""
+        older = [e for e in committed if e < epoch]
+        if not self.delta or not older:
+            return {}
+        record = self._last_record
+        if record is None or record["epoch"] != older[-1]:
+            try:
+                record = self.store.read_commit(older[-1])
+            except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
+                logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
+                return {}
+        return dict(record["node_entries"])
+
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
         if self._pending is None:
@@ -442,6 +479,8 @@ class MultiNodeCheckpointManager:
                 f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
             )
         entries = record["node_entries"]
+        if store is self.store:
+            self._last_record = record
         self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
         return self._group(
@@ -543,10 +582,13 @@ class MultiNodeCheckpointManager:
         if epoch in self._staged:
             self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
+        self._last_record = record
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
         self.last_commit = record
-        self.last_commit_bytes = sum(int(e.get("bytes", 0)) for e in entries.values())
+        self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
+        self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
+        self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)

@@ -66,9 +66,16 @@ class BackgroundSave:
     """One node's checkpoint write running in a thread; at most one per node."""
 
     def __init__(
-        self, store: CheckpointStore, node: str, epoch: int, save_id: str, blobs: dict[str, np.ndarray]
+        self,
+        store: CheckpointStore,
+        node: str,
+        epoch: int,
+        save_id: str,
+        blobs: dict[str, np.ndarray],
+        previous: dict[str, Any] | None = None,
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
+        self.previous = previous
         self._entry: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
@@ -76,7 +83,9 @@ class BackgroundSave:
 
     def _write(self) -> None:
         try:
-            self._entry = self.store.write_node(self.node, self.epoch, self.blobs, save_id=self.save_id)
+            self._entry = self.store.write_node(
+                self.node, self.epoch, self.blobs, save_id=self.save_id, previous=self.previous
+            )
         except BaseException as exc:
             self._error = exc
 
@@ -112,6 +121,7 @@ class AsyncSaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -121,7 +131,7 @@ class AsyncSaveStep:
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies
-        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies)
+        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies, self.previous)
 
 
 @dataclass(frozen=True)
@@ -153,12 +163,13 @@ class SaveStep:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id)
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
@@ -205,11 +216,14 @@ class SaveFinish:
     node: str
     epoch: int
     save_id: str
+    previous: dict[str, Any] | None = None
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         with state.lock:
             blobs = dict(state.scope.blobs)
-        return _outcome(lambda: self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id))
+        return _outcome(
+            lambda: self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
+        )
 
 
 @dataclass(frozen=True)
@@ -227,6 +241,8 @@ class AsyncSaveFinish:
     epoch: int
     save_id: str
     previous_id: str | None
+    previous: dict[str, Any] | None = None
+    """The previous committed epoch's node entry, for delta reuse."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         running = state.services.pop(SAVER, None)
@@ -248,7 +264,9 @@ class AsyncSaveFinish:
             with state.lock:
                 copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
             state.services[BUFFERS] = copies
-            state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies)
+            state.services[SAVER] = BackgroundSave(
+                self.store, self.node, self.epoch, self.save_id, copies, self.previous
+            )
             return {}
 
         return {"previous": previous, "error": _outcome(start).get("error")}

@@ -23,24 +23,26 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import fsspec
-import numpy as np
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import (
+    CheckpointCorruptError,
     CheckpointError,
+    CheckpointFormatError,
     CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     JobDefinitionError,
 )
 from . import _lock
-from ._cleanup import Tree, group_folders, remove_group, remove_temp_files
-from ._files import LocalFiles, RemoteFiles, files_for
-from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record
+from ._cleanup import Tree, clear_for_write, group_folders, remove_group, remove_temp_files
+from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
+from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record, validate_node_entry
 from ._lock import LOCK_NAME
-from ._zarr import COMPRESSIONS, Location, read_group, read_group_entry, write_group
+from ._reader import GroupReader, read_group, read_group_entry
+from ._zarr import COMPRESSIONS, Location, write_group
 
 logger = logging.getLogger("daskjobs")
 
@@ -144,7 +146,7 @@ class CheckpointStore:
 
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
-        return Location(self._files(), self._path(f"{node}.{epoch}"), url, self.storage_options)
+        return Location(self._files(), self._path(f"{node}.{epoch}"), url)
 
     def _commit_file(self, epoch: int) -> str:
         return self._path(_OWN, "commits", f"epoch-{_epoch(epoch):012d}.json")
@@ -153,18 +155,45 @@ class CheckpointStore:
         return self._files().read_small([path], MAX_JSON_BYTES)[0]
 
     # -- node side --------------------------------------------------------------------------
-    def write_node(self, node: str, epoch: int, blobs: Mapping[str, np.ndarray], *, save_id: str) -> dict[str, Any]:
+    def write_node(
+        self,
+        node: str,
+        epoch: int,
+        blobs: Mapping[str, Any],
+        *,
+        save_id: str,
+        previous: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Write ``node``'s blobs as its Zarr v3 group of ``epoch`` and return the node's entry.
 
         Whatever an earlier attempt left at that place is replaced. Names and dtypes are checked
         before anything is written; data is fsynced (local disks) before the entry is written last,
         into the group's attributes.
 
+        Parameters
+        ----------
+        blobs
+            Blob values: numpy arrays (numeric, bool, fixed-width ``U``/``S``) or JSON values.
+        previous
+            The node's entry of the previous committed epoch (delta checkpoints): chunks whose
+            XXH3-128 digest is unchanged are hard-linked (server-side copied on object stores)
+            from that epoch instead of written. Each epoch stays complete on its own.
+
         Returns
         -------
         dict
-            ``{"node", "epoch", "save_id", "blobs": {name: {"dtype", "shape", "checksum", "nbytes",
-            "chunks"}}, "bytes", "seconds"}``, JSON-able; pass it to :func:`make_commit_record`.
+            ``{"node", "epoch", "save_id", "blobs": {name: {"kind", "dtype", "shape", "nbytes",
+            "chunks", "codec", "hashes"}}, "bytes", "bytes_written", "bytes_reused", "seconds"}``,
+            JSON-able; pass it to :func:`make_commit_record`.
+
+        Examples
+        --------
+        >>> import tempfile, numpy as np
+        >>> store = CheckpointStore(tempfile.mkdtemp(), fsync=False)
+        >>> first = store.write_node("ps", 0, {"w": np.zeros(4)}, save_id="a")
+        >>> again = store.write_node("ps", 1, {"w": np.zeros(4)}, save_id="b", previous=first)
+        >>> again["bytes_written"], again["bytes_reused"]
+        (0, 32)
 
         Raises
         ------
@@ -178,8 +207,23 @@ class CheckpointStore:
         validate_name(node, "node")
         if not isinstance(save_id, str) or not _SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        url = self.db_name(node, epoch)
+        try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
+            clear_for_write(Tree(self.fs), self._path(f"{node}.{epoch}"), url, node, epoch)
+        except OSError as exc:
+            if isinstance(exc, CheckpointWriteError):
+                raise
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of node {node!r} at epoch {epoch} to {url}: {exc}"
+            ) from exc
         return write_group(
-            self._group(node, epoch), node, _epoch(epoch), blobs, save_id=save_id, compression=self.compression
+            self._group(node, epoch),
+            node,
+            _epoch(epoch),
+            blobs,
+            save_id=save_id,
+            compression=self.compression,
+            previous=previous,
         )
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
@@ -195,9 +239,15 @@ class CheckpointStore:
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
 
+    def reader(self, node: str, epoch: int, entry: Mapping[str, Any]) -> GroupReader:
+        """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads)."""
+        validate_name(node, "node")
+        checked = validate_node_entry(entry, node, epoch, f"entry of epoch {epoch}, node {node!r}")
+        return GroupReader(self._group(node, epoch), node, _epoch(epoch), checked, validated=True)
+
     def read_node(
         self, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Any]:
         """Read ``node``'s blobs of ``epoch``, verified against ``entry`` (from the commit record).
 
         Parameters
@@ -208,10 +258,11 @@ class CheckpointStore:
         Raises
         ------
         CheckpointCorruptError
-            dtype, shape, checksum or a chunk does not match; the message names epoch, node,
-            blob and (when known) the chunk.
+            A chunk is missing, has the wrong size or digest, or array metadata differs from the
+            entry; the message names epoch, node, blob and (when known) the chunk.
         CheckpointFormatError
-            Metadata that is not numeric Zarr v3 with allowlisted codecs; nothing was decoded.
+            A data type or codec daskjobs does not read, or a checkpoint file that is not a
+            regular file (FIFO, device, symlink …); nothing was decoded.
         """
         return read_group(self._group(node, epoch), node, _epoch(epoch), entry, names)
 
@@ -252,22 +303,61 @@ class CheckpointStore:
         CheckpointNotFoundError
             ``epoch`` is not committed.
         CheckpointCorruptError
-            The record is empty, truncated, not JSON, or has missing or invalid fields.
+            The record is empty, truncated, not JSON, or has missing or invalid fields; the
+            message names the file.
         CheckpointFormatError
-            The record has a newer ``format_version`` (or is not a daskjobs record).
+            The record has another ``format_version``, is not a daskjobs record, or is not a
+            regular file.
         """
-        path = self._commit_file(epoch)
-        data = self._read(path)
+        url = self.commit_path(epoch)
+        data = self._read(self._commit_file(epoch))
         if isinstance(data, FileNotFoundError):
             raise CheckpointNotFoundError(f"epoch {epoch} is not committed under {self.url}")
+        if isinstance(data, UnsafeFileError):
+            raise CheckpointFormatError(f"commit record of epoch {epoch} ({url}): {data}")
         if isinstance(data, OSError):
-            raise CheckpointError(f"cannot read the commit record of epoch {epoch} under {self.url}: {data}")
-        return validate_commit_record(loads(data, f"commit record of epoch {epoch} ({path})"), _epoch(epoch))
+            raise CheckpointError(f"cannot read the commit record of epoch {epoch} ({url}): {data}")
+        try:
+            return validate_commit_record(loads(data, f"commit record of epoch {epoch}"), _epoch(epoch))
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            raise type(exc)(f"{url}: {exc}") from None
+
+    def scan_commits(self) -> list[tuple[int, dict[str, Any] | CheckpointError]]:
+        """Every committed epoch, ascending, with its record or the error reading it raised.
+
+        For listings that must show the good epochs and mark the damaged ones.
+        """
+        scanned: list[tuple[int, dict[str, Any] | CheckpointError]] = []
+        for epoch in self.committed_epochs():
+            try:
+                scanned.append((epoch, self.read_commit(epoch)))
+            except CheckpointNotFoundError:  # deleted since it was listed
+                continue
+            except CheckpointError as exc:
+                scanned.append((epoch, exc))
+        return scanned
 
     def latest_commit(self) -> dict[str, Any] | None:
-        """The commit record of the newest committed epoch, or ``None`` if there is none."""
+        """The commit record of the newest committed epoch, or ``None`` if there is none.
+
+        Raises
+        ------
+        CheckpointCorruptError, CheckpointFormatError
+            The newest record cannot be read; the message names it and the epoch to resume from
+            instead. Never silently falls back to an older epoch.
+        """
         epochs = self.committed_epochs()
-        return self.read_commit(epochs[-1]) if epochs else None
+        if not epochs:
+            return None
+        try:
+            return self.read_commit(epochs[-1])
+        except (CheckpointCorruptError, CheckpointFormatError) as exc:
+            hint = (
+                f"; pass resume_from_epoch={epochs[-2]} to resume from the commit before it"
+                if len(epochs) > 1
+                else "; it is the only commit"
+            )
+            raise type(exc)(f"the latest commit is unreadable: {exc}{hint}") from None
 
     def uncommit(self, epoch: int) -> None:
         """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it)."""
