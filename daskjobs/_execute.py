@@ -20,7 +20,7 @@ from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
 from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
-from .errors import NodeLostError, StepTypeError, TaskFailedError
+from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError
 from .history import MetricLog, MetricSums
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
@@ -79,18 +79,22 @@ class RunInfo:
     key: str
     epoch: int | None
     token: str | None = None
+    finish: Callable[[NodeState], Any] | None = None
+    """Called on the node's state after the node's share of the run (e.g. the epoch's checkpoint
+    save); its result comes back as :attr:`NodeResult.finished`."""
 
 
 @dataclass(frozen=True)
 class NodeResult:
     """What a node returns from a group run: its generation token, captured outputs by task
-    index, the metrics its steps logged, and the blobs caught in the accumulate-in-PRIVATE
-    trap (see :func:`private_trap_message`)."""
+    index, the metrics its steps logged, the blobs caught in the accumulate-in-PRIVATE trap
+    (see :func:`private_trap_message`), and what :attr:`RunInfo.finish` returned."""
 
     token: str
     captured: dict[int, Captured]
     metrics: MetricSums = field(default_factory=dict)
     traps: tuple[str, ...] = ()
+    finished: Any = None
 
 
 def private_trap_message(job: str, group: str, node: str, blob: str) -> str:
@@ -169,8 +173,23 @@ def run_concurrently(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     return results
 
 
+INTERNAL = "daskjobs_internal"
+"""Attribute marking a step of daskjobs' own (checkpoint save, load, check, wait): the
+:class:`~daskjobs.errors.DaskJobsError` it raises surfaces as itself, not as a user failure."""
+
+
+def _internal_error(step: Step, exc: BaseException) -> bool:
+    """Whether ``exc`` is a daskjobs error raised by one of daskjobs' own steps (and mark it so)."""
+    if isinstance(exc, DaskJobsError) and getattr(step, INTERNAL, False):
+        setattr(exc, INTERNAL, True)
+    return getattr(exc, INTERNAL, False) is True
+
+
 class _Failure:
-    """Turns a user exception into a :class:`TaskFailedError` naming where it happened."""
+    """Turns a user exception into a :class:`TaskFailedError` naming where it happened.
+
+    Errors of daskjobs' own steps (see :data:`INTERNAL`) pass through unchanged.
+    """
 
     def __init__(self, plan: NodePlan, run: RunInfo) -> None:
         self.plan, self.run = plan, run
@@ -181,26 +200,34 @@ class _Failure:
         except TaskFailedError:
             raise
         except Exception as exc:
-            epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
-            message = (
-                f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
-                f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
-            )
-            error = TaskFailedError(
-                message,
-                self.plan.job,
-                self.plan.group,
-                self.plan.node,
-                what,
-                self.run.epoch,
-                "".join(traceback.format_exception(exc)),
-            )
-            raise error from exc
+            if getattr(exc, INTERNAL, False) is True:
+                raise
+            raise self._error(what, exc) from exc
+
+    def _error(self, what: str, exc: Exception) -> TaskFailedError:
+        epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
+        message = (
+            f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
+            f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
+        )
+        return TaskFailedError(
+            message,
+            self.plan.job,
+            self.plan.group,
+            self.plan.node,
+            what,
+            self.run.epoch,
+            "".join(traceback.format_exception(exc)),
+        )
 
 
 def _call_steps(steps: Sequence[Step], ws: Workspace) -> None:
     for step in steps:
-        _check_result(step, step(ws))
+        try:
+            _check_result(step, step(ws))
+        except Exception as exc:
+            _internal_error(step, exc)
+            raise
 
 
 def _check_result(step: Step, result: object) -> None:
@@ -363,7 +390,14 @@ def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeR
         ok = True
     finally:
         node_run.close(captured, ok=ok)
-    return NodeResult(state.token, captured, node_run.metrics.sums(), traps=node_run.traps())
+    return NodeResult(
+        state.token, captured, node_run.metrics.sums(), traps=node_run.traps(), finished=_finish(state, run)
+    )
+
+
+def _finish(state: NodeState, run: RunInfo) -> Any:
+    """Run the run's ``finish`` hook on the node (after all of its tasks and outputs)."""
+    return None if run.finish is None else run.finish(state)
 
 
 def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
@@ -403,7 +437,10 @@ def close_node(
     node_run = state.runs.pop(opened)
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
-    return NodeResult(state.token, node_run.close(captured, ok=True), node_run.metrics.sums(), traps=node_run.traps())
+    captured = node_run.close(captured, ok=True)
+    return NodeResult(
+        state.token, captured, node_run.metrics.sums(), traps=node_run.traps(), finished=_finish(state, run)
+    )
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

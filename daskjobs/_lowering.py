@@ -9,13 +9,23 @@ task. Every session runs the graphs this module builds.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dask.core import literal
 
-from ._execute import NodePlan, NodeStateProvider, RunInfo, TaskSpec, close_node, open_node, run_node, run_node_task
+from ._execute import (
+    NodePlan,
+    NodeState,
+    NodeStateProvider,
+    RunInfo,
+    TaskSpec,
+    close_node,
+    open_node,
+    run_node,
+    run_node_task,
+)
 from ._model.group import TaskGroup
 from ._model.task import Task, WorkspaceType
 from .errors import JobDefinitionError
@@ -135,21 +145,34 @@ def plan_group(group: TaskGroup, job: str) -> GroupPlan:
 
 
 def lower(
-    plan: GroupPlan, provider: NodeStateProvider, *, run_key: str, epoch: int | None, tokens: dict[str, str]
+    plan: GroupPlan,
+    provider: NodeStateProvider,
+    *,
+    run_key: str,
+    epoch: int | None,
+    tokens: dict[str, str],
+    finish: Mapping[str, Callable[[NodeState], Any]] | None = None,
 ) -> LoweredGraph:
-    """The Dask graph of one run of ``plan``; keys start with ``run_key`` (job, group, run, attempt)."""
+    """The Dask graph of one run of ``plan``; keys start with ``run_key`` (job, group, run, attempt).
+
+    ``finish`` maps nodes of the plan to a hook run on that node inside its last Dask task of
+    the run, after its tasks and outputs (see :attr:`RunInfo.finish`).
+    """
+    finish = finish or {}
+    unknown = sorted(set(finish) - set(plan.node_plans))
+    if unknown:
+        raise JobDefinitionError(f"finish hooks for nodes {unknown} that the group does not use")
     lowered: list[LoweredTask] = []
     result_keys: dict[str, str] = {}
+    runs = {node: RunInfo(run_key, epoch, tokens.get(node), finish.get(node)) for node in plan.node_plans}
     if not plan.has_edges:
         for node, node_plan in plan.node_plans.items():
             key = f"{run_key}/{node}"
-            run = RunInfo(run_key, epoch, tokens.get(node))
-            lowered.append(LoweredTask(key, node, run_node, (provider, node_plan, run)))
+            lowered.append(LoweredTask(key, node, run_node, (provider, node_plan, runs[node])))
             result_keys[node] = key
         return LoweredGraph(lowered, result_keys, plan.resources)
     task_key: dict[int, str] = {}
     node_of = {spec.index: node for node, np_ in plan.node_plans.items() for spec in np_.tasks}
-    runs = {node: RunInfo(run_key, epoch, tokens.get(node)) for node in plan.node_plans}
     for node, node_plan in plan.node_plans.items():
         lowered.append(LoweredTask(f"{run_key}/{node}/open", node, open_node, (provider, node_plan, runs[node])))
     for index in _topological(plan.producers):

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import html
 import logging
+import operator
+import signal
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ._interrupt import SIGNALS, GracefulStop
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
+from ._saving import EpochSaver
 from .checkpoint._lock import local_holder
 from .errors import (
-    CheckpointLockedError,
     CheckpointWriteError,
     JobDefinitionError,
+    JobInterruptedError,
     NodeLostError,
     StopConditionError,
 )
@@ -41,6 +45,35 @@ def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
     from .session import as_session
 
     return True, as_session(session)
+
+
+class ResumeArgumentError(JobDefinitionError, TypeError):
+    """``resume_from_epoch`` is not a non-negative int (a ``ValueError`` and a ``TypeError``)."""
+
+
+def _resume_epoch(value: object) -> int | None:
+    """``resume_from_epoch`` checked: ``None`` or a non-negative int (numpy integers accepted)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ResumeArgumentError(
+            f"resume_from_epoch must be a non-negative int naming a committed epoch (or None), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    epoch = operator.index(value)
+    if epoch < 0:
+        raise ResumeArgumentError(f"resume_from_epoch must be a non-negative int, got {epoch}")
+    return epoch
+
+
+def _clear_workspace(ws: Any) -> None:
+    """Step: empty the node's GLOBAL workspace (before init runs again after a node loss)."""
+    ws._state.replace_blobs({})
+
+
+RECOVERY_WAIT = 60.0
+"""Seconds a recovery waits for every node to have a worker again (a restarted worker process
+needs a few seconds, more on a loaded machine)."""
 
 
 def stop_value(output: TaskOutput, value: Any) -> bool:
@@ -70,8 +103,11 @@ class JobRunner:
     max_epochs
         Stop after this absolute epoch number even if no stop condition is true.
     max_failures
-        How many node losses to recover from (restoring all nodes from the latest committed
-        epoch) before giving up with :class:`~daskjobs.errors.NodeLostError`.
+        How many node losses to recover from (waiting up to :data:`RECOVERY_WAIT` seconds for
+        every node to have a worker again, then restoring all nodes from the last epoch this run
+        committed, or running init again if none) before giving up with
+        :class:`~daskjobs.errors.NodeLostError`. Losses in every phase count: init, saves,
+        loads, epochs, the restore itself, and the download and exit groups.
     on_save_error
         ``"raise"`` (default): stop with :class:`~daskjobs.errors.CheckpointWriteError` after
         ``save_retries`` retries, the last committed checkpoint intact. ``"warn"``: log and go on.
@@ -79,9 +115,19 @@ class JobRunner:
         Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
     on_epoch
         Called with each :class:`EpochRecord` once its epoch is checkpointed.
+    save_retries
+        How often a failed save is retried before ``on_save_error`` decides.
     break_lock
         Take over the checkpoint prefix even if another runner's lock is on it. Without it, a
         lock is broken only when its holder is a process of this host that no longer exists.
+
+    Notes
+    -----
+    Graceful stop: while :meth:`train` runs on the main thread, the first SIGINT (Ctrl-C, a
+    notebook's "interrupt kernel") or SIGTERM lets the running epoch finish, commits it, waits
+    for an asynchronous save, releases the checkpoint lock and raises ``KeyboardInterrupt``
+    (SIGINT) or :class:`~daskjobs.errors.JobInterruptedError` (SIGTERM). A second signal
+    abandons the running epoch at once; nothing of it is committed.
 
     Examples
     --------
@@ -122,7 +168,7 @@ class JobRunner:
             raise JobDefinitionError(f"max_failures must be an int >= 0, got {max_failures!r}")
         self.job = job
         self.checkpoint_manager = checkpoint_manager
-        self.resume_from_epoch = resume_from_epoch
+        self.resume_from_epoch = _resume_epoch(resume_from_epoch)
         self.upload_task_group_builder = upload_task_group_builder
         self.max_epochs = max_epochs
         self.max_failures = max_failures
@@ -134,6 +180,8 @@ class JobRunner:
         self.history: list[EpochRecord] = []
         self.dashboard_link: str | None = None
         """The Dask dashboard of the last session trained on, when it has one."""
+        self._signals = GracefulStop(lambda signum: self._interruption(signum, abandoned=True))
+        self._saver: EpochSaver | None = None
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -147,27 +195,50 @@ class JobRunner:
                 f"job {self.job.name!r} has no stop condition and no max_epochs: it would never stop; "
                 "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
             )
+        manager = self._prepare(self.checkpoint_manager)
         own, session = _resolve_session(session)
-        manager = self.checkpoint_manager
         self.history = []
+        self._signals.requested = None
+        self._saver = None
         try:
-            if manager is not None:
-                manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
-                manager.store.check_writable()
+            with self._signals:
+                if manager is None:
+                    return self._train(session, None)
                 self._acquire_lock(manager)
-            try:
-                if manager is not None:
+                manager.holds_lock = True
+                try:
                     for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
-                return self._train(session)
-            finally:
-                if manager is not None:
-                    self._release_lock(manager)
+                    return self._train(session, manager)
+                finally:
+                    manager.holds_lock = False
+                    try:
+                        manager.wait_background()
+                    finally:
+                        self._release_lock(manager)
         finally:
             if own:
                 session.close()
 
     __call__ = train
+
+    def _prepare(self, manager: MultiNodeCheckpointManager | None) -> MultiNodeCheckpointManager | None:
+        """Check the prefix before anything runs: the epoch to resume from (read only), then that
+        it is writable. Returns the manager to use (``None``: run without checkpoints)."""
+        if manager is None:
+            return None
+        manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
+        if self.resume_from_epoch is not None:
+            manager.get_resume_from_epoch_id(self.resume_from_epoch)
+            manager.store.read_commit(self.resume_from_epoch)
+        try:
+            manager.store.check_writable()
+        except CheckpointWriteError as exc:
+            if self.on_save_error == "raise":
+                raise
+            logger.warning("%s; running job %r without checkpoints (on_save_error='warn')", exc, self.job.name)
+            return None
+        return manager
 
     def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
         """Save every checkpointed node's workspace as ``epoch`` and commit it.
@@ -176,64 +247,10 @@ class JobRunner:
         and this one is committed later. Failures are retried ``save_retries`` times; then
         ``on_save_error`` decides.
         """
-        self._save(epoch, session, stop_values or {})
-
-    def _save(
-        self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float] | None = None
-    ) -> tuple[float, int]:
-        """:meth:`save_checkpoints`; returns the seconds it took and the bytes it committed."""
-        manager = self._require_manager()
-        if not manager.cp_accessible(epoch=None):
-            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
-            return 0.0, 0
-        started = time.perf_counter()
-        manager.last_commit_bytes = 0
-        self._flush(session)
-
-        def save() -> None:
-            session.run_group(manager.save(epoch), job=self.job.name, epoch=epoch)
-            manager.write_checkpoint_metadata(
-                epoch,
-                stop_values=stop_values,
-                timings={"save_seconds": time.perf_counter() - started},
-                metrics=metrics,
-            )
-            if manager.pending_epoch() is None:
-                manager.report_checkpoint_stats("checkpoint_save")
-
-        self._with_retries(epoch, save)
-        return time.perf_counter() - started, manager.last_commit_bytes
-
-    def _flush(self, session: Session) -> None:
-        """Commit the manager's asynchronous save in flight, if any."""
-        manager = self.checkpoint_manager
-        pending = None if manager is None else manager.pending_epoch()
-        if pending is not None:
-            self._with_retries(pending, lambda: manager.flush(session), give_up=manager.discard_pending)
-
-    def _with_retries(
-        self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None
-    ) -> None:
-        manager = self._require_manager()
-        error: BaseException | None = None
-        for number in range(self.save_retries + 1):
-            try:
-                attempt()
-                return
-            except (NodeLostError, CheckpointLockedError):
-                raise
-            except Exception as exc:
-                error = exc
-                logger.warning(
-                    "saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.save_retries + 1, exc
-                )
-                time.sleep(min(0.05 * 2**number, 1.0))
-        if give_up is not None:
-            give_up()
-        message = f"could not write the checkpoint of epoch {epoch} under {manager.store.url}: {error}"
-        if self.on_save_error == "raise":
-            raise CheckpointWriteError(f"{message}; the last committed checkpoint is intact") from error
-        logger.warning("%s; continuing (on_save_error='warn')", message)
+        saver = EpochSaver(
+            self._require_manager(), self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error
+        )
+        saver.save(epoch, session, stop_values or {}, {})
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
@@ -249,68 +266,145 @@ class JobRunner:
         return loaded
 
     # -- the algorithm --------------------------------------------------------------------
-    def _train(self, session: Session) -> int:
-        manager = self.checkpoint_manager
+    def _train(self, session: Session, manager: MultiNodeCheckpointManager | None) -> int:
+        """Start (or resume), loop, finish; a lost node sends the run back to the last commit."""
         job = self.job
         resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
-        recoveries = 0
-        epoch, stop = self._start(session, resume)
+        if manager is not None:
+            self._saver = EpochSaver(
+                manager,
+                job.name,
+                save_retries=self.save_retries,
+                on_save_error=self.on_save_error,
+                last_committed=resume,
+            )
+        failures = 0
+        phase, epoch, stop = "start", 0, False
         dashboard = self.dashboard_link = getattr(getattr(session, "client", None), "dashboard_link", None)
         if dashboard:
             logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
-        total = known_total(self.max_epochs, job.epoch_limit)
-        bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
+        bar: EpochProgress | None = None
         try:
-            while not stop:
-                started = time.perf_counter()
+            while True:
                 try:
-                    sums = session.run_group(job.epoch_group, job=job.name, epoch=epoch, attempt=recoveries)
-                    values = self._stop_values()
-                    elapsed = time.perf_counter() - started
-                    metrics = means(sums)
-                    saved = self._save(epoch, session, values, metrics) if manager is not None else (0.0, 0)
+                    if phase == "restore":
+                        restored = self._restore(session, manager, failures)
+                        phase, resume = ("loop", resume) if restored is not None else ("start", None)
+                        epoch, stop = restored or (0, False)
+                    if phase == "start":
+                        epoch, stop = self._start(session, manager, resume, failures)
+                        self._stop_if_interrupted(manager, session)
+                        phase = "loop"
+                    if bar is None:
+                        total = known_total(self.max_epochs, job.epoch_limit)
+                        bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
+                    if phase == "loop":
+                        epoch = self._loop(session, manager, epoch, stop, failures, bar)
+                        phase = "finish"
+                    self._finish(session, epoch)
+                    self._stop_if_interrupted(manager, session)
+                    return epoch
                 except NodeLostError as exc:
-                    epoch = self._recover(session, exc, recoveries)
-                    recoveries += 1
-                    continue
-                record = EpochRecord(epoch, elapsed, saved[0], saved[1], 0, values, metrics, recoveries)
-                self.history.append(record)
-                bar.update(record)
-                if self.on_epoch is not None:
-                    self.on_epoch(record)
-                stop = any(values.values()) or (self.max_epochs is not None and epoch >= self.max_epochs)
-                if not stop:
-                    epoch += 1
-            bar.complete()
-            self._flush(session)
+                    self._check_recoverable(manager, exc, failures)
+                    failures += 1
+                    phase = "restore"
         finally:
-            bar.close()
-        self._finish(session, epoch)
+            if bar is not None:
+                bar.close()
+
+    def _loop(
+        self,
+        session: Session,
+        manager: MultiNodeCheckpointManager | None,
+        epoch: int,
+        stop: bool,
+        failures: int,
+        bar: EpochProgress,
+    ) -> int:
+        """Run epochs from ``epoch`` until a stop condition or ``max_epochs``; return the last one."""
+        while not stop:
+            record = self._run_epoch(session, manager, epoch, failures)
+            self.history.append(record)
+            bar.update(record)
+            if self.on_epoch is not None:
+                self.on_epoch(record)
+            self._stop_if_interrupted(manager, session)
+            stop = any(record.stop_values.values()) or self._reached_max(epoch)
+            if not stop:
+                epoch += 1
+        bar.complete()
+        if self._saver is not None:
+            self._saver.flush(session)
         return epoch
 
-    def _start(self, session: Session, resume: int | None) -> tuple[int, bool]:
+    def _reached_max(self, epoch: int) -> bool:
+        return self.max_epochs is not None and epoch >= self.max_epochs
+
+    def _run_epoch(
+        self, session: Session, manager: MultiNodeCheckpointManager | None, epoch: int, failures: int
+    ) -> EpochRecord:
+        """Run one epoch and save it: inside the epoch's graph when possible, else as its own group."""
+        job = self.job
+        started = time.perf_counter()
+        saver = self._saver
+        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
+        finished: dict[str, Any] = {}
+        sums = session.run_group(
+            job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks or None, finished=finished
+        )
+        elapsed = time.perf_counter() - started
+        values, metrics = self._stop_values(), means(sums)
+        if saver is None:
+            saved, (written, reused) = 0.0, (0, 0)
+        else:
+            if hooks is None:
+                saved = saver.save(epoch, session, values, metrics)
+            elif not hooks:
+                saved = 0.0
+            else:
+                saved = saver.accept(epoch, session, finished, values, metrics)
+            written, reused = saver.bytes()
+        return EpochRecord(epoch, elapsed, saved, written, reused, values, metrics, failures)
+
+    def _start(
+        self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
+    ) -> tuple[int, bool]:
         """Init from scratch (saving epoch 0) or restore ``resume``; return the first epoch and
         whether the job had already stopped."""
-        manager, job = self.checkpoint_manager, self.job
+        job = self.job
         nodes = job.nodes_to_checkpoint()
         if resume is None:
-            session.run_group(job.init_group, job=job.name)
-            if manager is not None:
-                session.run_group(manager.init(nodes), job=job.name)
-                self._save(0, session, {})
+            session.run_group(job.init_group, job=job.name, attempt=failures)
+            if manager is not None and self._saver is not None:
+                session.run_group(manager.init(nodes), job=job.name, attempt=failures)
+                self._saver.save(0, session, {}, {})
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
-            return resume + 1, False
-        manager.discard_after(resume)
-        session.run_group(manager.init(nodes, retrieve_from_epoch=resume), job=job.name)
-        session.run_group(manager.load(resume), job=job.name)
+            return resume + 1, self._reached_max(resume)
+        newer = manager.resume_older(resume)
+        if newer:
+            logger.info(
+                "resuming from epoch %d: the newer commits %s stay until epoch %d is committed",
+                resume,
+                newer,
+                resume + 1,
+            )
+        session.run_group(manager.init(nodes, retrieve_from_epoch=resume), job=job.name, attempt=failures)
+        return self._load(session, manager, resume, failures)
+
+    def _load(
+        self, session: Session, manager: MultiNodeCheckpointManager, epoch: int, failures: int
+    ) -> tuple[int, bool]:
+        """Restore every checkpointed node from ``epoch``; return the next epoch and whether to stop."""
+        session.run_group(manager.load(epoch), job=self.job.name, attempt=failures)
         manager.report_checkpoint_stats("checkpoint_load")
-        stopped = [name for name, value in manager.stop_values(resume).items() if value]
-        if stopped:
-            logger.info("epoch %d was committed with stop conditions %s true: no further epoch runs", resume, stopped)
-            return resume, True
-        return resume + 1, False
+        stopped = [name for name, value in manager.stop_values(epoch).items() if value]
+        if stopped or self._reached_max(epoch):
+            why = f"stop conditions {stopped} true" if stopped else f"max_epochs={self.max_epochs} reached"
+            logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)
+            return epoch, True
+        return epoch + 1, False
 
     def _stop_values(self) -> dict[str, bool]:
         values: dict[str, bool] = {}
@@ -319,31 +413,49 @@ class JobRunner:
             values[key] = stop_value(output, output.fetch())
         return values
 
-    def _recover(self, session: Session, exc: NodeLostError, recoveries: int) -> int:
-        """Wait for every node, restore all of them from the latest commit; return the epoch to run.
+    def _check_recoverable(self, manager: MultiNodeCheckpointManager | None, exc: NodeLostError, failures: int) -> None:
+        """Raise the final :class:`NodeLostError` unless one more recovery is allowed."""
+        if manager is not None and failures < self.max_failures:
+            return
+        last = self._last_committed()
+        where = "no committed epoch" if last is None else f"last committed epoch {last}"
+        why = "no checkpoint manager" if manager is None else f"giving up after {failures} recoveries"
+        raise NodeLostError(f"{exc} — {why} ({where})", exc.nodes) from exc
 
-        ``recoveries`` counts the earlier recoveries of this run; the restore runs as attempt
-        ``recoveries + 1``.
+    def _restore(
+        self, session: Session, manager: MultiNodeCheckpointManager | None, failures: int
+    ) -> tuple[int, bool] | None:
+        """After a node loss: wait for every node and restore all of them from the last commit.
+
+        Returns the epoch to run next and whether to stop, or ``None`` when nothing was
+        committed yet (init runs again from scratch, on emptied workspaces).
         """
-        manager = self.checkpoint_manager
-        latest = manager.store.committed_epochs()[-1:] if manager is not None else []
-        if manager is None or recoveries >= self.max_failures or not latest:
-            where = f"last committed epoch {latest[0]}" if latest else "no committed epoch"
-            raise NodeLostError(f"{exc} — giving up after {recoveries} recoveries ({where})", exc.nodes) from exc
+        assert manager is not None
         manager.discard_pending()
+        latest = self._last_committed()
         logger.warning(
-            "node lost (%s); restoring all nodes from epoch %d (recovery %d of %d)",
-            exc,
-            latest[0],
-            recoveries + 1,
+            "node lost; restoring all nodes from %s (recovery %d of %d)",
+            "scratch" if latest is None else f"epoch {latest}",
+            failures,
             self.max_failures,
         )
         wait = getattr(session, "wait_for_nodes", None)
         if wait is not None:
-            wait(self.job.nodes())
+            wait(self.job.nodes(), timeout=RECOVERY_WAIT)
         session.forget_tokens()
-        session.run_group(manager.load(latest[0]), job=self.job.name, attempt=recoveries + 1)
-        return latest[0] + 1
+        if latest is None:
+            session.run(self._clear_group())
+            return None
+        return self._load(session, manager, latest, failures)
+
+    def _clear_group(self) -> TaskGroup:
+        from ._model.group import TaskGroup
+        from ._model.task import Task, WorkspaceType
+
+        with TaskGroup(WorkspaceType.GLOBAL) as group:
+            for node in self.job.nodes():
+                Task(_clear_workspace, node=node, name="clear_workspace")
+        return group
 
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job
@@ -353,7 +465,38 @@ class JobRunner:
         session.run_group(job.download_group, job=job.name)
         session.run_group(job.exit_group, job=job.name)
 
+    # -- graceful stop --------------------------------------------------------------------
+    def _stop_if_interrupted(self, manager: MultiNodeCheckpointManager | None, session: Session) -> None:
+        """After a committed epoch: if a stop was asked for, flush, log one line and raise."""
+        if self._signals.requested is None:
+            return
+        if self._saver is not None:
+            self._saver.flush(session)
+        error = self._interruption(self._signals.requested, abandoned=False)
+        logger.warning("%s", error)
+        raise error
+
+    def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
+        name, last = SIGNALS[signum], self._last_committed()
+        manager = self.checkpoint_manager
+        if last is None or manager is None:
+            where = "nothing is committed"
+        else:
+            where = (
+                f"epoch {last} is committed under {manager.store.url}; run the job again with the same "
+                "checkpoint prefix to resume from it"
+            )
+        what = "abandoned the running epoch" if abandoned else "stopped after the running epoch"
+        message = f"job {self.job.name!r} interrupted by {name}: {what}; {where}"
+        if signum == signal.SIGINT:
+            return KeyboardInterrupt(message)
+        return JobInterruptedError(message, last)
+
     # -- helpers --------------------------------------------------------------------------
+    def _last_committed(self) -> int | None:
+        """The newest epoch this run committed or resumed from (``None``: none)."""
+        return None if self._saver is None else self._saver.last_committed
+
     def _require_manager(self) -> MultiNodeCheckpointManager:
         if self.checkpoint_manager is None:
             raise JobDefinitionError("this JobRunner has no checkpoint manager")

@@ -412,3 +412,44 @@ def test_a_committed_epoch_is_never_overwritten(prefix):
         manager.save(3)
     assert int(dj.open_checkpoint(prefix, 3)["trainer_0"]["total"]) == 136
     assert dj.open_checkpoint(prefix, 3).verify() > 0
+
+
+def test_finish_hooks_run_on_each_node_in_the_same_run(session):
+    """run_group(finish=...) runs each hook on its node after the node's tasks; results come back by node."""
+
+    def seen(state):
+        return {"node": state.node, "n": int(state.scope.blobs["n"])}
+
+    with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+        for node in ("a", "b"):
+            dj.Task(lambda ws: ws.__setitem__("n", 7 if ws.node == "a" else 8), node=node)
+    finished = {}
+    session.run_group(group, finish={"a": seen, "b": seen}, finished=finished)
+    assert finished == {"a": {"node": "a", "n": 7}, "b": {"node": "b", "n": 8}}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_saves_outside_the_epoch_graph_still_work(session, prefix, async_save):
+    """A checkpointed node that runs no epoch task is saved by a group of its own; results are equal."""
+    with dj.Cluster(), dj.Job(name="pipeline", nodes_to_checkpoint=["trainer_0", "trainer_1"]) as job:
+        build_pipeline(job, "trainer_0")
+        with dj.Node("trainer_1"), job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("frozen", np.arange(4)))
+    manager = dj.MultiNodeCheckpointManager(prefix, async_save=async_save)
+    assert dj.JobRunner(job, manager, progress=False).train(session) == 4
+    view = dj.open_checkpoint(prefix)
+    assert int(view["trainer_0"]["total"]) == 145
+    assert view["trainer_1"]["frozen"].tolist() == [0, 1, 2, 3]
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3, 4]
+
+
+def test_history_reports_bytes_and_metrics(prefix):
+    """Each epoch record carries the bytes its commit wrote and the epoch's metric means."""
+    with dj.Cluster(), dj.Job(name="pipeline") as job:
+        build_pipeline(job, "trainer_0")
+        with dj.Node("trainer_0"):
+            dj.Task(lambda ws: ws.log("loss", 1.0 / ws.epoch), name="loss")
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False)
+    assert runner.train(None) == 4
+    assert [r.metrics for r in runner.history] == [{"loss": 1.0}, {"loss": 0.5}, {"loss": 1 / 3}, {"loss": 0.25}]
+    assert all(r.bytes_written + r.bytes_reused == 10 * 8 + 8 + 8 for r in runner.history)

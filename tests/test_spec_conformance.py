@@ -751,7 +751,6 @@ def test_manager_signatures():
     assert names(dj.UploadTaskGroupBuilder.build) == ["self", "epoch", "checkpoint_manager"]
 
 
-@pytest.mark.xfail(strict=True, reason="runner: resume ignores max_epochs (SPEC §2.6)")
 @pytest.mark.parametrize("max_epochs", [2, 3])
 def test_resume_past_max_epochs_runs_nothing(session, prefix, max_epochs):
     """§2.6: resuming from an epoch ``>= max_epochs`` runs no epoch and returns that epoch."""
@@ -834,7 +833,6 @@ def test_dask_session_from_address_and_client(shared_cluster):
         assert client.status == "running"
 
 
-@pytest.mark.xfail(strict=True, reason="runner: newer epochs un-committed before a new commit (SPEC §2.9)")
 def test_resume_from_older_epoch_keeps_newer_commits_until_a_new_commit(session, prefix):
     """§2.9: a crash in the first epoch after resuming from an older epoch leaves every commit as it was."""
     dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=3, progress=False).train(session)
@@ -851,7 +849,6 @@ def test_resume_from_older_epoch_keeps_newer_commits_until_a_new_commit(session,
     assert [c.epoch for c in dj.list_checkpoints(prefix)] == [0, 1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="runner: load errors arrive wrapped in TaskFailedError (SPEC §2.10)")
 def test_corrupt_checkpoint_on_resume_is_not_a_task_failure(session, prefix):
     """§2.10: a corrupt checkpoint during resume raises ``CheckpointCorruptError``, not ``TaskFailedError``."""
     import pathlib
@@ -1101,7 +1098,6 @@ def test_reader_names_are_exported(name):
     assert getattr(dj, name) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="runner: resume_from_epoch not validated without a manager (SPEC §2.9)")
 @pytest.mark.parametrize("bad", [True, 1.5, "2", -3])
 def test_resume_from_epoch_validated_without_a_manager(bad):
     """§2.9: a non-int or negative ``resume_from_epoch`` raises at once, also with no manager."""

@@ -5,25 +5,49 @@ from __future__ import annotations
 import html
 import json
 import logging
+import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
-from ..errors import CheckpointError, CheckpointLockedError, CheckpointNotFoundError, JobDefinitionError
+from ..errors import (
+    CheckpointError,
+    CheckpointLockedError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    JobDefinitionError,
+)
+from ._files import fsync_path
 from ._format import make_commit_record
 from ._metadata import CommitRecordHandler, MetadataHandler
-from ._steps import ENTRY_BLOB, AsyncSaveStep, CheckStep, LoadStep, SaveStep, WaitSaveStep
+from ._steps import (
+    ENTRY_BLOB,
+    AsyncSaveFinish,
+    AsyncSaveStep,
+    CheckStep,
+    LoadStep,
+    SaveFinish,
+    SaveStep,
+    WaitSaveStep,
+)
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:
     from ..session import Session
 
 logger = logging.getLogger("daskjobs")
+
+_STAGING = "__daskjobs__/staging"
+"""Where the first save after resuming from an older epoch is written (see ``resume_older``)."""
 
 
 def get_ckpt_filename(node: str, epoch: int) -> str:
@@ -159,6 +183,20 @@ class MultiNodeCheckpointManager:
         self._save_tasks: dict[int, list[Task]] = {}
         self._stats: dict[str, int] = {}
         self._blob_names: dict[str, list[str]] = {}
+        self._entries: dict[int, dict[str, dict[str, Any]]] = {}
+        self._retire: list[int] = []
+        self._staged: set[int] = set()
+        self._retention: threading.Thread | None = None
+        self.retention_in_background = False
+        self.holds_lock = False
+        """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
+        self._newest_seen: int | None = None
+        """Apply retention in a thread after each commit (joined before the next commit and by
+        :meth:`wait_background`). Off by default: the runner keeps retention in step with the
+        epochs, so that nothing is deleted while the next epoch runs (a lost lock stops the run
+        before anything else changes under the prefix)."""
+        self.last_commit: dict[str, Any] | None = None
+        """The commit record written last by this manager."""
 
     # -- parameters -----------------------------------------------------------------------
     def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
@@ -174,6 +212,7 @@ class MultiNodeCheckpointManager:
     ) -> None:
         """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
         self._nodes = self._node_names(nodes)
+        self._newest_seen = None
         if job_name is not None:
             self._job_name = validate_name(job_name, "job")
         self._handler.set_params(
@@ -266,26 +305,130 @@ class MultiNodeCheckpointManager:
             raise CheckpointError(
                 f"epoch {self._pending[0]} is still being written: flush() before saving epoch {epoch}"
             )
-        committed = self.store.committed_epochs()
-        if epoch in committed:
-            raise CheckpointError(
-                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
-                f"overwritten: delete it first, or resume from an earlier epoch (which discards newer commits)"
-            )
-        save_id = self._save_ids[epoch] = uuid.uuid4().hex
-        previous = self._previous_entries(epoch, committed)
+        save_id, store, previous = self._new_save(epoch)
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(self.store, node, epoch, save_id, previous.get(node)),
+                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node)),
                     group=g,
                     node=node,
                     name="checkpoint_save",
                 )
             )
         return self._entry_group(
-            epoch, lambda node: SaveStep(self.store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
+            epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
         )
+
+    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
+        """A new save id for ``epoch``, the store to write it to and the node entries to reuse
+        chunks from (delta); refuses to overwrite a commit."""
+        committed = self._committed_at_least(epoch)
+        if epoch in committed and epoch not in self._retire:
+            raise CheckpointError(
+                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
+                f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
+            )
+        if not committed and self._newest_seen is not None and self._newest_seen >= 0:
+            committed = [self._newest_seen]
+        # Never reuse from a commit that is about to be retired (its files may go while we link them).
+        previous = self._previous_entries(epoch, [e for e in committed if e not in self._retire])
+        self._save_ids[epoch] = uuid.uuid4().hex
+        self._entries.pop(epoch, None)
+        if epoch in self._retire:  # its place still holds a commit that is kept until ours
+            self._staged.add(epoch)
+            return self._save_ids[epoch], self._staging(), previous
+        self._staged.discard(epoch)
+        return self._save_ids[epoch], self.store, previous
+
+    def _committed_at_least(self, epoch: int) -> list[int]:
+        """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
+
+        While :attr:`holds_lock` (no other writer), the newest commit seen is remembered, so a
+        save of a new epoch costs no listing (a listing grows with the number of commits).
+        """
+        if self.holds_lock and self._newest_seen is not None and epoch > self._newest_seen:
+            return []
+        epochs = self.store.committed_epochs()
+        self._newest_seen = max(epochs, default=-1)
+        return epochs
+
+    def _staging(self) -> CheckpointStore:
+        return CheckpointStore(
+            f"{self.store.url}/{_STAGING}",
+            self.store.storage_options,
+            compression=self.store.compression,
+            fsync=self.store.fsync,
+        )
+
+    def finish_hooks(self, epoch: int) -> dict[str, Callable[[Any], Any]]:
+        """Per node, a hook that saves ``epoch`` at the end of the epoch's own Dask task.
+
+        Pass them to :meth:`~daskjobs.Session.run_group` (``finish=``) with the epoch group and
+        the results to :meth:`accept_finished`: the save then costs no round trip of its own.
+        With ``async_save`` each hook first waits, on its node, for the save in flight.
+        """
+        in_flight = None if self._pending is None else self._save_ids.get(self._pending[0])
+        save_id, store, previous = self._new_save(epoch)
+        if self.async_save:
+            return {
+                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n)) for n in self.nodes()
+            }
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
+
+    def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
+        """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
+
+        Synchronous saves: ``epoch`` is then ready for :meth:`write_checkpoint_metadata`.
+        Asynchronous: the save that was in flight (which the hooks waited for) is committed now,
+        with the values given to :meth:`write_checkpoint_metadata` for it, and ``epoch`` is
+        in flight once :meth:`write_checkpoint_metadata` is called for it.
+
+        A failed epoch is not committed and its save is forgotten: save ``epoch`` again with
+        :meth:`save`; an asynchronous save that failed in the background is lost (its
+        snapshot is gone).
+        """
+        failed: dict[int, CheckpointWriteError] = {}
+        missing = sorted(set(self.nodes()) - set(results))
+        if missing:
+            self._forget_save(epoch)
+            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
+        elif not self.async_save:
+            self._take_entries(epoch, dict(results), failed)
+            return failed
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            outcomes = {n: (r or {}).get("previous") for n, r in results.items()}
+            if self._take_entries(pending[0], outcomes, failed):
+                try:
+                    self._commit(*pending)
+                except CheckpointWriteError as exc:
+                    failed[pending[0]] = exc
+        starts = {n: r["error"] for n, r in results.items() if r and r.get("error") is not None}
+        if starts and epoch not in failed:
+            self._forget_save(epoch)
+            failed[epoch] = self._write_error(epoch, starts)
+        return failed
+
+    def _take_entries(self, epoch: int, outcomes: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> bool:
+        bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+        if bad:
+            self._forget_save(epoch)
+            failed[epoch] = self._write_error(epoch, bad)
+            return False
+        self._entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
+        return True
+
+    @staticmethod
+    def _write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
+        detail = "; ".join(f"node {n!r}: {e}" for n, e in sorted(failed.items()))
+        error = CheckpointWriteError(f"saving epoch {epoch} failed on {len(failed)} node(s): {detail}")
+        first = next(iter(failed.values()))
+        error.__cause__ = first if isinstance(first, BaseException) else None
+        return error
+
+    def _forget_save(self, epoch: int) -> None:
+        self._save_ids.pop(epoch, None)
+        self._entries.pop(epoch, None)
 
     def _previous_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
         """The node entries of the newest committed epoch before ``epoch`` (for delta reuse); {} without."""
@@ -305,18 +448,18 @@ class MultiNodeCheckpointManager:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
         if self._pending is None:
             return None
-        epoch, stop_values, timings, metrics = self._pending
+        epoch = self._pending[0]
         save_id = self._save_ids[epoch]
         group = self._entry_group(epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait")
         session.run_group(group, job=self._job_name, epoch=epoch)
-        self._pending = None
-        self._commit(epoch, stop_values, timings, metrics)
+        pending, self._pending = self._pending, None
+        self._commit(*pending)
         return epoch
 
     def discard_pending(self) -> None:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
         if self._pending is not None:
-            self._save_ids.pop(self._pending[0], None)
+            self._forget_save(self._pending[0])
             self._pending = None
 
     def pending_epoch(self) -> int | None:
@@ -405,9 +548,8 @@ class MultiNodeCheckpointManager:
     ) -> None:
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
 
-        ``metrics`` (the epoch's metric means) are stored in the commit record.
-
-        With ``async_save`` the commit waits for :meth:`flush`.
+        ``metrics`` (the epoch's metric means) go into the commit record. With ``async_save``
+        the commit waits for :meth:`flush` (or the next epoch's save hooks).
         """
         if self.async_save:
             if epoch not in self._save_ids:
@@ -419,10 +561,12 @@ class MultiNodeCheckpointManager:
     def _commit(
         self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
     ) -> None:
-        tasks = self._save_tasks.pop(epoch, None)
-        if tasks is None:
-            raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
-        entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
+        entries = self._entries.pop(epoch, None)
+        if entries is None:
+            tasks = self._save_tasks.pop(epoch, None)
+            if tasks is None:
+                raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+            entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
         save_id = self._save_ids.pop(epoch)
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
@@ -432,16 +576,96 @@ class MultiNodeCheckpointManager:
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
+        self.wait_background()
+        if self._retire:
+            self._retire_newer(epoch)
+        if epoch in self._staged:
+            self._adopt_staged(epoch, list(entries))
         self.store.commit(record)
         self._last_record = record
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
+        self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
+        self.last_commit = record
         self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)
-        self._apply_retention(epoch)
+        if self.retention_in_background:
+            self._retention = threading.Thread(
+                target=self._retention_warning, args=(epoch,), name="daskjobs-retention", daemon=True
+            )
+            self._retention.start()
+        else:
+            self._retention_warning(epoch)
+
+    def _retention_warning(self, newest: int) -> None:
+        try:
+            self._apply_retention(newest)
+        except Exception as exc:
+            logger.warning(
+                "epoch %d is committed, but retention under %s failed: %s; it is retried after the next commit",
+                newest,
+                self.store.url,
+                exc,
+            )
+
+    def wait_background(self) -> None:
+        """Wait for retention running in the background after the last commit."""
+        if self._retention is not None:
+            self._retention.join()
+            self._retention = None
+
+    # -- resuming from an older epoch ------------------------------------------------------
+    def resume_older(self, epoch: int) -> list[int]:
+        """Prepare to resume from committed ``epoch`` while newer epochs are committed.
+
+        Nothing is deleted now: the newer commits stay until the first new epoch is committed.
+        That epoch's groups are written to a staging folder under ``__daskjobs__/``; right
+        before its commit record is written, the newer epochs are retired (newest first, one
+        warning listing them) and the staged groups moved into place. Returns the newer epochs.
+        """
+        self._retire = [e for e in self.store.committed_epochs() if e > epoch]
+        self._staged = set()
+        self._clear_staging()
+        return list(self._retire)
+
+    def _clear_staging(self) -> None:
+        staging = self._staging()
+        fs, root = fsspec.core.url_to_fs(staging.url, **self.store.storage_options)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+    def _retire_newer(self, epoch: int) -> None:
+        """Delete the commits newer than the resumed epoch, newest first, right before ``epoch`` commits."""
+        retired = sorted(self._retire, reverse=True)
+        for old in retired:
+            record = self.store.read_commit(old)
+            self.store.delete_epoch(old, record["nodes"])
+        logger.warning(
+            "resumed from an older epoch: retired the newer committed epochs %s under %s now that epoch %d commits",
+            sorted(retired),
+            self.store.url,
+            epoch,
+        )
+        self._retire = []
+
+    def _adopt_staged(self, epoch: int, nodes: list[str]) -> None:
+        """Move ``epoch``'s groups from the staging folder to their place (a rename on local disks)."""
+        self._staged.discard(epoch)
+        staging = self._staging()
+        for node in nodes:
+            fs, source = fsspec.core.url_to_fs(staging.db_name(node, epoch), **self.store.storage_options)
+            target = fsspec.core.url_to_fs(self.store.db_name(node, epoch), **self.store.storage_options)[1]
+            if fs.exists(target):
+                fs.rm(target, recursive=True)
+            if isinstance(fs, LocalFileSystem):
+                os.rename(source, target)
+                if self.store.fsync:
+                    fsync_path(os.path.dirname(target))
+            else:
+                fs.mv(source, target, recursive=True)
 
     def _apply_retention(self, newest: int) -> None:
         """Delete committed epochs that retention does not keep; failures are logged warnings."""

@@ -1,4 +1,10 @@
-"""Checkpoint steps that run on a node's worker: save (now or in the background), wait, load, check."""
+"""Checkpoint steps that run on a node's worker: save (now or in the background), wait, load, check.
+
+Each step class is marked :data:`~daskjobs._execute.INTERNAL`: the daskjobs errors it raises
+(a corrupt checkpoint, a failed write) surface as themselves, not as a user's task failure.
+The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's own Dask task
+(:meth:`~daskjobs.Session.run_group` ``finish=``); they return their outcome instead of raising.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
 
 if TYPE_CHECKING:
+    from .._execute import NodeState
     from .._workspace import Workspace
     from ._store import CheckpointStore
 
@@ -30,19 +38,28 @@ def entry_array(entry: dict[str, Any]) -> np.ndarray:
 def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
     """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
 
-    JSON values are deep-copied with :func:`~daskjobs._validation.copy_value`.
+    Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
     """
     copies = {}
     for name, value in blobs.items():
-        buffer = buffers.get(name)
         if not isinstance(value, np.ndarray):
-            buffer = copy_value(value, name)
-        elif isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:
+            copies[name] = copy_value(value, name)
+            continue
+        buffer = buffers.get(name)
+        if isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:
             np.copyto(buffer, value)
         else:
             buffer = np.array(value, copy=True, order="C")
         copies[name] = buffer
     return copies
+
+
+def _outcome(write: Any) -> dict[str, Any]:
+    """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
+    try:
+        return {"entry": write()}
+    except Exception as exc:
+        return {"error": exc}
 
 
 class BackgroundSave:
@@ -76,6 +93,10 @@ class BackgroundSave:
         """Whether the write has finished (successfully or not)."""
         return not self._thread.is_alive()
 
+    def join(self) -> None:
+        """Wait for the write to end, successfully or not."""
+        self._thread.join()
+
     def result(self) -> dict[str, Any]:
         """Wait for the write; after a failure, try once more synchronously, then raise."""
         self._thread.join()
@@ -90,7 +111,11 @@ class BackgroundSave:
 
 @dataclass(frozen=True)
 class AsyncSaveStep:
-    """Snapshots the node's GLOBAL workspace and starts writing it in the background."""
+    """Snapshots the node's GLOBAL workspace and starts writing it in the background.
+
+    A save still running on the node (one the driver gave up on, e.g. after a node loss) is
+    waited for first: never two in flight, never two writers of one group.
+    """
 
     store: CheckpointStore
     node: str
@@ -101,10 +126,8 @@ class AsyncSaveStep:
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         running = state.services.get(SAVER)
-        if running is not None and not running.done():
-            raise CheckpointError(
-                f"node {self.node!r} still writes epoch {running.epoch}; wait for it before saving epoch {self.epoch}"
-            )
+        if running is not None:
+            running.join()
         with state.lock:
             copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
         state.services[BUFFERS] = copies
@@ -183,3 +206,71 @@ class CheckStep:
             self.store.check_writable()
         else:
             self.store.read_node_entry(self.node, self.epoch)
+
+
+@dataclass(frozen=True)
+class SaveFinish:
+    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous: dict[str, Any] | None = None
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        with state.lock:
+            blobs = dict(state.scope.blobs)
+        return _outcome(
+            lambda: self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
+        )
+
+
+@dataclass(frozen=True)
+class AsyncSaveFinish:
+    """An epoch's ``finish`` hook with asynchronous saves.
+
+    On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
+    outcome, then snapshots the workspace and starts writing ``epoch`` in the background.
+    Returns ``{"previous": {"entry"} | {"error"} | None, "error": None | exception}``, the
+    latter for a failure to start this epoch's save.
+    """
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous_id: str | None
+    previous: dict[str, Any] | None = None
+    """The previous committed epoch's node entry, for delta reuse."""
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        running = state.services.pop(SAVER, None)
+        previous = None
+        if running is not None:
+            if running.save_id == self.previous_id:
+                previous = _outcome(running.result)
+            else:  # a save the driver gave up on: let it end, never two in flight
+                running.join()
+        if self.previous_id is not None and previous is None:
+            previous = {
+                "error": CheckpointError(
+                    f"node {self.node!r} has no save in flight for the epoch before {self.epoch} "
+                    "(its worker restarted?); save that epoch again"
+                )
+            }
+
+        def start() -> dict[str, Any]:
+            with state.lock:
+                copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
+            state.services[BUFFERS] = copies
+            state.services[SAVER] = BackgroundSave(
+                self.store, self.node, self.epoch, self.save_id, copies, self.previous
+            )
+            return {}
+
+        return {"previous": previous, "error": _outcome(start).get("error")}
+
+
+for _step in (AsyncSaveStep, WaitSaveStep, SaveStep, LoadStep, CheckStep):
+    setattr(_step, INTERNAL, True)

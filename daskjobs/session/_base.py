@@ -8,7 +8,7 @@ import itertools
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run, private_trap_message
@@ -112,11 +112,23 @@ class Session(abc.ABC):
         self.run_group(as_group(runnable, workspace_type))
 
     def run_group(
-        self, group: TaskGroup, *, job: str = "session", epoch: int | None = None, attempt: int = 0
+        self,
+        group: TaskGroup,
+        *,
+        job: str = "session",
+        epoch: int | None = None,
+        attempt: int = 0,
+        finish: Mapping[str, Callable[[NodeState], Any]] | None = None,
+        finished: dict[str, Any] | None = None,
     ) -> MetricSums:
         """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs.
 
         Returns the sums and counts of the metrics its steps logged (``ws.log``), over all nodes.
+
+        ``finish`` maps some of the group's nodes to ``hook(node_state)``, run on that node in
+        the same Dask task as the end of its share of the run (after its tasks and step-less
+        outputs): the runner saves an epoch's checkpoint this way, without another round trip.
+        Each hook's return value (picklable) is stored in ``finished`` under its node.
         """
         self._check_open()
         plan = plan_group(group, job)
@@ -129,6 +141,7 @@ class Session(abc.ABC):
             run_key=run_key,
             epoch=epoch,
             tokens={n: self._tokens[n] for n in plan.node_plans if n in self._tokens},
+            finish=finish,
         )
         try:
             results = self._execute(graph)
@@ -139,6 +152,8 @@ class Session(abc.ABC):
         for node, result in results.items():
             self._tokens[node] = result.token
             self._warn_traps(job, group.label, node, result.traps)
+            if finished is not None and finish and node in finish:
+                finished[node] = result.finished
             for index, captured in result.captured.items():
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)

@@ -1,0 +1,48 @@
+"""Graceful stop of a run on SIGINT/SIGTERM: the first signal asks to stop after the running
+epoch, a second one abandons it at once (SPEC §1.8)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger("daskjobs")
+
+SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+class GracefulStop:
+    """Context manager installing SIGINT/SIGTERM handlers on the main thread (nowhere else).
+
+    The first signal sets :attr:`requested`; the runner checks it after each committed epoch.
+    A second one raises ``abandon(signum)`` at once, wherever the main thread is. The previous
+    handlers are restored on exit.
+    """
+
+    def __init__(self, abandon: Callable[[int], BaseException]) -> None:
+        self.abandon = abandon
+        self.requested: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested is None:
+            self.requested = signum
+            logger.info("%s: stopping after the running epoch (send it again to abandon it)", SIGNALS[signum])
+            return
+        raise self.abandon(signum)
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+            for sig in SIGNALS:
+                signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}

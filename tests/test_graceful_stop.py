@@ -1,0 +1,180 @@
+"""Graceful stop (SPEC §1.8): SIGINT/SIGTERM once finishes and commits the running epoch, twice abandons it.
+
+Each case runs a training script in a subprocess (the signal handlers live on its main thread),
+signals it at a known point — a step writes ``started-<epoch>`` and then sleeps — and checks
+the exception, the committed epochs, the lock, and that stderr holds no flood of tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import daskjobs as dj
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import numpy as np
+    import daskjobs as dj
+
+    kind, prefix, markers, sleep = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
+
+    def step(ws):
+        (markers / f"started-{ws.epoch}").touch()
+        if ws.epoch >= 2:
+            time.sleep(sleep)
+        ws["n"] = ws["n"] + 1
+
+    def main():
+        with dj.Cluster(), dj.Job(name="graceful") as job:
+            for node in ("a", "b"):
+                with dj.Node(node):
+                    with job.init_group:
+                        dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
+                    dj.Task(step)
+        runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False)
+        started = time.monotonic()
+        try:
+            if kind == "local":
+                runner.train(None)
+            else:
+                with dj.node_cluster(["a", "b"], nthreads=1) as cluster, dj.DaskSession(cluster) as session:
+                    try:
+                        runner.train(session)
+                    finally:
+                        print(f"RAISED-AFTER {time.monotonic() - started:.2f}", flush=True)
+        except KeyboardInterrupt as exc:
+            print(f"RESULT KeyboardInterrupt - {exc}", flush=True)
+            os._exit(130)
+        except dj.errors.JobInterruptedError as exc:
+            print(f"RESULT JobInterruptedError {exc.epoch} {exc}", flush=True)
+            os._exit(143)
+        print("RESULT finished", flush=True)
+        os._exit(0)
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def run_and_signal(tmp_path: Path, kind: str, signals: list[int], sleep: float) -> tuple[int, str, str, float]:
+    """Start the script, wait for epoch 2 to start, send ``signals`` 0.3 s apart; return
+    (return code, stdout, stderr, seconds from the last signal to the exit)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    prefix = str(tmp_path / "ckpt")
+    child = subprocess.Popen(
+        [sys.executable, str(script), kind, prefix, str(markers), str(sleep)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (markers / "started-2").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "epoch 2 never started"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        for number, sig in enumerate(signals):
+            if number:
+                time.sleep(0.3)
+            child.send_signal(sig)
+        signalled = time.monotonic()
+        out, err = child.communicate(timeout=60)
+        return child.returncode, out, err, time.monotonic() - signalled
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+
+
+def committed(tmp_path: Path) -> list[int]:
+    return [i.epoch for i in dj.list_checkpoints(str(tmp_path / "ckpt"))]
+
+
+def lock_released(tmp_path: Path) -> bool:
+    return dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt")).store.read_lock() is None
+
+
+CASES = [
+    pytest.param("local", signal.SIGINT, id="local-SIGINT"),
+    pytest.param("local", signal.SIGTERM, id="local-SIGTERM"),
+    pytest.param("cluster", signal.SIGINT, id="cluster-SIGINT", marks=[pytest.mark.cluster, pytest.mark.slow]),
+    pytest.param("cluster", signal.SIGTERM, id="cluster-SIGTERM", marks=[pytest.mark.cluster, pytest.mark.slow]),
+]
+EXPECTED = {signal.SIGINT: (130, "KeyboardInterrupt"), signal.SIGTERM: (143, "JobInterruptedError")}
+
+
+@pytest.mark.parametrize(("kind", "sig"), CASES)
+def test_one_signal_commits_the_running_epoch_then_stops(tmp_path, kind, sig):
+    """The running epoch 2 finishes and is committed; then the exception, with one log line saying how to resume."""
+    code, out, err, _ = run_and_signal(tmp_path, kind, [sig], sleep=1.5)
+    expected_code, expected_type = EXPECTED[sig]
+    assert code == expected_code, (out, err)
+    assert f"RESULT {expected_type}" in out
+    if sig == signal.SIGTERM:
+        assert "RESULT JobInterruptedError 2 " in out
+    assert committed(tmp_path) == [0, 1, 2]
+    assert lock_released(tmp_path)
+    assert "epoch 2 is committed" in err
+    assert err.count("Traceback") == 0, err
+    assert len(err.splitlines()) <= 10, err
+    assert dj.open_checkpoint(str(tmp_path / "ckpt")).verify() > 0
+
+
+@pytest.mark.parametrize(("kind", "sig"), CASES)
+def test_second_signal_abandons_the_running_epoch(tmp_path, kind, sig):
+    """A second signal stops at once: nothing of epoch 2 is committed, the lock is released, no flood."""
+    code, out, err, seconds = run_and_signal(tmp_path, kind, [sig, sig], sleep=20)
+    expected_code, expected_type = EXPECTED[sig]
+    assert code == expected_code, (out, err)
+    assert f"RESULT {expected_type}" in out
+    assert "abandoned" in out
+    assert seconds < 15
+    assert committed(tmp_path) == [0, 1]
+    assert lock_released(tmp_path)
+    assert len(err.splitlines()) <= 25, err
+    assert dj.open_checkpoint(str(tmp_path / "ckpt")).verify() > 0
+    runner = dj.JobRunner(_resumed_job(), dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt")), max_epochs=3)
+    assert runner.train(None) == 3
+    assert [r.epoch for r in runner.history] == [2, 3]
+
+
+def _resumed_job() -> dj.Job:
+    with dj.Cluster(), dj.Job(name="graceful") as job:
+        for node in ("a", "b"):
+            with dj.Node(node):
+                with job.init_group:
+                    dj.Task(lambda ws: ws.__setitem__("n", 0))
+                dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
+    return job
+
+
+def test_handlers_are_restored_and_threads_untouched():
+    """train() on the main thread restores the previous handlers; on another thread it installs none."""
+    import threading
+
+    with dj.Cluster(), dj.Job() as job, dj.Node("a"):
+        dj.Task(lambda ws: None)
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    dj.JobRunner(job, max_epochs=1, progress=False).train(None)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    done = []
+    thread = threading.Thread(target=lambda: done.append(dj.JobRunner(job, max_epochs=2, progress=False).train(None)))
+    thread.start()
+    thread.join(30)
+    assert done == [2]
