@@ -18,7 +18,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError, TaskFailedError
+from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 NODE = "local"
 ROWS = 64
@@ -160,19 +160,13 @@ READ_PATHS = {
     "partial_load": read_partial,
     "resume": read_resume,
 }
-NODE_SIDE = ("partial_load", "resume")
-"""Paths whose reads run in a node task: until the runner surfaces checkpoint errors as themselves
-(issue 8 item 3, runner/session helpers), the session wraps them in ``TaskFailedError``."""
 
 
 def cases() -> list[object]:
     out = []
     for kind in sorted(CORRUPTIONS):
         for path in sorted(READ_PATHS):
-            marks = []
-            if path in NODE_SIDE and "record" not in kind:
-                marks.append(pytest.mark.xfail(raises=TaskFailedError, strict=False, reason="wrapped by the session"))
-            out.append(pytest.param(kind, path, marks=marks, id=f"{kind}-{path}"))
+            out.append(pytest.param(kind, path, id=f"{kind}-{path}"))
     return out
 
 
