@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError
+from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
 
 if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager
@@ -140,7 +140,7 @@ class EpochSaver:
             try:
                 attempt()
                 return
-            except (NodeLostError, CheckpointLockedError):
+            except (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedError):
                 raise
             except Exception as exc:
                 error = exc

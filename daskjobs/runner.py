@@ -21,6 +21,7 @@ from .errors import (
     JobDefinitionError,
     JobInterruptedError,
     NodeLostError,
+    SessionLostError,
     StopConditionError,
 )
 from .history import EpochRecord, history_frame, history_rows, means, plot_history
@@ -34,6 +35,19 @@ if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
+
+
+def _with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
+    """``exc`` told with the last committed epoch and how to resume from it."""
+    try:
+        epochs = manager.store.committed_epochs()
+    except OSError as error:
+        where = f"the committed epochs under {manager.store.url} could not be listed ({error})"
+    else:
+        where = (
+            f"last committed epoch {epochs[-1]} under {manager.store.url}" if epochs else "no epoch was committed"
+        )
+    return SessionLostError(f"{exc}; {where}: run the job again on a working scheduler to resume")
 
 
 def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
@@ -210,6 +224,8 @@ class JobRunner:
                     for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
                     return self._train(session, manager)
+                except SessionLostError as exc:
+                    raise _with_last_commit(exc, manager) from exc
                 finally:
                     manager.holds_lock = False
                     try:
