@@ -16,6 +16,7 @@ from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._saving import EpochSaver
 from .checkpoint._lock import local_holder
+from .data import epochs_until_finished
 from .errors import (
     CheckpointWriteError,
     JobDefinitionError,
@@ -312,7 +313,8 @@ class JobRunner:
                         self._stop_if_interrupted(manager, session)
                         phase = "loop"
                     if bar is None:
-                        total = known_total(self.max_epochs, job.epoch_limit)
+                        finite_data = (epochs_until_finished(c) for c in job.stop_conditions)
+                        total = known_total(self.max_epochs, job.epoch_limit, *finite_data)
                         bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
                     if phase == "loop":
                         epoch = self._loop(session, manager, epoch, stop, failures, bar)
