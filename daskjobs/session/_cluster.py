@@ -18,6 +18,11 @@ from ._placement import worker_resources
 
 _HOST = "127.0.0.1"
 
+# A SpecCluster hard-closes the nanny of a worker that has not come back within this time after it
+# was lost. Dask's default (15 s) is shorter than a restart can take on a busy machine, after which
+# the node would never get a worker again; a node's worker must come back every time.
+dask.config.update_defaults({"distributed": {"deploy": {"lost-worker-timeout": "600s"}}})
+
 CLUSTER_CONFIG = {
     "distributed.scheduler.no-workers-timeout": "10s",
     "distributed.admin.low-level-log-length": 100,
