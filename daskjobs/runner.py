@@ -229,10 +229,7 @@ class JobRunner:
                     raise _with_last_commit(exc, manager) from exc
                 finally:
                     manager.holds_lock = False
-                    try:
-                        manager.wait_background()
-                    finally:
-                        self._release_lock(manager)
+                    self._release_lock(manager)
         finally:
             if own:
                 session.close()

@@ -6,7 +6,6 @@ import html
 import json
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -186,15 +185,9 @@ class MultiNodeCheckpointManager:
         self._entries: dict[int, dict[str, dict[str, Any]]] = {}
         self._retire: list[int] = []
         self._staged: set[int] = set()
-        self._retention: threading.Thread | None = None
-        self.retention_in_background = False
         self.holds_lock = False
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
         self._newest_seen: int | None = None
-        """Apply retention in a thread after each commit (joined before the next commit and by
-        :meth:`wait_background`). Off by default: the runner keeps retention in step with the
-        epochs, so that nothing is deleted while the next epoch runs (a lost lock stops the run
-        before anything else changes under the prefix)."""
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
 
@@ -576,7 +569,6 @@ class MultiNodeCheckpointManager:
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
-        self.wait_background()
         if self._retire:
             self._retire_newer(epoch)
         if epoch in self._staged:
@@ -592,13 +584,7 @@ class MultiNodeCheckpointManager:
         self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
         self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
         self._handler.write(epoch=epoch)
-        if self.retention_in_background:
-            self._retention = threading.Thread(
-                target=self._retention_warning, args=(epoch,), name="daskjobs-retention", daemon=True
-            )
-            self._retention.start()
-        else:
-            self._retention_warning(epoch)
+        self._retention_warning(epoch)
 
     def _retention_warning(self, newest: int) -> None:
         try:
@@ -610,12 +596,6 @@ class MultiNodeCheckpointManager:
                 self.store.url,
                 exc,
             )
-
-    def wait_background(self) -> None:
-        """Wait for retention running in the background after the last commit."""
-        if self._retention is not None:
-            self._retention.join()
-            self._retention = None
 
     # -- resuming from an older epoch ------------------------------------------------------
     def resume_older(self, epoch: int) -> list[int]:
