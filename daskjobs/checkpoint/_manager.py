@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,10 +19,10 @@ from ..errors import (
 )
 from ._format import make_commit_record
 from ._inspect import prefix_html
-from ._metadata import CommitRecordHandler, MetadataHandler
+from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
 from ._retention import apply_retention, best_epochs, best_of, check_retention, retention_warning
-from ._saves import Saves
+from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
     ENTRY_BLOB,
@@ -46,8 +45,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..session import Session
-
-logger = logging.getLogger("daskjobs")
 
 
 class MultiNodeCheckpointManager:
@@ -182,23 +179,12 @@ class MultiNodeCheckpointManager:
     # -- handler pass-throughs --------------------------------------------------------------
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
         """The epoch to resume from (the handler's answer), after checking the prefix holds this job."""
-        self._check_same_job()
+        check_same_job(self.store, self._job_name, self._nodes)
         return self._handler.last_epoch(user_epoch=user_epoch)
 
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """Whether checkpoint storage is reachable (the handler's answer)."""
         return self._handler.cp_accessible(epoch)
-
-    def _check_same_job(self) -> None:
-        latest = self.store.latest_commit()
-        if latest is None or self._nodes is None:
-            return
-        if latest["job"] != self._job_name or sorted(latest["nodes"]) != sorted(self._nodes):
-            raise CheckpointError(
-                f"{self.store.url} holds checkpoints of job {latest['job']!r} with nodes {latest['nodes']} "
-                f"(latest epoch {latest['epoch']}), but this job is {self._job_name!r} with nodes {self._nodes}; "
-                "use another db_prefix or delete the old checkpoints"
-            )
 
     # -- task groups ----------------------------------------------------------------------
     def _group(self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL) -> TaskGroup:
@@ -278,7 +264,8 @@ class MultiNodeCheckpointManager:
         if not committed and self._newest_seen is not None and self._newest_seen >= 0:
             committed = [self._newest_seen]
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
-        previous = self._previous_entries(epoch, [e for e in committed if e not in retire])
+        reusable = [e for e in committed if e not in retire]
+        previous = previous_entries(self.store, epoch, reusable, self._last_record) if self.delta else {}
         return self._saves.start(epoch), self._staging.target(self.store, epoch), previous
 
     def _committed_at_least(self, epoch: int) -> list[int]:
@@ -321,20 +308,6 @@ class MultiNodeCheckpointManager:
         """
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
-    def _previous_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
-        """The node entries of the newest committed epoch before ``epoch`` (for delta reuse); {} without."""
-        older = [e for e in committed if e < epoch]
-        if not self.delta or not older:
-            return {}
-        record = self._last_record
-        if record is None or record["epoch"] != older[-1]:
-            try:
-                record = self.store.read_commit(older[-1])
-            except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
-                logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
-                return {}
-        return dict(record["node_entries"])
-
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
         epoch = self._saves.pending_epoch()
@@ -354,13 +327,10 @@ class MultiNodeCheckpointManager:
         """The epoch whose asynchronous save is written but not yet committed."""
         return self._saves.pending_epoch()
 
-    def _commit_of(self, epoch: int, path_prefix: str | None = None) -> tuple[CheckpointStore, dict[str, Any]]:
-        store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
-        return store, store.read_commit(epoch)
-
     def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
         """A group restoring every checkpointed node's workspace to committed ``epoch``, verified."""
-        store, record = self._commit_of(epoch, path_prefix)
+        store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
+        record = store.read_commit(epoch)
         missing = [n for n in self.nodes() if n not in record["nodes"]]
         if missing:
             raise CheckpointError(
@@ -369,8 +339,7 @@ class MultiNodeCheckpointManager:
         entries = record["node_entries"]
         if store is self.store:
             self._last_record = record
-        self._blob_names = {n: sorted(entries[n]["blobs"]) for n in self.nodes()}
-        self._stats = {self.get_ckpt_db_name(n, epoch): int(entries[n].get("seconds", 0) * 1e9) for n in self.nodes()}
+        self._remember(epoch, {n: entries[n] for n in self.nodes()})
         return self._group(
             lambda g, node: Task(
                 LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
@@ -462,8 +431,7 @@ class MultiNodeCheckpointManager:
         self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
-        self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
-        self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+        self._remember(epoch, entries)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
 
@@ -502,6 +470,11 @@ class MultiNodeCheckpointManager:
         return discard_after(self.store, epoch)
 
     # -- statistics -----------------------------------------------------------------------
+    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]]) -> None:
+        """Keep the blob names and durations of the node ``entries`` of ``epoch`` just saved or loaded."""
+        self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
+        self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""
         self._handler.report(action_name, dict(self._stats))

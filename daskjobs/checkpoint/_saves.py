@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from .._model.task import Task
 from ..errors import CheckpointError, CheckpointWriteError
+from ._store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
 
 Pending = tuple[int, dict[str, bool], dict[str, float], dict[str, float]]
 """An asynchronous save awaiting its commit: ``(epoch, stop_values, timings, metrics)``."""
@@ -21,6 +25,26 @@ def write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
     first = next(iter(failed.values()))
     error.__cause__ = first if isinstance(first, BaseException) else None
     return error
+
+
+def previous_entries(
+    store: CheckpointStore, epoch: int, committed: list[int], last_record: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """The node entries of the newest of ``committed`` before ``epoch`` (for delta reuse); {} without.
+
+    ``last_record`` is used when it is that epoch's commit record, else the record is read.
+    """
+    older = [e for e in committed if e < epoch]
+    if not older:
+        return {}
+    record = last_record
+    if record is None or record["epoch"] != older[-1]:
+        try:
+            record = store.read_commit(older[-1])
+        except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
+            logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
+            return {}
+    return dict(record["node_entries"])
 
 
 class Saves:
