@@ -257,7 +257,11 @@ def clear_for_write(tree: Tree, group: str, url: str, node: str, epoch: int) -> 
         return
     if kind == DIR:
         remove_group(tree, group, node, epoch)
-        left = sorted(tree.entries(group))
+        entries = tree.entries(group)
+        if entries and all(k == FILE and TEMP_RE.fullmatch(n) for n, k in entries.items()):
+            tree.unlink([f"{group}/{n}" for n in entries])  # a save killed before its marker was in place
+            entries = {}
+        left = sorted(entries)
         if not left:
             return
         found = f"it holds {left[:5]}{' …' if len(left) > 5 else ''}, which daskjobs did not write"

@@ -220,6 +220,16 @@ class LocalFiles:
         write_file(path, parts)
         self._unsynced.append(path)
 
+    def put_atomic(self, path: str, data: bytes) -> None:
+        """Write a file that is, at every moment, either absent, its old content or ``data`` (temp and rename).
+
+        Durability comes with :meth:`flush`, like every other write.
+        """
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
+        write_file(temp, [data])
+        os.replace(temp, path)
+        self._unsynced.append(path)
+
     def flush_pending(self) -> None:
         """Nothing to do: local writes are not queued."""
 
@@ -337,6 +347,10 @@ class RemoteFiles:
 
     def mkdir(self, path: str, parents: bool = False) -> None:
         """Nothing to do: objects need no directories."""
+
+    def put_atomic(self, path: str, data: bytes) -> None:
+        """Queue an object: one PUT writes it whole."""
+        self.put(path, data)
 
     def put(self, path: str, *parts: Any) -> None:
         """Queue an object (copied now, so later changes of the source arrays do not leak in)."""

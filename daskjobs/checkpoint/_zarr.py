@@ -199,7 +199,7 @@ def write_group(
     try:
         files.mkdir(where.path, parents=True)
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
-        files.put(f"{where.path}/zarr.json", _group_document(marker))
+        files.put_atomic(f"{where.path}/zarr.json", _group_document(marker))
         files.flush_pending()
         if isinstance(files, LocalFiles) and len(stored) > 1:
             with ThreadPoolExecutor(min(_THREADS, len(stored)), thread_name_prefix="daskjobs-write") as pool:
@@ -216,7 +216,7 @@ def write_group(
             "bytes_reused": sum(r for _, _, _, r in results),
             "seconds": time.perf_counter() - started,
         }
-        files.put(f"{where.path}/zarr.json", _group_document(entry))
+        files.put_atomic(f"{where.path}/zarr.json", _group_document(entry))
         files.flush()
     except CheckpointError:
         raise
