@@ -36,7 +36,9 @@ ChunkResult = tuple[str | None, str | None]
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
-_READ_BLOCK = 16 << 20
+_READ_BLOCK = 1 << 20
+"""Chunk files are read in blocks of this size, each hashed at once while it is still in the CPU's cache."""
+_SEQUENTIAL_FROM = 16 << 20
 _FSYNC_EACH_UP_TO = 64
 _FSYNC_THREADS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
@@ -180,7 +182,7 @@ def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:
     with open(fd, "rb", buffering=0) as file:
         if found != size:
             return None, f"has {found} bytes, expected {size}"
-        if size >= _READ_BLOCK and hasattr(os, "posix_fadvise"):
+        if size >= _SEQUENTIAL_FROM and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         hasher = xxhash.xxh3_128()
         for start in range(0, len(out), _READ_BLOCK):
