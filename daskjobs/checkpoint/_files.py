@@ -40,6 +40,8 @@ _READ_BLOCK = 1 << 20
 """Chunk files are read in blocks of this size, each hashed at once while it is still in the CPU's cache."""
 _SEQUENTIAL_FROM = 16 << 20
 _FSYNC_EACH_UP_TO = 64
+_SYNC_EARLY_FROM = 4 << 20
+"""Files of at least this size are fsynced by the thread that wrote them, right away."""
 _FSYNC_THREADS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -218,9 +220,17 @@ class LocalFiles:
         self._unsynced.append(path)
 
     def put(self, path: str, *parts: Any) -> None:
-        """Write a file from buffers."""
+        """Write a file from buffers; a large one is fsynced at once (see :data:`_SYNC_EARLY_FROM`).
+
+        Its data then goes to disk while other threads still hash and write (the GIL is released
+        in fsync), instead of all of it waiting for :meth:`flush`.
+        """
+        early = self._fsync and sum(memoryview(part).nbytes for part in parts) >= _SYNC_EARLY_FROM
         write_file(path, parts)
-        self._unsynced.append(path)
+        if early:
+            fsync_path(path)
+        else:
+            self._unsynced.append(path)
 
     def flush_pending(self) -> None:
         """Nothing to do: local writes are not queued."""
