@@ -10,9 +10,29 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from .errors import JobInterruptedError
+
 logger = logging.getLogger("daskjobs")
 
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+
+def interruption(signum: int, job: str, last: int | None, url: str | None, *, abandoned: bool) -> BaseException:
+    """The error a run of ``job`` interrupted by ``signum`` raises: ``KeyboardInterrupt`` (SIGINT) or
+    :class:`~daskjobs.errors.JobInterruptedError` (SIGTERM), naming the epoch ``last`` committed under
+    ``url`` (``None``: nothing committed) and how to resume from it."""
+    if last is None or url is None:
+        where = "nothing is committed"
+    else:
+        where = (
+            f"epoch {last} is committed under {url}; run the job again with the same "
+            "checkpoint prefix to resume from it"
+        )
+    what = "abandoned the running epoch" if abandoned else "stopped after the running epoch"
+    message = f"job {job!r} interrupted by {SIGNALS[signum]}: {what}; {where}"
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt(message)
+    return JobInterruptedError(message, last)
 
 
 class GracefulStop:

@@ -6,6 +6,7 @@ and :func:`plot_history`.
 
 from __future__ import annotations
 
+import html
 import importlib
 import math
 import threading
@@ -175,3 +176,25 @@ def plot_history(records: Iterable[EpochRecord], *, title: str | None = None) ->
     if title:
         figure.suptitle(title)
     return figure
+
+
+def history_html(records: list[EpochRecord], job: str, where: str, dashboard: str | None) -> str:
+    """HTML of a run for notebooks: epochs run, the checkpoint prefix ``where``, a link to the Dask
+    ``dashboard`` and a table of the last 20 epochs."""
+    rows = history_rows(records[-20:])
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows)
+    link = f' &mdash; <a href="{html.escape(dashboard)}" target="_blank">Dask dashboard</a>' if dashboard else ""
+    shown = f", last {len(rows)} shown" if len(records) > len(rows) else ""
+    return (
+        f"<b>JobRunner</b> for job {html.escape(job)} &mdash; {len(records)} epochs run{shown}, "
+        f"checkpoints: <code>{html.escape(where)}</code>{link}"
+        f"<table><tr>{head}</tr>{body}</table>"
+    )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))

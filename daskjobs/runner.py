@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import html
 import logging
 import operator
-import signal
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ._interrupt import SIGNALS, GracefulStop
+from ._interrupt import GracefulStop, interruption
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
+from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver
 from .checkpoint._lock import local_holder
 from .data import epochs_until_finished
 from .errors import (
     CheckpointWriteError,
     JobDefinitionError,
-    JobInterruptedError,
     NodeLostError,
     SessionLostError,
     StopConditionError,
 )
-from .history import EpochRecord, history_frame, history_rows, means, plot_history
+from .history import EpochRecord, history_frame, history_html, means, plot_history
 from .session import LocalSession, Session
 
 if TYPE_CHECKING:
@@ -36,19 +34,6 @@ if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
-
-
-def _with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
-    """``exc`` told with the last committed epoch and how to resume from it."""
-    try:
-        epochs = manager.store.committed_epochs()
-    except OSError as error:
-        where = f"the committed epochs under {manager.store.url} could not be listed ({error})"
-    else:
-        where = (
-            f"last committed epoch {epochs[-1]} under {manager.store.url}" if epochs else "no epoch was committed"
-        )
-    return SessionLostError(f"{exc}; {where}: run the job again on a working scheduler to resume")
 
 
 def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
@@ -79,16 +64,6 @@ def _resume_epoch(value: object) -> int | None:
     if epoch < 0:
         raise ResumeArgumentError(f"resume_from_epoch must be a non-negative int, got {epoch}")
     return epoch
-
-
-def _clear_workspace(ws: Any) -> None:
-    """Step: empty the node's GLOBAL workspace (before init runs again after a node loss)."""
-    ws._state.replace_blobs({})
-
-
-RECOVERY_WAIT = 60.0
-"""Seconds a recovery waits for every node to have a worker again (a restarted worker process
-needs a few seconds, more on a loaded machine)."""
 
 
 def stop_value(output: TaskOutput, value: Any) -> bool:
@@ -226,13 +201,10 @@ class JobRunner:
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
                     return self._train(session, manager)
                 except SessionLostError as exc:
-                    raise _with_last_commit(exc, manager) from exc
+                    raise with_last_commit(exc, manager) from exc
                 finally:
                     manager.holds_lock = False
-                    try:
-                        manager.wait_background()
-                    finally:
-                        self._release_lock(manager)
+                    self._release_lock(manager)
         finally:
             if own:
                 session.close()
@@ -323,7 +295,7 @@ class JobRunner:
                     self._stop_if_interrupted(manager, session)
                     return epoch
                 except NodeLostError as exc:
-                    self._check_recoverable(manager, exc, failures)
+                    check_recoverable(manager, exc, failures, self.max_failures, self._last_committed())
                     failures += 1
                     phase = "restore"
         finally:
@@ -431,15 +403,6 @@ class JobRunner:
             values[key] = stop_value(output, output.fetch())
         return values
 
-    def _check_recoverable(self, manager: MultiNodeCheckpointManager | None, exc: NodeLostError, failures: int) -> None:
-        """Raise the final :class:`NodeLostError` unless one more recovery is allowed."""
-        if manager is not None and failures < self.max_failures:
-            return
-        last = self._last_committed()
-        where = "no committed epoch" if last is None else f"last committed epoch {last}"
-        why = "no checkpoint manager" if manager is None else f"giving up after {failures} recoveries"
-        raise NodeLostError(f"{exc} — {why} ({where})", exc.nodes) from exc
-
     def _restore(
         self, session: Session, manager: MultiNodeCheckpointManager | None, failures: int
     ) -> tuple[int, bool] | None:
@@ -451,29 +414,10 @@ class JobRunner:
         assert manager is not None
         manager.discard_pending()
         latest = self._last_committed()
-        logger.warning(
-            "node lost; restoring all nodes from %s (recovery %d of %d)",
-            "scratch" if latest is None else f"epoch {latest}",
-            failures,
-            self.max_failures,
-        )
-        wait = getattr(session, "wait_for_nodes", None)
-        if wait is not None:
-            wait(self.job.nodes(), timeout=RECOVERY_WAIT)
-        session.forget_tokens()
+        prepare_restore(session, self.job.nodes(), latest, failures, self.max_failures, RECOVERY_WAIT)
         if latest is None:
-            session.run(self._clear_group())
             return None
         return self._load(session, manager, latest, failures)
-
-    def _clear_group(self) -> TaskGroup:
-        from ._model.group import TaskGroup
-        from ._model.task import Task, WorkspaceType
-
-        with TaskGroup(WorkspaceType.GLOBAL) as group:
-            for node in self.job.nodes():
-                Task(_clear_workspace, node=node, name="clear_workspace")
-        return group
 
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job
@@ -495,20 +439,9 @@ class JobRunner:
         raise error
 
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
-        name, last = SIGNALS[signum], self._last_committed()
         manager = self.checkpoint_manager
-        if last is None or manager is None:
-            where = "nothing is committed"
-        else:
-            where = (
-                f"epoch {last} is committed under {manager.store.url}; run the job again with the same "
-                "checkpoint prefix to resume from it"
-            )
-        what = "abandoned the running epoch" if abandoned else "stopped after the running epoch"
-        message = f"job {self.job.name!r} interrupted by {name}: {what}; {where}"
-        if signum == signal.SIGINT:
-            return KeyboardInterrupt(message)
-        return JobInterruptedError(message, last)
+        url = None if manager is None else manager.store.url
+        return interruption(signum, self.job.name, self._last_committed(), url, abandoned=abandoned)
 
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:
@@ -559,24 +492,5 @@ class JobRunner:
         return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last})"
 
     def _repr_html_(self) -> str:
-        rows = history_rows(self.history[-20:])
-        columns = list(dict.fromkeys(key for row in rows for key in row))
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{_cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows
-        )
         where = self.checkpoint_manager.store.url if self.checkpoint_manager is not None else "no checkpoints"
-        dashboard = self.dashboard_link
-        link = f' &mdash; <a href="{html.escape(dashboard)}" target="_blank">Dask dashboard</a>' if dashboard else ""
-        shown = f", last {len(rows)} shown" if len(self.history) > len(rows) else ""
-        return (
-            f"<b>JobRunner</b> for job {html.escape(self.job.name)} &mdash; {len(self.history)} epochs run{shown}, "
-            f"checkpoints: <code>{html.escape(where)}</code>{link}"
-            f"<table><tr>{head}</tr>{body}</table>"
-        )
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return html.escape(str(value))
+        return history_html(self.history, self.job.name, where, self.dashboard_link)

@@ -67,7 +67,6 @@ def test_retention_tracks_best_at_every_commit(prefix):
     manager = dj.MultiNodeCheckpointManager(prefix, keep_best=2, best_metric="loss")
 
     def look(record):
-        getattr(manager, "wait_background", lambda: None)()  # retention may run in the background
         seen.append([i.epoch for i in dj.list_checkpoints(prefix)])
 
     runner = dj.JobRunner(metric_job(), manager, max_epochs=8, progress=False, on_epoch=look)

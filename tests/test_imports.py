@@ -88,3 +88,17 @@ def test_public_classes_have_docstrings(name):
 def test_public_functions_have_docstrings(name):
     """Every public function has a non-empty docstring."""
     assert (getattr(dj, name).__doc__ or "").strip()
+
+
+def test_only_the_zarr_module_imports_zarr():
+    """``checkpoint/_zarr.py`` is the one module whose source imports zarr (also lazily, in functions)."""
+    import re
+    from pathlib import Path
+
+    package = Path(dj.__file__).parent
+    importing = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"^\s*(import zarr|from zarr)", path.read_text(), re.M)
+    )
+    assert importing == ["checkpoint/_zarr.py"]

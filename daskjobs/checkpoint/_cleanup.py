@@ -285,3 +285,18 @@ def group_folders(tree: Tree, root: str, nodes: set[str] | None) -> list[tuple[s
         if nodes is None or match.group(1) in nodes:
             found.append((name, match.group(1), int(match.group(2))))
     return found
+
+
+def remove_debris(tree: Tree, root: str, committed: set[int], nodes: set[str] | None, own: str) -> list[str]:
+    """Remove what saves that never committed left under ``root``; return the removed paths, relative to ``root``.
+
+    Removed: daskjobs' files in the groups of ``nodes`` (any node: ``None``) whose epoch is not in
+    ``committed`` (see :func:`remove_group`), and daskjobs' temp files in ``own`` and ``own/commits``.
+    """
+    removed = []
+    for name, node, epoch in group_folders(tree, root, nodes):
+        if epoch not in committed and remove_group(tree, f"{root}/{name}", node, epoch):
+            removed.append(name)
+    for where in (own, f"{own}/commits"):
+        removed.extend(f"{where}/{name}" for name in remove_temp_files(tree, f"{root}/{where}"))
+    return removed

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -70,10 +71,11 @@ MAX_CHUNKS = 1 << 20
 """Most chunk files one blob may have."""
 MAX_EPOCH = 10**12 - 1
 """Commit records are named with 12 zero-padded digits."""
+SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+"""A save id: what a node entry's ``save_id`` must match."""
 
 _HASH_RE = re.compile(r"[0-9a-f]{32}")
 _STRING_RE = re.compile(r"(<U|\|S)([1-9][0-9]{0,6})")
-_SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "bytes_written", "bytes_reused", "seconds")
 _BLOB_KEYS = ("kind", "dtype", "shape", "nbytes", "chunks", "codec", "hashes")
 _RECORD_KEYS = (
@@ -89,6 +91,23 @@ _RECORD_KEYS = (
     "timings",
     "metrics",
 )
+
+
+def check_epoch(epoch: Any) -> int:
+    """``epoch`` as an int from 0 to :data:`MAX_EPOCH` (numpy integers accepted).
+
+    Raises
+    ------
+    JobDefinitionError
+        Not an int (``bool`` included), or out of range.
+    """
+    try:
+        value = operator.index(epoch)
+    except TypeError:
+        raise JobDefinitionError(f"epoch must be an int, got {type(epoch).__name__}: {epoch!r}") from None
+    if isinstance(epoch, bool) or not 0 <= value <= MAX_EPOCH:
+        raise JobDefinitionError(f"epoch must be an int from 0 to {MAX_EPOCH}, got {epoch!r}")
+    return value
 
 
 def allowed_dtype(dtype: str) -> bool:
@@ -240,7 +259,7 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
     entry = _mapping(obj, where, "entry", _ENTRY_KEYS)
     if entry["node"] != node or entry["epoch"] != epoch or type(entry["epoch"]) is not int:
         raise _fail(where, f"entry is for node {entry['node']!r} at epoch {entry['epoch']!r}")
-    if not isinstance(entry["save_id"], str) or not _SAVE_ID_RE.fullmatch(entry["save_id"]):
+    if not isinstance(entry["save_id"], str) or not SAVE_ID_RE.fullmatch(entry["save_id"]):
         raise _fail(where, f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {entry['save_id']!r}")
     blobs = _mapping(entry["blobs"], where, "blobs")
     if len(blobs) > MAX_BLOBS:

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CheckpointNotFoundError, JobDefinitionError
-from ._manager import best_epochs
 from ._reader import GroupReader
+from ._retention import best_epochs
 from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -290,3 +290,17 @@ def _best_record(
             "log it with ws.log(name, value), or pass metric= the name of a logged metric"
         )
     return records[ranked[0]]
+
+
+def prefix_html(title: str, store: CheckpointStore, options: Mapping[str, Any]) -> str:
+    """HTML of a checkpoint prefix for notebooks: ``title``, the options that are set, the committed
+    epochs and the latest one's metrics."""
+    epochs = store.committed_epochs()
+    facts = "".join(f", {k}={html.escape(str(v))}" for k, v in options.items() if v)
+    latest = ""
+    if epochs:
+        metrics = store.read_commit(epochs[-1]).get("metrics", {})
+        shown = "".join(f" {html.escape(k)}={v:.6g}" for k, v in metrics.items())
+        listed = ", ".join(map(str, epochs)) if len(epochs) <= 12 else f"{epochs[0]} &hellip; {epochs[-1]}"
+        latest = f" ({listed}); latest {epochs[-1]}{shown}"
+    return f"<b>{title}</b> <code>{html.escape(store.url)}</code>{facts}: {len(epochs)} committed epochs{latest}"

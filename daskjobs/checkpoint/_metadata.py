@@ -6,12 +6,32 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._validation import check_count
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
     from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
+
+
+def check_same_job(store: CheckpointStore, job: str, nodes: list[str] | None) -> None:
+    """Refuse to resume ``job`` (with ``nodes``; ``None``: not known yet) from a prefix whose latest
+    commit is another job's or has other nodes.
+
+    Raises
+    ------
+    CheckpointError
+        Naming both jobs, their nodes and the latest epoch.
+    """
+    latest = store.latest_commit()
+    if latest is None or nodes is None:
+        return
+    if latest["job"] != job or sorted(latest["nodes"]) != sorted(nodes):
+        raise CheckpointError(
+            f"{store.url} holds checkpoints of job {latest['job']!r} with nodes {latest['nodes']} "
+            f"(latest epoch {latest['epoch']}), but this job is {job!r} with nodes {nodes}; "
+            "use another db_prefix or delete the old checkpoints"
+        )
 
 
 @runtime_checkable

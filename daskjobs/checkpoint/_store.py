@@ -15,7 +15,6 @@ nothing of daskjobs' own can collide with a node's group. File access goes throu
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import re
 import uuid
@@ -37,9 +36,17 @@ from ..errors import (
     JobDefinitionError,
 )
 from . import _lock
-from ._cleanup import Tree, clear_for_write, group_folders, remove_group, remove_temp_files
+from ._cleanup import Tree, clear_for_write, remove_debris, remove_group
 from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
-from ._format import MAX_EPOCH, MAX_JSON_BYTES, dumps, loads, validate_commit_record, validate_node_entry
+from ._format import (
+    MAX_JSON_BYTES,
+    SAVE_ID_RE,
+    check_epoch,
+    dumps,
+    loads,
+    validate_commit_record,
+    validate_node_entry,
+)
 from ._lock import LOCK_NAME
 from ._reader import GroupReader, read_group, read_group_entry
 from ._zarr import COMPRESSIONS, Location, write_group
@@ -48,17 +55,6 @@ logger = logging.getLogger("daskjobs")
 
 _OWN = "__daskjobs__"
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
-_SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
-
-
-def _epoch(epoch: Any) -> int:
-    try:
-        value = operator.index(epoch)
-    except TypeError:
-        raise JobDefinitionError(f"epoch must be an int, got {type(epoch).__name__}: {epoch!r}") from None
-    if isinstance(epoch, bool) or not 0 <= value <= MAX_EPOCH:
-        raise JobDefinitionError(f"epoch must be an int from 0 to {MAX_EPOCH}, got {epoch!r}")
-    return value
 
 
 class CheckpointStore:
@@ -138,18 +134,18 @@ class CheckpointStore:
 
     def db_name(self, node: str, epoch: int) -> str:
         """Where ``node``'s group of ``epoch`` lives: ``f"{url}/{node}.{epoch}"`` (Caffe2's naming)."""
-        return f"{self.url}/{validate_name(node, 'node')}.{_epoch(epoch)}"
+        return f"{self.url}/{validate_name(node, 'node')}.{check_epoch(epoch)}"
 
     def commit_path(self, epoch: int) -> str:
         """Where the commit record of ``epoch`` lives (under :attr:`url`)."""
-        return f"{self.url}/{_OWN}/commits/epoch-{_epoch(epoch):012d}.json"
+        return f"{self.url}/{_OWN}/commits/epoch-{check_epoch(epoch):012d}.json"
 
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
         return Location(self._files(), self._path(f"{node}.{epoch}"), url)
 
     def _commit_file(self, epoch: int) -> str:
-        return self._path(_OWN, "commits", f"epoch-{_epoch(epoch):012d}.json")
+        return self._path(_OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
 
     def _read(self, path: str) -> bytes | OSError:
         return self._files().read_small([path], MAX_JSON_BYTES)[0]
@@ -205,7 +201,7 @@ class CheckpointStore:
             Storage failed; no commit record refers to the partial group.
         """
         validate_name(node, "node")
-        if not isinstance(save_id, str) or not _SAVE_ID_RE.fullmatch(save_id):
+        if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
         url = self.db_name(node, epoch)
         try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
@@ -219,7 +215,7 @@ class CheckpointStore:
         return write_group(
             self._group(node, epoch),
             node,
-            _epoch(epoch),
+            check_epoch(epoch),
             blobs,
             save_id=save_id,
             compression=self.compression,
@@ -234,7 +230,7 @@ class CheckpointStore:
         CheckpointNotFoundError
             There is no such group.
         """
-        entry = read_group_entry(self._group(node, epoch), node, _epoch(epoch))
+        entry = read_group_entry(self._group(node, epoch), node, check_epoch(epoch))
         if entry is None:
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
@@ -243,7 +239,7 @@ class CheckpointStore:
         """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads)."""
         validate_name(node, "node")
         checked = validate_node_entry(entry, node, epoch, f"entry of epoch {epoch}, node {node!r}")
-        return GroupReader(self._group(node, epoch), node, _epoch(epoch), checked, validated=True)
+        return GroupReader(self._group(node, epoch), node, check_epoch(epoch), checked, validated=True)
 
     def read_node(
         self, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
@@ -264,7 +260,7 @@ class CheckpointStore:
             A data type or codec daskjobs does not read, or a checkpoint file that is not a
             regular file (FIFO, device, symlink …); nothing was decoded.
         """
-        return read_group(self._group(node, epoch), node, _epoch(epoch), entry, names)
+        return read_group(self._group(node, epoch), node, check_epoch(epoch), entry, names)
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self, record: Mapping[str, Any]) -> None:
@@ -280,7 +276,7 @@ class CheckpointStore:
         CheckpointWriteError
             Storage failed.
         """
-        epoch = _epoch(record.get("epoch"))
+        epoch = check_epoch(record.get("epoch"))
         data = dumps(validate_commit_record(dict(record), epoch))
         self._check_held()
         try:
@@ -318,7 +314,7 @@ class CheckpointStore:
         if isinstance(data, OSError):
             raise CheckpointError(f"cannot read the commit record of epoch {epoch} ({url}): {data}")
         try:
-            return validate_commit_record(loads(data, f"commit record of epoch {epoch}"), _epoch(epoch))
+            return validate_commit_record(loads(data, f"commit record of epoch {epoch}"), check_epoch(epoch))
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             raise type(exc)(f"{url}: {exc}") from None
 
@@ -383,7 +379,7 @@ class CheckpointStore:
             Storage failed.
         """
         nodes = [validate_name(node, "node") for node in nodes]
-        epoch = _epoch(epoch)
+        epoch = check_epoch(epoch)
         self._check_held()
         try:
             entries = self.read_commit(epoch)["node_entries"]
@@ -412,13 +408,9 @@ class CheckpointStore:
         committed = set(self.committed_epochs())
         if wanted is None and committed:  # the prefix holds one job: its nodes are the latest commit's
             wanted = set(self.read_commit(max(committed))["nodes"])
-        tree, removed = Tree(self.fs), []
         try:
-            for name, node, epoch in group_folders(tree, self._root, wanted):
-                if epoch not in committed and remove_group(tree, self._path(name), node, epoch):
-                    removed.append(f"{self.url}/{name}")
-            for where in (_OWN, f"{_OWN}/commits"):
-                removed.extend(f"{self.url}/{where}/{name}" for name in remove_temp_files(tree, self._path(where)))
+            debris = remove_debris(Tree(self.fs), self._root, committed, wanted, _OWN)
+            removed = [f"{self.url}/{path}" for path in debris]
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
         if removed:

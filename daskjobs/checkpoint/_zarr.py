@@ -72,6 +72,13 @@ class Location:
 
 
 # -- values -------------------------------------------------------------------------------------
+def open_array(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """A Zarr array opened read-only at a path or fsspec URL (for readers of user data, not checkpoints)."""
+    import zarr
+
+    return zarr.open_array(store=url, mode="r", storage_options=dict(storage_options) if storage_options else None)
+
+
 def _stored(name: str, value: Any) -> tuple[str, np.ndarray]:
     """``(kind, array)`` of a blob value: an array in its storage dtype, or a JSON value as UTF-8 bytes."""
     if isinstance(value, np.ndarray | np.generic):

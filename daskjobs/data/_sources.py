@@ -35,11 +35,11 @@ class ZarrSource:
         """The array, opened on this node; errors name ``reader`` and the URL."""
         if not isinstance(self.target, str):
             return self.target
-        import zarr  # Only here, on the node that reads the source.
+        from ..checkpoint._zarr import open_array  # The one module that imports zarr; only here, on the node.
 
         options = dict(self.storage_options or {}) if "://" in self.target else None
         try:
-            array = zarr.open_array(store=self.target, mode="r", storage_options=options or None)
+            array = open_array(self.target, options)
         except FileNotFoundError as exc:
             raise JobDefinitionError(
                 f"reader {reader!r}: no Zarr array at {self.target!r} on node {node!r} ({exc}); "

@@ -1,0 +1,117 @@
+"""Retention: which committed epochs a prefix keeps after a commit (newest, last k, every n, best k)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..errors import CheckpointLockedError, JobDefinitionError
+from ._store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
+
+
+def check_retention(
+    keep_last: int | None, keep_every: int | None, keep_best: int | None, best_metric: str | None, best_mode: str
+) -> None:
+    """Check a manager's retention options.
+
+    Raises
+    ------
+    JobDefinitionError
+        A count that is not a positive int or ``None``, a ``best_mode`` other than ``"min"`` or
+        ``"max"``, or ``keep_best`` without a ``best_metric``.
+    """
+    for label, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise JobDefinitionError(f"{label} must be a positive int or None, got {value!r}")
+    if best_mode not in ("min", "max"):
+        raise JobDefinitionError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
+    if keep_best is not None and not (isinstance(best_metric, str) and best_metric):
+        raise JobDefinitionError(
+            f"keep_best={keep_best} needs best_metric, the name of a metric logged with ws.log, got {best_metric!r}"
+        )
+
+
+def best_epochs(values: dict[int, float | None], mode: str) -> list[int]:
+    """Epochs ordered best first by their metric value (``None``: no value, never best); ties: earlier first.
+
+    Examples
+    --------
+    >>> best_epochs({1: 0.5, 2: 0.25, 3: None, 4: 0.25}, "min")
+    [2, 4, 1]
+    >>> best_epochs({1: 0.5, 2: 0.25}, "max")
+    [1, 2]
+    """
+    sign = 1.0 if mode == "min" else -1.0
+    scored = [(sign * value, epoch) for epoch, value in values.items() if value is not None]
+    return [epoch for _, epoch in sorted(scored)]
+
+
+def best_of(
+    store: CheckpointStore,
+    epochs: list[int],
+    known: dict[int, float | None],
+    metric: str | None,
+    mode: str,
+    keep: int,
+) -> list[int]:
+    """The ``keep`` best of ``epochs`` by ``metric``; each commit record is read once per manager.
+
+    ``known`` (epoch: metric value) is the cache: updated in place to hold exactly ``epochs``.
+    """
+    values = {e: known[e] if e in known else store.read_commit(e).get("metrics", {}).get(metric) for e in epochs}
+    known.clear()
+    known.update(values)
+    return best_epochs(values, mode)[:keep]
+
+
+def apply_retention(
+    store: CheckpointStore,
+    newest: int,
+    keep_last: int | None,
+    keep_every: int | None,
+    best: Callable[[list[int]], list[int]] | None,
+) -> None:
+    """Delete committed epochs older than ``newest`` that retention does not keep; failures are logged warnings.
+
+    Kept: ``newest``, the last ``keep_last``, every epoch divisible by ``keep_every`` and the
+    epochs ``best`` returns for the committed ones. All ``None``: everything is kept.
+    """
+    if keep_last is None and keep_every is None and best is None:
+        return
+    try:
+        epochs = store.committed_epochs()
+        kept = best(epochs) if best is not None else []
+    except OSError as exc:
+        logger.warning("retention: could not list the epochs under %s: %s", store.url, exc)
+        return
+    keep = {newest}
+    if keep_last is not None:
+        keep.update(epochs[-keep_last:])
+    if keep_every is not None:
+        keep.update(e for e in epochs if e % keep_every == 0)
+    keep.update(kept)
+    for epoch in epochs:
+        if epoch < newest and epoch not in keep:
+            try:
+                store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
+            except Exception as exc:  # the new epoch is committed: never fail the save for this
+                logger.warning("retention: could not delete epoch %d under %s: %s", epoch, store.url, exc)
+                if isinstance(exc, CheckpointLockedError):
+                    return
+                continue
+            logger.info("retention: deleted epoch %d under %s", epoch, store.url)
+
+
+def retention_warning(apply: Callable[[int], None], newest: int, url: str) -> None:
+    """Run ``apply(newest)``; a failure is a warning (``newest`` is committed already), retried next commit."""
+    try:
+        apply(newest)
+    except Exception as exc:
+        logger.warning(
+            "epoch %d is committed, but retention under %s failed: %s; it is retried after the next commit",
+            newest,
+            url,
+            exc,
+        )
