@@ -29,6 +29,8 @@ JSON_ATTRIBUTES = {"daskjobs": {"encoding": "json"}}
 
 _PAGE = 4096
 _ALIGN_FROM = 1 << 20
+_HUGE_PAGE = 2 << 20
+_HUGE_FROM = 8 << 20
 _ZARR_TYPES = {
     "|b1": "bool",
     "|i1": "int8",
@@ -99,16 +101,19 @@ def digest(*parts: Any) -> str:
 
 
 def empty_aligned(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array; large ones start on a page boundary.
+    """An uninitialised array; large ones start on a page boundary, very large ones on a huge page's.
 
     Linux copies file pages into a buffer at numpy's usual address of large arrays (16 bytes
-    past a page boundary) about 3x slower than into a page-aligned one.
+    past a page boundary) about 3x slower than into a page-aligned one. Numpy asks for
+    transparent huge pages for large arrays, and only whole 2 MiB pages of the buffer get
+    them: aligned to one, reading 1 GiB into fresh memory takes 512 page faults, not 262144.
     """
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _ALIGN_FROM:
         return np.empty(shape, dtype)
-    buffer = np.empty(nbytes + _PAGE, np.uint8)
-    start = -buffer.ctypes.data % _PAGE
+    align = _HUGE_PAGE if nbytes >= _HUGE_FROM else _PAGE
+    buffer = np.empty(nbytes + align, np.uint8)
+    start = -buffer.ctypes.data % align
     return buffer[start : start + nbytes].view(dtype).reshape(shape)
 
 

@@ -36,8 +36,12 @@ ChunkResult = tuple[str | None, str | None]
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
-_READ_BLOCK = 16 << 20
+_READ_BLOCK = 1 << 20
+"""Chunk files are read in blocks of this size, each hashed at once while it is still in the CPU's cache."""
+_SEQUENTIAL_FROM = 16 << 20
 _FSYNC_EACH_UP_TO = 64
+_SYNC_EARLY_FROM = 4 << 20
+"""Files of at least this size are fsynced by the thread that wrote them, right away."""
 _FSYNC_THREADS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -180,7 +184,7 @@ def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:
     with open(fd, "rb", buffering=0) as file:
         if found != size:
             return None, f"has {found} bytes, expected {size}"
-        if size >= _READ_BLOCK and hasattr(os, "posix_fadvise"):
+        if size >= _SEQUENTIAL_FROM and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         hasher = xxhash.xxh3_128()
         for start in range(0, len(out), _READ_BLOCK):
@@ -216,9 +220,17 @@ class LocalFiles:
         self._unsynced.append(path)
 
     def put(self, path: str, *parts: Any) -> None:
-        """Write a file from buffers."""
+        """Write a file from buffers; a large one is fsynced at once (see :data:`_SYNC_EARLY_FROM`).
+
+        Its data then goes to disk while other threads still hash and write (the GIL is released
+        in fsync), instead of all of it waiting for :meth:`flush`.
+        """
+        early = self._fsync and sum(memoryview(part).nbytes for part in parts) >= _SYNC_EARLY_FROM
         write_file(path, parts)
-        self._unsynced.append(path)
+        if early:
+            fsync_path(path)
+        else:
+            self._unsynced.append(path)
 
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write a file that is, at every moment, either absent, its old content or ``data`` (temp and rename).
