@@ -30,6 +30,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
+from ._files import read_regular
 from ._format import RESERVED_BLOB_NAMES, loads
 from ._zarr import ENTRY_KEY
 
@@ -44,25 +45,6 @@ _MARKER_LIMIT = 64 << 20
 _META = "zarr.json"
 
 FILE, DIR, OTHER = "file", "dir", "other"
-
-
-def read_regular(path: str, limit: int) -> bytes | OSError:
-    """At most ``limit + 1`` bytes of a local regular file, never blocking and never through a final
-    symlink; a FIFO, device, socket or symlink is an :class:`OSError` (as is a missing file)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        return exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return OSError(f"{path} is not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read(limit + 1)
-    except OSError as exc:
-        return exc
-    finally:
-        os.close(fd)
 
 
 class Tree:
@@ -117,8 +99,10 @@ class Tree:
     def read_small(self, path: str) -> bytes | None:
         """A regular file's bytes (bounded); ``None`` if it is missing, not a regular file or unreadable."""
         if self._local:
-            data = read_regular(path, _MARKER_LIMIT)
-            return data if isinstance(data, bytes) else None
+            try:
+                return read_regular(path, _MARKER_LIMIT)
+            except OSError:
+                return None
         try:
             return self._fs.cat_file(path, start=0, end=_MARKER_LIMIT + 1)
         except (OSError, ValueError):

@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointCorruptError, CheckpointLockedError, CheckpointWriteError
-from ._cleanup import read_regular
 from ._files import LocalFiles
 from ._format import dumps, loads
 
@@ -116,10 +115,7 @@ def describe(holder: Mapping[str, Any]) -> str:
 
 def _read(files: LocalFiles | RemoteFiles, path: str) -> bytes | None:
     """The lock file's bytes, or ``None`` if there is none."""
-    if isinstance(files, LocalFiles):  # never blocks on a FIFO, never follows a symlink
-        data = read_regular(path, _LOCK_LIMIT)
-    else:
-        data = files.read_small([path], _LOCK_LIMIT)[0]
+    data = files.read_small([path], _LOCK_LIMIT)[0]  # never blocks on a FIFO, never follows a symlink
     if isinstance(data, FileNotFoundError):
         return None
     if isinstance(data, OSError):  # stands for the lock file in comparisons and messages
