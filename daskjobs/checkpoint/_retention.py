@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import CheckpointLockedError, JobDefinitionError
 from ._store import CheckpointStore
@@ -66,6 +66,25 @@ def best_of(
     return best_epochs(values, mode)[:keep]
 
 
+def kept_epochs(
+    epochs: list[int], keep_last: int | None, keep_every: int | None, best: Iterable[int] = ()
+) -> set[int]:
+    """Which of the committed ``epochs`` (ascending) retention keeps: always the newest, the last
+    ``keep_last``, every epoch divisible by ``keep_every`` and ``best``.
+
+    Examples
+    --------
+    >>> sorted(kept_epochs([0, 1, 2, 3, 4, 5], keep_last=2, keep_every=2))
+    [0, 2, 4, 5]
+    """
+    keep = set(epochs[-1:]) | set(best)
+    if keep_last is not None:
+        keep.update(epochs[-keep_last:])
+    if keep_every is not None:
+        keep.update(e for e in epochs if e % keep_every == 0)
+    return keep
+
+
 def apply_retention(
     store: CheckpointStore,
     newest: int,
@@ -86,12 +105,7 @@ def apply_retention(
     except OSError as exc:
         logger.warning("retention: could not list the epochs under %s: %s", store.url, exc)
         return
-    keep = {newest}
-    if keep_last is not None:
-        keep.update(epochs[-keep_last:])
-    if keep_every is not None:
-        keep.update(e for e in epochs if e % keep_every == 0)
-    keep.update(kept)
+    keep = kept_epochs(epochs, keep_last, keep_every, kept) | {newest}
     for epoch in epochs:
         if epoch < newest and epoch not in keep:
             try:

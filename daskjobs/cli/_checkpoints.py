@@ -16,6 +16,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, open_checkpoint
 from ..checkpoint._lock import local_holder, unlock
+from ..checkpoint._retention import kept_epochs
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ._common import OK, Subparsers, UsageError, add_storage_options, add_verbose, epoch_number, positive_int
 
@@ -251,11 +252,7 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
     if args.keep_last is None and args.keep_every is None:
         keep = set(epochs)
     else:
-        keep = set(epochs[-1:])
-        if args.keep_last is not None:
-            keep.update(epochs[-args.keep_last :])
-        if args.keep_every is not None:
-            keep.update(e for e in epochs if e % args.keep_every == 0)
+        keep = kept_epochs(epochs, args.keep_last, args.keep_every)
     for epoch in [e for e in epochs if e not in keep]:
         print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
         if not args.dry_run:
