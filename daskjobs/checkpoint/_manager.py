@@ -17,6 +17,7 @@ from ..errors import (
     CheckpointWriteError,
     JobDefinitionError,
 )
+from ._fork import resolve_snapshot
 from ._format import make_commit_record
 from ._inspect import prefix_html
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
@@ -45,6 +46,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..session import Session
+
+
+def _also_keep(best: Callable[[list[int]], list[int]] | None, keep: set[int], epochs: list[int]) -> list[int]:
+    """The epochs ``best`` keeps of ``epochs``, and those of ``keep`` (delta sources of saves in flight)."""
+    return sorted({*(best(epochs) if best is not None else ()), *(e for e in epochs if e in keep)})
 
 
 class MultiNodeCheckpointManager:
@@ -79,8 +85,14 @@ class MultiNodeCheckpointManager:
     async_save
         Snapshot each node's workspace at the epoch boundary and write it in the background
         while the next epoch runs (at most one save in flight; the epoch is committed once its
-        write finished, at the next save or before the job ends). Needs memory for one copy of
-        every workspace.
+        write finished, at the next save or before the job ends).
+    async_snapshot
+        How an asynchronous save takes its snapshot. ``"fork"``: the node's process forks and the
+        child writes its copy-on-write image of the workspace (a stall of about a millisecond;
+        memory only for pages changed in place while the child writes); needs Linux and a
+        local-disk prefix, else ``ValueError``. ``"copy"``: every array is copied (a stall of one
+        memory copy; memory for one copy of every workspace) and written by a thread. ``"auto"``
+        (default): ``"fork"`` where it is possible, else ``"copy"``.
     delta
         Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
         the previous committed epoch is hard-linked (server-side copied on object stores)
@@ -107,6 +119,7 @@ class MultiNodeCheckpointManager:
         compression: str | None = None,
         fsync: bool = True,
         async_save: bool = False,
+        async_snapshot: str = "auto",
         keep_best: int | None = None,
         best_metric: str | None = None,
         best_mode: str = "min",
@@ -123,6 +136,8 @@ class MultiNodeCheckpointManager:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
         self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
+        self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
+        """``"fork"`` or ``"copy"``: how asynchronous saves take their snapshot (``"auto"`` resolved)."""
         self.delta = bool(delta)
         self._last_record: dict[str, Any] | None = None
         self.last_commit_bytes = 0
@@ -241,7 +256,7 @@ class MultiNodeCheckpointManager:
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node)),
+                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node), self.async_snapshot),
                     group=g,
                     node=node,
                     name="checkpoint_save",
@@ -266,7 +281,11 @@ class MultiNodeCheckpointManager:
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
         reusable = [e for e in committed if e not in retire]
         previous = previous_entries(self.store, epoch, reusable, self._last_record) if self.delta else {}
-        return self._saves.start(epoch), self._staging.target(self.store, epoch), previous
+        save_id = self._saves.start(epoch)
+        self._saves.sources.pop(epoch, None)
+        if previous:  # retention keeps it while this save (maybe in the background) links its chunks
+            self._saves.sources[epoch] = next(iter(previous.values()))["epoch"]
+        return save_id, self._staging.target(self.store, epoch), previous
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -291,7 +310,10 @@ class MultiNodeCheckpointManager:
         in_flight = None if pending is None else self._saves.ids.get(pending)
         save_id, store, previous = self._new_save(epoch)
         if self.async_save:
-            return {n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n)) for n in self.nodes()}
+            snapshot = self.async_snapshot
+            return {
+                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
+            }
         return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
@@ -432,13 +454,14 @@ class MultiNodeCheckpointManager:
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._remember(epoch, entries)
+        self._saves.sources.pop(epoch, None)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
 
     # -- retention ------------------------------------------------------------------------
     def _apply_retention(self, newest: int) -> None:
         """Delete committed epochs that retention does not keep (see :func:`._retention.apply_retention`)."""
-        best = None
+        best: Callable[[list[int]], list[int]] | None = None
         if self.keep_best is not None:
             best = functools.partial(
                 best_of,
@@ -448,6 +471,9 @@ class MultiNodeCheckpointManager:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
+        sources = set(self._saves.sources.values())
+        if sources and (best is not None or self.keep_last is not None or self.keep_every is not None):
+            best = functools.partial(_also_keep, best, sources)
         apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
 
     # -- resuming from an older epoch ------------------------------------------------------
@@ -494,6 +520,6 @@ class MultiNodeCheckpointManager:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
-            "async_save": self.async_save or None,
+            "async_save": f"{self.async_snapshot} snapshots" if self.async_save else None,
         }
         return prefix_html(type(self).__name__, self.store, options)

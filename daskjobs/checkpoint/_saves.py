@@ -59,6 +59,8 @@ class Saves:
         self.tasks: dict[int, list[Task]] = {}
         self.entries: dict[int, dict[str, dict[str, Any]]] = {}
         self.pending: Pending | None = None
+        self.sources: dict[int, int] = {}
+        """Per save not yet committed, the committed epoch it reuses chunks from (delta): kept by retention."""
 
     def start(self, epoch: int) -> str:
         """A new save id for ``epoch``; entries of an earlier save of it are forgotten."""
@@ -70,6 +72,7 @@ class Saves:
         """Forget the save of ``epoch`` (it will not be committed)."""
         self.ids.pop(epoch, None)
         self.entries.pop(epoch, None)
+        self.sources.pop(epoch, None)
 
     def pending_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""

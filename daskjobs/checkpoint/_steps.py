@@ -18,6 +18,7 @@ import numpy as np
 from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
+from ._fork import ForkedSave
 
 if TYPE_CHECKING:
     from .._execute import NodeState
@@ -109,6 +110,35 @@ class BackgroundSave:
         return self._entry
 
 
+def start_background(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    save_id: str,
+    previous: dict[str, Any] | None,
+    snapshot_mode: str,
+) -> None:
+    """Snapshot the node's GLOBAL workspace now and start writing it in the background.
+
+    ``snapshot_mode="fork"``: a forked child writes its copy-on-write image of the arrays
+    (:mod:`._fork`); ``"copy"``: the arrays are copied and a thread writes the copies. JSON
+    values are copied (and checked) in both.
+    """
+    with state.lock:
+        if snapshot_mode == "fork":
+            blobs = {
+                name: value if isinstance(value, np.ndarray) else copy_value(value, name)
+                for name, value in state.scope.blobs.items()
+            }
+            state.services.pop(BUFFERS, None)
+            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
+            return
+        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
+    state.services[BUFFERS] = copies
+    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+
+
 @dataclass(frozen=True)
 class AsyncSaveStep:
     """Snapshots the node's GLOBAL workspace and starts writing it in the background.
@@ -122,16 +152,15 @@ class AsyncSaveStep:
     epoch: int
     save_id: str
     previous: dict[str, Any] | None = None
+    snapshot_mode: str = "copy"
+    """``"fork"`` or ``"copy"`` (see :func:`start_background`)."""
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         running = state.services.get(SAVER)
         if running is not None:
             running.join()
-        with state.lock:
-            copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-        state.services[BUFFERS] = copies
-        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies, self.previous)
+        start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
 
 
 @dataclass(frozen=True)
@@ -243,6 +272,8 @@ class AsyncSaveFinish:
     previous_id: str | None
     previous: dict[str, Any] | None = None
     """The previous committed epoch's node entry, for delta reuse."""
+    snapshot_mode: str = "copy"
+    """``"fork"`` or ``"copy"`` (see :func:`start_background`)."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         running = state.services.pop(SAVER, None)
@@ -261,12 +292,7 @@ class AsyncSaveFinish:
             }
 
         def start() -> dict[str, Any]:
-            with state.lock:
-                copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-            state.services[BUFFERS] = copies
-            state.services[SAVER] = BackgroundSave(
-                self.store, self.node, self.epoch, self.save_id, copies, self.previous
-            )
+            start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
             return {}
 
         return {"previous": previous, "error": _outcome(start).get("error")}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import threading
 import time
 import warnings
@@ -56,6 +57,16 @@ ENTRY_KEY = "daskjobs"
 _THREADS = 4
 """Threads writing blobs at once on local disks (creating files is costly there)."""
 _ZARR_LOCK = threading.Lock()
+
+
+def _new_zarr_lock() -> None:
+    """A forked child's own lock: a thread of the parent may have held it at the fork."""
+    global _ZARR_LOCK
+    _ZARR_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_zarr_lock)
 
 
 @dataclass(frozen=True)
