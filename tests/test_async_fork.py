@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 import daskjobs as dj
 from daskjobs._execute import NodeState
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._fork import ForkedSave, in_snapshot_writer, snapshot_writers
+from daskjobs.checkpoint._fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
 from daskjobs.checkpoint._steps import SAVER, AsyncSaveFinish, BackgroundSave
 from daskjobs.errors import JobDefinitionError
 
@@ -212,13 +212,25 @@ def test_runner_resumes_the_exact_state_of_each_epoch(session, tmp_path, mode):
     want = state_by_simulation(6, size)
     assert np.array_equal(session.fetch("w", "a"), want["a"]["w"])
     assert np.array_equal(session.fetch("h", "b"), want["b"]["h"])
-    assert snapshot_writers() == {}
+    wait_for(lambda: not snapshot_writers())  # every writer reaped soon after it reported
 
 
 def test_auto_forks_on_local_disks_and_copies_elsewhere(tmp_path):
-    assert dj.MultiNodeCheckpointManager(str(tmp_path), async_save=True).async_snapshot == "fork"
-    assert dj.MultiNodeCheckpointManager(f"file://{tmp_path}", async_save=True).async_snapshot == "fork"
+    assert dj.MultiNodeCheckpointManager(str(tmp_path), async_save=True).async_snapshot == "auto"
+    assert dj.MultiNodeCheckpointManager(f"file://{tmp_path}", async_save=True).async_snapshot == "auto"
     assert dj.MultiNodeCheckpointManager("memory://auto-copy", async_save=True).async_snapshot == "copy"
+
+
+@pytest.mark.parametrize(("nbytes", "saver"), [(FORK_FROM, ForkedSave), (FORK_FROM - 8, BackgroundSave)])
+def test_auto_forks_for_big_workspaces_only(tmp_path, nbytes, saver):
+    """A fork costs a few milliseconds: "auto" copies a workspace smaller than FORK_FROM."""
+    state = NodeState("a")
+    state.scope.blobs = {"w": np.ones(nbytes // 8), "cfg": {"lr": 1}}
+    store = CheckpointStore(tmp_path / "ckpt", fsync=False)
+    assert AsyncSaveFinish(store, "a", 0, "s0", None, None, "auto")(state)["error"] is None
+    assert isinstance(state.services[SAVER], saver)
+    state.scope.blobs["w"] += 1
+    assert np.array_equal(store.read_node("a", 0, state.services[SAVER].result())["w"], np.ones(nbytes // 8))
 
 
 @pytest.mark.parametrize("manager", [dj.MultiNodeCheckpointManager, dj.CheckpointManager])
@@ -275,4 +287,4 @@ def test_child_keeps_no_inherited_descriptor_and_ignores_sigint(tmp_path):
         listener.close()
     assert (entry["node"], entry["epoch"]) == ("a", 0)
     assert np.array_equal(store.read_node("a", 0, entry)["w"], np.arange(4.0))
-    assert snapshot_writers() == {}
+    wait_for(lambda: not snapshot_writers())  # every writer reaped soon after it reported

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from .. import errors
@@ -52,6 +53,11 @@ if TYPE_CHECKING:
 
 SNAPSHOT_MODES = ("auto", "fork", "copy")
 """Values of the managers' ``async_snapshot`` option."""
+
+FORK_FROM = 16 << 20
+"""With ``async_snapshot="auto"`` a save forks when the node's arrays hold at least this many
+bytes: a fork, its hand-over and the child's exit cost a few milliseconds, as much as copying
+this much memory."""
 
 _PR_SET_PDEATHSIG = 1
 _FORK_SECONDS = 60.0
@@ -82,7 +88,8 @@ def fork_unsafe_reason(store: CheckpointStore) -> str | None:
 
 
 def resolve_snapshot(mode: str, store: CheckpointStore) -> str:
-    """``"fork"`` or ``"copy"``: how asynchronous saves to ``store`` take their snapshot.
+    """How asynchronous saves to ``store`` take their snapshot: ``"fork"``, ``"copy"``, or
+    ``"auto"`` (each save forks when its workspace is big enough, see :func:`forks`).
 
     Raises
     ------
@@ -95,7 +102,15 @@ def resolve_snapshot(mode: str, store: CheckpointStore) -> str:
     reason = fork_unsafe_reason(store)
     if mode == "fork" and reason is not None:
         raise JobDefinitionError(f"async_snapshot='fork' is not possible: {reason}; use 'copy' or 'auto'")
-    return "copy" if mode == "copy" or reason is not None else "fork"
+    return "copy" if reason is not None else mode
+
+
+def forks(mode: str, blobs: Mapping[str, Any]) -> bool:
+    """Whether a save of ``blobs`` forks: always with ``"fork"``; with ``"auto"``, when the arrays
+    hold at least :data:`FORK_FROM` bytes (a smaller copy costs less than forking)."""
+    if mode != "auto":
+        return mode == "fork"
+    return sum(value.nbytes for value in blobs.values() if isinstance(value, np.ndarray)) >= FORK_FROM
 
 
 def in_snapshot_writer() -> bool:
@@ -136,7 +151,8 @@ def _child(make_payload: Callable[[], bytes], pipe: int, parent: int, prctl: Any
             os._exit(_FAILED)
         os.closerange(3, pipe)
         os.closerange(pipe + 1, max_fd)
-        data = memoryview(make_payload())
+        payload = make_payload()
+        data = memoryview(len(payload).to_bytes(8, "little") + payload)
         while data:
             data = data[os.write(pipe, data) :]
         status = 0
@@ -242,29 +258,41 @@ class ForkedSave:
         _writers[self.pid] = (node, epoch)
         self._report = b""
         self._status: int | None = None
+        self._reported = threading.Event()
         self._thread = threading.Thread(
             target=self._wait, args=(pipe,), name=f"daskjobs-save-{node}-{epoch}", daemon=True
         )
         self._thread.start()
 
     def _wait(self, pipe: int) -> None:
+        """Read the child's report (its last act before ``os._exit``), then reap the child.
+
+        The write counts as finished once the whole report arrived: the child's exit (tearing
+        down its copy of the address space) is not waited for.
+        """
         try:
             with open(pipe, "rb") as reader:
-                self._report = reader.read()
+                header = reader.read(8)
+                size = int.from_bytes(header, "little")
+                report = reader.read(size) if len(header) == 8 else b""
+                if report and len(report) == size:
+                    self._report = report
+                    self._reported.set()
         finally:
             try:
                 self._status = os.waitpid(self.pid, 0)[1]
             except ChildProcessError:  # reaped by someone else: the report alone tells
                 self._status = None
             _writers.pop(self.pid, None)
+            self._reported.set()
 
     def done(self) -> bool:
         """Whether the write has finished (successfully or not)."""
-        return not self._thread.is_alive()
+        return self._reported.is_set()
 
     def join(self) -> None:
         """Wait for the write to end, successfully or not."""
-        self._thread.join()
+        self._reported.wait()
 
     def result(self) -> dict[str, Any]:
         """Wait for the write and return the node's entry.
@@ -277,7 +305,7 @@ class ForkedSave:
         DaskJobsError
             The daskjobs error the child's write raised twice, naming node and epoch.
         """
-        self._thread.join()
+        self._reported.wait()
         try:
             report = json.loads(self._report) if self._report else {}
         except ValueError:
@@ -286,6 +314,7 @@ class ForkedSave:
             return report["entry"]
         if isinstance(report, dict) and isinstance(report.get("error"), list) and len(report["error"]) == 2:
             raise _child_error(self.node, self.epoch, *map(str, report["error"]))
+        self._thread.join()  # reaped: how it ended
         raise CheckpointWriteError(
             f"the snapshot process (pid {self.pid}) writing node {self.node!r} at epoch {self.epoch} "
             f"{_ended(self._status)} before it reported; its copy-on-write snapshot went with it, so the write "

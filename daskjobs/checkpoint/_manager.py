@@ -92,7 +92,8 @@ class MultiNodeCheckpointManager:
         memory only for pages changed in place while the child writes); needs Linux and a
         local-disk prefix, else ``ValueError``. ``"copy"``: every array is copied (a stall of one
         memory copy; memory for one copy of every workspace) and written by a thread. ``"auto"``
-        (default): ``"fork"`` where it is possible, else ``"copy"``.
+        (default): ``"fork"`` where it is possible and a node's arrays hold at least 16 MiB
+        (below that a copy is cheaper than a fork), else ``"copy"``.
     delta
         Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
         the previous committed epoch is hard-linked (server-side copied on object stores)
@@ -137,7 +138,8 @@ class MultiNodeCheckpointManager:
         self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
         self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
-        """``"fork"`` or ``"copy"``: how asynchronous saves take their snapshot (``"auto"`` resolved)."""
+        """``"fork"``, ``"copy"`` or ``"auto"``: how asynchronous saves take their snapshot
+        (``"auto"`` where forking is possible at all, else ``"copy"``)."""
         self.delta = bool(delta)
         self._last_record: dict[str, Any] | None = None
         self.last_commit_bytes = 0

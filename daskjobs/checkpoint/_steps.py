@@ -18,7 +18,7 @@ import numpy as np
 from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
-from ._fork import ForkedSave
+from ._fork import ForkedSave, forks
 
 if TYPE_CHECKING:
     from .._execute import NodeState
@@ -122,11 +122,12 @@ def start_background(
     """Snapshot the node's GLOBAL workspace now and start writing it in the background.
 
     ``snapshot_mode="fork"``: a forked child writes its copy-on-write image of the arrays
-    (:mod:`._fork`); ``"copy"``: the arrays are copied and a thread writes the copies. JSON
-    values are copied (and checked) in both.
+    (:mod:`._fork`); ``"copy"``: the arrays are copied and a thread writes the copies;
+    ``"auto"``: fork for a big workspace (:func:`._fork.forks`). JSON values are copied (and
+    checked) in both.
     """
     with state.lock:
-        if snapshot_mode == "fork":
+        if forks(snapshot_mode, state.scope.blobs):
             blobs = {
                 name: value if isinstance(value, np.ndarray) else copy_value(value, name)
                 for name, value in state.scope.blobs.items()
@@ -153,7 +154,7 @@ class AsyncSaveStep:
     save_id: str
     previous: dict[str, Any] | None = None
     snapshot_mode: str = "copy"
-    """``"fork"`` or ``"copy"`` (see :func:`start_background`)."""
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -273,7 +274,7 @@ class AsyncSaveFinish:
     previous: dict[str, Any] | None = None
     """The previous committed epoch's node entry, for delta reuse."""
     snapshot_mode: str = "copy"
-    """``"fork"`` or ``"copy"`` (see :func:`start_background`)."""
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         running = state.services.pop(SAVER, None)
