@@ -21,7 +21,14 @@ from ._format import make_commit_record
 from ._inspect import prefix_html
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
-from ._retention import apply_retention, best_epochs, best_of, check_retention, retention_warning
+from ._retention import (
+    RetiredGroups,
+    apply_retention,
+    best_epochs,
+    best_of,
+    check_retention,
+    retention_warning,
+)
 from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
@@ -35,6 +42,8 @@ from ._steps import (
     WaitSaveStep,
 )
 from ._store import CheckpointStore
+
+_WRITTEN_KEPT = 16
 
 __all__ = [
     "MultiNodeCheckpointManager",
@@ -136,7 +145,14 @@ class MultiNodeCheckpointManager:
         self._blob_names: dict[str, list[str]] = {}
         self._staging = Staging()
         self.holds_lock = False
-        """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
+        """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
+
+        While it does, retention un-commits epochs with the commit (one fsync for both) and their
+        groups are deleted later: by the nodes in the next epoch's save hooks, or by :meth:`tidy`.
+        """
+        self._retired = RetiredGroups()
+        self._written: dict[int, dict[str, Any]] = {}
+        """The last commit records this manager wrote while holding the lock (retention reads no file for them)."""
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
@@ -292,7 +308,8 @@ class MultiNodeCheckpointManager:
         save_id, store, previous = self._new_save(epoch)
         if self.async_save:
             return {n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n)) for n in self.nodes()}
-        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
+        doomed = self._retired.hand_out(self.nodes())
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), doomed[n]) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -306,6 +323,8 @@ class MultiNodeCheckpointManager:
         :meth:`save`; an asynchronous save that failed in the background is lost (its
         snapshot is gone).
         """
+        if not self.async_save:
+            self._retired.returned({n: (r or {}).get("removed", ()) for n, r in results.items()})
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
     def flush(self, session: Session) -> int | None:
@@ -423,7 +442,9 @@ class MultiNodeCheckpointManager:
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self._staging.before_commit(self.store, epoch, list(entries))
-        self.store.commit(record)
+        self.store.commit(record, sync_folder=not self.holds_lock)
+        if self.holds_lock:
+            self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
         self._last_record = record
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
@@ -434,6 +455,8 @@ class MultiNodeCheckpointManager:
         self._remember(epoch, entries)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
+        if self.holds_lock:
+            self.store.sync_commits()
 
     # -- retention ------------------------------------------------------------------------
     def _apply_retention(self, newest: int) -> None:
@@ -448,7 +471,18 @@ class MultiNodeCheckpointManager:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
-        apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+        if self.holds_lock:
+            apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
+        else:
+            apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+
+    def tidy(self, *, final: bool = False) -> None:
+        """Delete the groups of epochs retention un-committed that no node deleted (see
+        :attr:`holds_lock`); ``final``: also those handed to save hooks (none runs any more).
+        Failures are logged warnings, never raised."""
+        self._retired.remove(self.store, everything=final)
+        if final:
+            self._written = {}
 
     # -- resuming from an older epoch ------------------------------------------------------
     def resume_older(self, epoch: int) -> list[int]:

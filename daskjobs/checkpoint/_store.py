@@ -19,6 +19,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -55,6 +56,15 @@ logger = logging.getLogger("daskjobs")
 
 _OWN = "__daskjobs__"
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
+
+
+@dataclass(frozen=True)
+class RetiredEpoch:
+    """An un-committed epoch whose groups are still to be deleted: per node, its entry from the
+    commit record (``None``: the record named no entry; only daskjobs' own files go)."""
+
+    epoch: int
+    entries: dict[str, Mapping[str, Any] | None]
 
 
 class CheckpointStore:
@@ -263,10 +273,11 @@ class CheckpointStore:
         return read_group(self._group(node, epoch), node, check_epoch(epoch), entry, names)
 
     # -- commits ------------------------------------------------------------------------------
-    def commit(self, record: Mapping[str, Any]) -> None:
+    def commit(self, record: Mapping[str, Any], *, sync_folder: bool = True) -> None:
         """Write the commit record of ``record["epoch"]``, atomically (this is what makes the epoch exist).
 
-        Local disks: temp file, fsync, ``os.replace``, fsync of the directory. Object stores: one PUT.
+        Local disks: temp file, fsync, ``os.replace``, fsync of the directory (with
+        ``sync_folder=False`` left to :meth:`sync_commits`). Object stores: one PUT.
         A store holding the writer lock first checks it still does (:meth:`check_lock`).
 
         Raises
@@ -280,7 +291,7 @@ class CheckpointStore:
         data = dumps(validate_commit_record(dict(record), epoch))
         self._check_held()
         try:
-            self._files().replace(self._commit_file(epoch), data)
+            self._files().replace(self._commit_file(epoch), data, sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"could not write the commit record of epoch {epoch} under {self.url}: {exc}"
@@ -355,12 +366,24 @@ class CheckpointStore:
             )
             raise type(exc)(f"the latest commit is unreadable: {exc}{hint}") from None
 
-    def uncommit(self, epoch: int) -> None:
-        """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it)."""
+    def uncommit(self, epoch: int, *, sync_folder: bool = True) -> None:
+        """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it).
+
+        ``sync_folder=False`` leaves making that durable to :meth:`sync_commits`.
+        """
         try:
-            self._files().remove(self._commit_file(epoch))
+            self._files().remove(self._commit_file(epoch), sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(f"could not un-commit epoch {epoch} under {self.url}: {exc}") from exc
+
+    def sync_commits(self) -> None:
+        """Make commits and un-commits written with ``sync_folder=False`` durable."""
+        try:
+            self._files().sync_folder(self._path(_OWN, "commits"))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise CheckpointWriteError(f"could not flush the commit records under {self.url}: {exc}") from exc
 
     def delete_epoch(self, epoch: int, nodes: Iterable[str]) -> None:
         """Delete ``epoch``: its commit record first, then what it recorded of the groups of ``nodes``.
@@ -378,20 +401,47 @@ class CheckpointStore:
         CheckpointWriteError
             Storage failed.
         """
+        self.remove_retired(self.retire_epoch(epoch, nodes))
+
+    def retire_epoch(
+        self, epoch: int, nodes: Iterable[str], *, sync_folder: bool = True, record: Mapping[str, Any] | None = None
+    ) -> RetiredEpoch:
+        """Un-commit ``epoch`` and return what :meth:`remove_retired` must delete of its groups.
+
+        With ``sync_folder=False``, call :meth:`sync_commits` before :meth:`remove_retired`: until
+        then a crash may bring the commit record back, so its groups must stay whole. ``record``:
+        the epoch's commit record as this store wrote it (else it is read).
+
+        Raises
+        ------
+        CheckpointLockedError, CheckpointWriteError
+            As :meth:`delete_epoch`.
+        """
         nodes = [validate_name(node, "node") for node in nodes]
         epoch = check_epoch(epoch)
         self._check_held()
         try:
-            entries = self.read_commit(epoch)["node_entries"]
+            entries = (record or self.read_commit(epoch))["node_entries"]
         except CheckpointNotFoundError:
             entries = {}
-        self.uncommit(epoch)
+        self.uncommit(epoch, sync_folder=sync_folder)
+        return RetiredEpoch(epoch, {node: entries.get(node) for node in nodes})
+
+    def remove_retired(self, retired: RetiredEpoch) -> None:
+        """Delete what ``retired`` (from :meth:`retire_epoch`, un-commit durable) recorded of its groups.
+
+        Raises
+        ------
+        CheckpointLockedError, CheckpointWriteError
+            As :meth:`delete_epoch`.
+        """
+        self._check_held()
         tree = Tree(self.fs)
         try:
-            for node in nodes:
-                remove_group(tree, self._path(f"{node}.{epoch}"), node, epoch, entries.get(node))
+            for node, entry in retired.entries.items():
+                remove_group(tree, self._path(f"{node}.{retired.epoch}"), node, retired.epoch, entry)
         except OSError as exc:
-            raise CheckpointWriteError(f"could not delete epoch {epoch} under {self.url}: {exc}") from exc
+            raise CheckpointWriteError(f"could not delete epoch {retired.epoch} under {self.url}: {exc}") from exc
 
     def cleanup_uncommitted(self, nodes: Iterable[str] | None = None) -> list[str]:
         """Remove debris of saves that never committed; return what was removed.
