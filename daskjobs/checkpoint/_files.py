@@ -308,13 +308,11 @@ class LocalFiles:
         ``sync_folder=False`` leaves the folder's fsync to a later :meth:`sync_folder` (the file is
         then complete whenever it is there, but may vanish again in a crash until then).
         """
+        if not os.path.isdir(os.path.dirname(path)):
+            make_dirs(os.path.dirname(path))
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
-            try:
-                write_file(temp, [data])
-            except FileNotFoundError:
-                make_dirs(os.path.dirname(path))
-                write_file(temp, [data])
+            write_file(temp, [data])
             if self._fsync:
                 fsync_path(temp)
             os.replace(temp, path)
