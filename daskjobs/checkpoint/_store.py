@@ -1,4 +1,4 @@
-"""The checkpoint store: one prefix's layout, commit records, listing, deletion, cleanup and lock.
+"""The checkpoint store: one prefix's layout, node groups, commit records, listing, deletion and cleanup.
 
 Layout under a prefix (a local directory or an fsspec URL)::
 
@@ -17,30 +17,22 @@ from __future__ import annotations
 import logging
 import os
 import re
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import fsspec
-from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
-    CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     JobDefinitionError,
 )
-from . import _lock
 from ._cleanup import Tree, clear_for_write, remove_debris, remove_group
-from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
+from ._files import UnsafeFileError
 from ._format import (
-    MAX_JSON_BYTES,
     SAVE_ID_RE,
     check_epoch,
     dumps,
@@ -48,13 +40,12 @@ from ._format import (
     validate_commit_record,
     validate_node_entry,
 )
-from ._lock import LOCK_NAME
+from ._prefix import OWN, Prefix
 from ._reader import GroupReader, read_group, read_group_entry
 from ._zarr import COMPRESSIONS, Location, write_group
 
 logger = logging.getLogger("daskjobs")
 
-_OWN = "__daskjobs__"
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
 
 
@@ -67,7 +58,7 @@ class RetiredEpoch:
     entries: dict[str, Mapping[str, Any] | None]
 
 
-class CheckpointStore:
+class CheckpointStore(Prefix):
     """One checkpoint prefix: a local path or an fsspec URL. Picklable (shipped to Dask workers).
 
     Parameters
@@ -106,38 +97,8 @@ class CheckpointStore:
     ) -> None:
         if compression is not None and compression not in COMPRESSIONS:
             raise JobDefinitionError(f"unknown compression {compression!r}: use None or one of {list(COMPRESSIONS)}")
-        self.storage_options = dict(storage_options or {})
+        super().__init__(db_prefix, storage_options, fsync=fsync)
         self.compression = compression
-        self.fsync = bool(fsync)
-        prefix = os.fspath(db_prefix)
-        if "://" not in prefix:
-            prefix = os.path.abspath(os.path.expanduser(prefix))
-        fs, root = fsspec.core.url_to_fs(prefix, **self.storage_options)
-        self._fs: AbstractFileSystem | None = fs
-        if isinstance(fs, LocalFileSystem):
-            root = os.path.abspath(os.path.expanduser(root))
-            self.url = root.rstrip("/") or "/"
-        else:
-            self.url = prefix.rstrip("/")
-        self._root = root.rstrip("/")
-        self._lock_token: str | None = None
-
-    # -- plumbing -------------------------------------------------------------------------
-    @property
-    def fs(self) -> AbstractFileSystem:
-        """The fsspec filesystem of the prefix (created again after unpickling)."""
-        if self._fs is None:
-            self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
-        return self._fs
-
-    def _files(self) -> LocalFiles | RemoteFiles:
-        return files_for(self.fs, self.fsync)
-
-    def _path(self, *parts: str) -> str:
-        return "/".join([self._root, *parts])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None}
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
@@ -148,17 +109,14 @@ class CheckpointStore:
 
     def commit_path(self, epoch: int) -> str:
         """Where the commit record of ``epoch`` lives (under :attr:`url`)."""
-        return f"{self.url}/{_OWN}/commits/epoch-{check_epoch(epoch):012d}.json"
+        return f"{self.url}/{OWN}/commits/epoch-{check_epoch(epoch):012d}.json"
 
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
         return Location(self._files(), self._path(f"{node}.{epoch}"), url)
 
     def _commit_file(self, epoch: int) -> str:
-        return self._path(_OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
-
-    def _read(self, path: str) -> bytes | OSError:
-        return self._files().read_small([path], MAX_JSON_BYTES)[0]
+        return self._path(OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
 
     # -- node side --------------------------------------------------------------------------
     def write_node(
@@ -299,7 +257,7 @@ class CheckpointStore:
 
     def committed_epochs(self) -> list[int]:
         """The committed epochs, ascending, listed afresh from the commit records (never cached)."""
-        names = self._files().listdir(self._path(_OWN, "commits"))
+        names = self._files().listdir(self._path(OWN, "commits"))
         return sorted(int(m.group(1)) for name in names if (m := _COMMIT_RE.fullmatch(name)))
 
     def read_commit(self, epoch: int) -> dict[str, Any]:
@@ -379,7 +337,7 @@ class CheckpointStore:
     def sync_commits(self) -> None:
         """Make commits and un-commits written with ``sync_folder=False`` durable."""
         try:
-            self._files().sync_folder(self._path(_OWN, "commits"))
+            self._files().sync_folder(self._path(OWN, "commits"))
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -459,101 +417,10 @@ class CheckpointStore:
         if wanted is None and committed:  # the prefix holds one job: its nodes are the latest commit's
             wanted = set(self.read_commit(max(committed))["nodes"])
         try:
-            debris = remove_debris(Tree(self.fs), self._root, committed, wanted, _OWN)
+            debris = remove_debris(Tree(self.fs), self._root, committed, wanted, OWN)
             removed = [f"{self.url}/{path}" for path in debris]
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
         if removed:
             logger.info("removed uncommitted checkpoint debris under %s: %s", self.url, removed)
         return removed
-
-    # -- writability and the writer lock ------------------------------------------------------
-    def check_writable(self) -> None:
-        """Create a missing local prefix, then write, read back and delete a probe under ``__daskjobs__/``.
-
-        Raises
-        ------
-        CheckpointWriteError
-            Naming the prefix and the underlying error.
-        """
-        probe = self._path(_OWN, f"probe.tmp-{uuid.uuid4().hex}")
-        data = uuid.uuid4().hex.encode()
-        files = self._files()
-        try:
-            files.replace(probe, data)
-            back = self._read(probe)
-            files.remove(probe)
-        except OSError as exc:
-            raise CheckpointWriteError(f"checkpoint prefix {self.url} is not writable: {exc}") from exc
-        if back != data:
-            raise CheckpointWriteError(
-                f"checkpoint prefix {self.url} is not usable: a probe file read back "
-                f"{back!r} instead of what was written"
-            )
-
-    def _own_path(self) -> str:
-        return self._path(_OWN)
-
-    def _lock_file(self) -> str:
-        return self._path(_OWN, LOCK_NAME)
-
-    def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
-        """Become the one writer of the prefix, taking over a provably stale lock atomically.
-
-        The lock is ``__daskjobs__/lock.json``, created exclusively (``O_EXCL`` locally, a PUT
-        with ``If-None-Match: *`` on S3). A lock whose holder provably no longer runs (this
-        host, no such process, or a pid no process can have) is taken over with a warning; of
-        several processes racing for it exactly one wins (see :mod:`._lock`).
-
-        Parameters
-        ----------
-        holder
-            Who is writing, e.g. ``{"host", "pid", "job", "started"}``; shown to anyone refused.
-        break_lock
-            Take over the lock even if its holder may still run (another host, a damaged lock file).
-
-        Raises
-        ------
-        CheckpointLockedError
-            Another holder has the lock; the message names it.
-        CheckpointWriteError
-            The lock could not be written.
-
-        Examples
-        --------
-        >>> import tempfile
-        >>> store = CheckpointStore(tempfile.mkdtemp())
-        >>> store.acquire_lock({"host": "here", "pid": 1, "job": "train"})
-        >>> store.check_lock()
-        >>> store.release_lock()
-        """
-        self._lock_token = _lock.acquire(self._files(), self._lock_file(), self.url, holder, break_lock=break_lock)
-
-    def check_lock(self) -> None:
-        """Check that this store still holds its lock (one small read); :meth:`commit` calls it first.
-
-        Raises
-        ------
-        CheckpointLockedError
-            The lock file (or the whole prefix) vanished, or holds another writer's token, or
-            this store never acquired the lock.
-        """
-        if self._lock_token is None:
-            raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
-        _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
-
-    def _check_held(self) -> None:
-        if self._lock_token is not None:
-            self.check_lock()
-
-    def release_lock(self) -> None:
-        """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).
-
-        A lock taken over by someone else (after ``break_lock``) is left alone, with a warning.
-        """
-        mine, self._lock_token = self._lock_token, None
-        _lock.release(self._files(), self._lock_file(), self.url, mine)
-
-    def read_lock(self) -> dict[str, Any] | None:
-        """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""
-        return _lock.read(self._files(), self._lock_file())
