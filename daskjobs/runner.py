@@ -203,6 +203,7 @@ class JobRunner:
                 except SessionLostError as exc:
                     raise with_last_commit(exc, manager) from exc
                 finally:
+                    manager.tidy(final=True)
                     manager.holds_lock = False
                     self._release_lock(manager)
         finally:
@@ -340,7 +341,13 @@ class JobRunner:
         hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
         finished: dict[str, Any] = {}
         sums = session.run_group(
-            job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks or None, finished=finished
+            job.epoch_group,
+            job=job.name,
+            epoch=epoch,
+            attempt=failures,
+            finish=hooks or None,
+            finished=finished,
+            meanwhile=None if manager is None else manager.tidy,
         )
         elapsed = time.perf_counter() - started
         values, metrics = self._stop_values(), means(sums)

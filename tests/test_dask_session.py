@@ -79,6 +79,24 @@ def test_tasks_run_on_their_nodes_worker(dask_session, client):
     assert dask_session.nodes() == ["a", "b"]
 
 
+def test_a_run_is_sent_to_the_scheduler_without_the_clients_batching_delay(dask_session, client):
+    """distributed's client batches messages to the scheduler in 10 ms windows; a session's runs
+    must not wait for the next window (a tiny checkpointed epoch took twice as long)."""
+    client.scheduler_comm.interval = 0.010  # as a fresh or reconnected client has it
+    run_steps(dask_session, "a", add_one)
+    assert client.scheduler_comm.interval == 0
+    meanwhile: list[int] = []
+    dask_session.run_group(_one_task_group("a"), meanwhile=lambda: meanwhile.append(1))
+    assert meanwhile == [1]
+
+
+def _one_task_group(node: str) -> dj.TaskGroup:
+    group = dj.TaskGroup()
+    with group, dj.Node(node):
+        dj.Task(add_one)
+    return group
+
+
 def test_empty_group_runs_at_once(dask_session):
     """A group without tasks (like a job's default download and exit groups) runs without waiting."""
     start = time.monotonic()

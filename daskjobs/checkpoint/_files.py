@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -102,6 +103,20 @@ def _libc_syncfs() -> Any:
         return None
 
 
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    """The process's pool of fsync threads, made once (and anew in a forked child, whose threads are gone):
+    starting threads for every flush costs as much as the fsyncs of a small group."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="daskjobs-fsync"))
+        return _pool[1]
+
+
 def fsync_path(path: str) -> None:
     """fsync a file or directory by path."""
     fd = os.open(path, os.O_RDONLY)
@@ -133,8 +148,7 @@ def sync_paths(paths: Sequence[str]) -> None:
     if len(paths) == 1:
         fsync_path(paths[0])
         return
-    with ThreadPoolExecutor(min(_FSYNC_THREADS, len(paths)), thread_name_prefix="daskjobs-fsync") as pool:
-        list(pool.map(fsync_path, paths))
+    list(_fsync_pool().map(fsync_path, paths))
 
 
 FILE_MODE = 0o644
@@ -259,7 +273,7 @@ class LocalFiles:
     def flush(self) -> None:
         """fsync what was written (and the parent of the first path), if syncing is on."""
         if self._fsync and self._unsynced:
-            sync_paths([*self._unsynced, os.path.dirname(self._unsynced[0])])
+            sync_paths(list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])])))
         self._unsynced = []
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
@@ -288,9 +302,14 @@ class LocalFiles:
         self._unsynced.append(target)
         return True
 
-    def replace(self, path: str, data: bytes) -> None:
-        """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder."""
-        make_dirs(os.path.dirname(path))
+    def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
+        """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder.
+
+        ``sync_folder=False`` leaves the folder's fsync to a later :meth:`sync_folder` (the file is
+        then complete whenever it is there, but may vanish again in a crash until then).
+        """
+        if not os.path.isdir(os.path.dirname(path)):
+            make_dirs(os.path.dirname(path))
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             write_file(temp, [data])
@@ -300,8 +319,13 @@ class LocalFiles:
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+        if sync_folder:
+            self.sync_folder(os.path.dirname(path))
+
+    def sync_folder(self, path: str) -> None:
+        """Make the entries of folder ``path`` (files created, renamed or removed in it) durable."""
         if self._fsync:
-            fsync_path(os.path.dirname(path))
+            fsync_path(path)
 
     def create(self, path: str, data: bytes) -> None:
         """Create a small file that must not exist yet (``O_EXCL``); raises :class:`FileExistsError`."""
@@ -314,12 +338,12 @@ class LocalFiles:
         finally:
             os.close(fd)
 
-    def remove(self, path: str) -> None:
-        """Remove a file if it exists."""
+    def remove(self, path: str, sync_folder: bool = True) -> None:
+        """Remove a file if it exists (``sync_folder``: see :meth:`replace`)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-            if self._fsync:
-                fsync_path(os.path.dirname(path))
+            if sync_folder:
+                self.sync_folder(os.path.dirname(path))
 
     def listdir(self, path: str) -> dict[str, bool]:
         """Entries directly under ``path``: name → whether it is a directory (symlinks are not); {} if absent."""
@@ -402,7 +426,7 @@ class RemoteFiles:
             return False
         return True
 
-    def replace(self, path: str, data: bytes) -> None:
+    def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
         """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
         self._fs.pipe_file(path, data)
         self._fs.invalidate_cache(path.rsplit("/", 1)[0])
@@ -415,7 +439,10 @@ class RemoteFiles:
         self._fs.pipe_file(path, data, mode="create")
         self._fs.invalidate_cache(path.rsplit("/", 1)[0])
 
-    def remove(self, path: str) -> None:
+    def sync_folder(self, path: str) -> None:
+        """Nothing to do: an object store's PUT or DELETE is durable when it returns."""
+
+    def remove(self, path: str, sync_folder: bool = True) -> None:
         """Remove an object if it exists."""
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm_file(path)

@@ -22,7 +22,14 @@ from ._format import make_commit_record
 from ._inspect import prefix_html
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
-from ._retention import apply_retention, best_epochs, best_of, check_retention, retention_warning
+from ._retention import (
+    RetiredGroups,
+    apply_retention,
+    best_epochs,
+    best_of,
+    check_retention,
+    retention_warning,
+)
 from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
@@ -37,6 +44,8 @@ from ._steps import (
 )
 from ._store import CheckpointStore
 
+_WRITTEN_KEPT = 16
+
 __all__ = [
     "MultiNodeCheckpointManager",
     "best_epochs",
@@ -46,11 +55,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..session import Session
-
-
-def _also_keep(best: Callable[[list[int]], list[int]] | None, keep: set[int], epochs: list[int]) -> list[int]:
-    """The epochs ``best`` keeps of ``epochs``, and those of ``keep`` (delta sources of saves in flight)."""
-    return sorted({*(best(epochs) if best is not None else ()), *(e for e in epochs if e in keep)})
 
 
 class MultiNodeCheckpointManager:
@@ -153,7 +157,14 @@ class MultiNodeCheckpointManager:
         self._blob_names: dict[str, list[str]] = {}
         self._staging = Staging()
         self.holds_lock = False
-        """Whether a runner holds the prefix's writer lock for this manager (set by the runner)."""
+        """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
+
+        While it does, retention un-commits epochs with the commit (one fsync for both) and their
+        groups are deleted later: by the nodes in the next epoch's save hooks, or by :meth:`tidy`.
+        """
+        self._retired = RetiredGroups()
+        self._written: dict[int, dict[str, Any]] = {}
+        """The last commit records this manager wrote while holding the lock (retention reads no file for them)."""
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
@@ -283,11 +294,8 @@ class MultiNodeCheckpointManager:
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
         reusable = [e for e in committed if e not in retire]
         previous = previous_entries(self.store, epoch, reusable, self._last_record) if self.delta else {}
-        save_id = self._saves.start(epoch)
-        self._saves.sources.pop(epoch, None)
-        if previous:  # retention keeps it while this save (maybe in the background) links its chunks
-            self._saves.sources[epoch] = next(iter(previous.values()))["epoch"]
-        return save_id, self._staging.target(self.store, epoch), previous
+        source = next(iter(previous.values()))["epoch"] if previous else None
+        return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -316,7 +324,8 @@ class MultiNodeCheckpointManager:
             return {
                 n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
             }
-        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
+        doomed = self._retired.hand_out(self.nodes())
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), doomed[n]) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -330,6 +339,8 @@ class MultiNodeCheckpointManager:
         :meth:`save`; an asynchronous save that failed in the background is lost (its
         snapshot is gone).
         """
+        if not self.async_save:
+            self._retired.returned({n: (r or {}).get("removed", ()) for n, r in results.items()})
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
     def flush(self, session: Session) -> int | None:
@@ -447,7 +458,9 @@ class MultiNodeCheckpointManager:
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
         self._staging.before_commit(self.store, epoch, list(entries))
-        self.store.commit(record)
+        self.store.commit(record, sync_folder=not self.holds_lock)
+        if self.holds_lock:
+            self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
         self._last_record = record
         self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
@@ -459,6 +472,8 @@ class MultiNodeCheckpointManager:
         self._saves.sources.pop(epoch, None)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
+        if self.holds_lock:
+            self.store.sync_commits()
 
     # -- retention ------------------------------------------------------------------------
     def _apply_retention(self, newest: int) -> None:
@@ -473,10 +488,20 @@ class MultiNodeCheckpointManager:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
-        sources = set(self._saves.sources.values())
-        if sources and (best is not None or self.keep_last is not None or self.keep_every is not None):
-            best = functools.partial(_also_keep, best, sources)
+        if self.holds_lock:  # retired groups are deleted later, never under a save in flight
+            apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
+            return
+        if best is not None or self.keep_last is not None or self.keep_every is not None:
+            best = self._saves.keeping_sources(best)  # a save in flight may link their chunks
         apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+
+    def tidy(self, *, final: bool = False) -> None:
+        """Delete the groups of epochs retention un-committed that no node deleted (see
+        :attr:`holds_lock`); ``final``: also those handed to save hooks (none runs any more).
+        Failures are logged warnings, never raised."""
+        self._retired.remove(self.store, everything=final)
+        if final:
+            self._written = {}
 
     # -- resuming from an older epoch ------------------------------------------------------
     def resume_older(self, epoch: int) -> list[int]:

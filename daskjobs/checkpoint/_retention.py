@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ..errors import CheckpointLockedError, JobDefinitionError
-from ._store import CheckpointStore
+from ._store import CheckpointStore, RetiredEpoch
 
 logger = logging.getLogger("daskjobs")
 
@@ -91,11 +92,17 @@ def apply_retention(
     keep_last: int | None,
     keep_every: int | None,
     best: Callable[[list[int]], list[int]] | None,
+    retired: RetiredGroups | None = None,
+    written: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> None:
     """Delete committed epochs older than ``newest`` that retention does not keep; failures are logged warnings.
 
     Kept: ``newest``, the last ``keep_last``, every epoch divisible by ``keep_every`` and the
     epochs ``best`` returns for the committed ones. All ``None``: everything is kept.
+
+    With ``retired``, the epochs are only un-committed (not yet durably: the caller syncs the
+    commit folder) and added to it; their groups are deleted later (see :class:`RetiredGroups`).
+    ``written``: commit records the caller wrote itself, by epoch (not read again).
     """
     if keep_last is None and keep_every is None and best is None:
         return
@@ -109,8 +116,70 @@ def apply_retention(
     for epoch in epochs:
         if epoch < newest and epoch not in keep:
             try:
-                store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
+                record = (written or {}).get(epoch) or store.read_commit(epoch)
+                if retired is not None:
+                    retired.add(store.retire_epoch(epoch, record["nodes"], sync_folder=False, record=record))
+                    continue
+                nodes = record["nodes"]
+                store.delete_epoch(epoch, nodes)
             except Exception as exc:  # the new epoch is committed: never fail the save for this
+                logger.warning("retention: could not delete epoch %d under %s: %s", epoch, store.url, exc)
+                if isinstance(exc, CheckpointLockedError):
+                    return
+                continue
+            logger.info("retention: deleted epoch %d under %s", epoch, store.url)
+
+
+class RetiredGroups:
+    """Epochs retention un-committed whose node groups are still to be deleted.
+
+    While a runner holds the lock, retention only un-commits (one fsync with the commit) and the
+    groups are deleted later: by the nodes themselves, inside the next epoch's save hooks
+    (:meth:`hand_out`, then :meth:`returned`), or here on the driver (:meth:`remove`). Until then
+    they are uncommitted debris, which the next run's cleanup also removes.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, dict[str, Mapping[str, Any] | None]] = {}
+        self._out: dict[int, dict[str, Mapping[str, Any] | None]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._pending or self._out)
+
+    def add(self, retired: RetiredEpoch) -> None:
+        """Remember ``retired`` (from :meth:`CheckpointStore.retire_epoch`) for deletion."""
+        self._pending[retired.epoch] = dict(retired.entries)
+
+    def hand_out(self, nodes: Iterable[str]) -> dict[str, tuple[tuple[int, Mapping[str, Any] | None], ...]]:
+        """Per node, ``(epoch, entry)`` of the groups it is to delete; they are out until :meth:`returned`."""
+        for epoch, entries in self._pending.items():
+            self._out.setdefault(epoch, {}).update(entries)
+        self._pending.clear()
+        return {
+            node: tuple((epoch, entries[node]) for epoch, entries in sorted(self._out.items()) if node in entries)
+            for node in nodes
+        }
+
+    def returned(self, removed: Mapping[str, Iterable[int]]) -> None:
+        """The nodes' hooks ran: drop the groups each removed; the others wait for :meth:`remove`."""
+        for node, epochs in removed.items():
+            for epoch in epochs:
+                self._out.get(epoch, {}).pop(node, None)
+        for epoch, entries in self._out.items():
+            if entries:
+                self._pending.setdefault(epoch, {}).update(entries)
+        self._out.clear()
+
+    def remove(self, store: CheckpointStore, *, everything: bool = False) -> None:
+        """Delete the pending groups from here (``everything``: also those handed out, once no hook
+        runs any more). Failures are logged warnings; after a lost lock nothing more is deleted."""
+        if everything:
+            self.returned({})
+        doomed, self._pending = self._pending, {}
+        for epoch, entries in sorted(doomed.items()):
+            try:
+                store.remove_retired(RetiredEpoch(epoch, entries))
+            except Exception as exc:
                 logger.warning("retention: could not delete epoch %d under %s: %s", epoch, store.url, exc)
                 if isinstance(exc, CheckpointLockedError):
                     return

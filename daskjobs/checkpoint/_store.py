@@ -1,4 +1,4 @@
-"""The checkpoint store: one prefix's layout, commit records, listing, deletion, cleanup and lock.
+"""The checkpoint store: one prefix's layout, node groups, commit records, listing, deletion and cleanup.
 
 Layout under a prefix (a local directory or an fsspec URL)::
 
@@ -17,29 +17,22 @@ from __future__ import annotations
 import logging
 import os
 import re
-import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
-
-import fsspec
-from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointFormatError,
-    CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     JobDefinitionError,
 )
-from . import _lock
 from ._cleanup import Tree, clear_for_write, remove_debris, remove_group
-from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
+from ._files import UnsafeFileError
 from ._format import (
-    MAX_JSON_BYTES,
     SAVE_ID_RE,
     check_epoch,
     dumps,
@@ -47,17 +40,25 @@ from ._format import (
     validate_commit_record,
     validate_node_entry,
 )
-from ._lock import LOCK_NAME
+from ._prefix import OWN, Prefix
 from ._reader import GroupReader, read_group, read_group_entry
 from ._zarr import COMPRESSIONS, Location, write_group
 
 logger = logging.getLogger("daskjobs")
 
-_OWN = "__daskjobs__"
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
 
 
-class CheckpointStore:
+@dataclass(frozen=True)
+class RetiredEpoch:
+    """An un-committed epoch whose groups are still to be deleted: per node, its entry from the
+    commit record (``None``: the record named no entry; only daskjobs' own files go)."""
+
+    epoch: int
+    entries: dict[str, Mapping[str, Any] | None]
+
+
+class CheckpointStore(Prefix):
     """One checkpoint prefix: a local path or an fsspec URL. Picklable (shipped to Dask workers).
 
     Parameters
@@ -96,38 +97,8 @@ class CheckpointStore:
     ) -> None:
         if compression is not None and compression not in COMPRESSIONS:
             raise JobDefinitionError(f"unknown compression {compression!r}: use None or one of {list(COMPRESSIONS)}")
-        self.storage_options = dict(storage_options or {})
+        super().__init__(db_prefix, storage_options, fsync=fsync)
         self.compression = compression
-        self.fsync = bool(fsync)
-        prefix = os.fspath(db_prefix)
-        if "://" not in prefix:
-            prefix = os.path.abspath(os.path.expanduser(prefix))
-        fs, root = fsspec.core.url_to_fs(prefix, **self.storage_options)
-        self._fs: AbstractFileSystem | None = fs
-        if isinstance(fs, LocalFileSystem):
-            root = os.path.abspath(os.path.expanduser(root))
-            self.url = root.rstrip("/") or "/"
-        else:
-            self.url = prefix.rstrip("/")
-        self._root = root.rstrip("/")
-        self._lock_token: str | None = None
-
-    # -- plumbing -------------------------------------------------------------------------
-    @property
-    def fs(self) -> AbstractFileSystem:
-        """The fsspec filesystem of the prefix (created again after unpickling)."""
-        if self._fs is None:
-            self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
-        return self._fs
-
-    def _files(self) -> LocalFiles | RemoteFiles:
-        return files_for(self.fs, self.fsync)
-
-    def _path(self, *parts: str) -> str:
-        return "/".join([self._root, *parts])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None}
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.url!r})"
@@ -138,17 +109,14 @@ class CheckpointStore:
 
     def commit_path(self, epoch: int) -> str:
         """Where the commit record of ``epoch`` lives (under :attr:`url`)."""
-        return f"{self.url}/{_OWN}/commits/epoch-{check_epoch(epoch):012d}.json"
+        return f"{self.url}/{OWN}/commits/epoch-{check_epoch(epoch):012d}.json"
 
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
         return Location(self._files(), self._path(f"{node}.{epoch}"), url)
 
     def _commit_file(self, epoch: int) -> str:
-        return self._path(_OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
-
-    def _read(self, path: str) -> bytes | OSError:
-        return self._files().read_small([path], MAX_JSON_BYTES)[0]
+        return self._path(OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
 
     # -- node side --------------------------------------------------------------------------
     def write_node(
@@ -263,10 +231,11 @@ class CheckpointStore:
         return read_group(self._group(node, epoch), node, check_epoch(epoch), entry, names)
 
     # -- commits ------------------------------------------------------------------------------
-    def commit(self, record: Mapping[str, Any]) -> None:
+    def commit(self, record: Mapping[str, Any], *, sync_folder: bool = True) -> None:
         """Write the commit record of ``record["epoch"]``, atomically (this is what makes the epoch exist).
 
-        Local disks: temp file, fsync, ``os.replace``, fsync of the directory. Object stores: one PUT.
+        Local disks: temp file, fsync, ``os.replace``, fsync of the directory (with
+        ``sync_folder=False`` left to :meth:`sync_commits`). Object stores: one PUT.
         A store holding the writer lock first checks it still does (:meth:`check_lock`).
 
         Raises
@@ -280,7 +249,7 @@ class CheckpointStore:
         data = dumps(validate_commit_record(dict(record), epoch))
         self._check_held()
         try:
-            self._files().replace(self._commit_file(epoch), data)
+            self._files().replace(self._commit_file(epoch), data, sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"could not write the commit record of epoch {epoch} under {self.url}: {exc}"
@@ -288,7 +257,7 @@ class CheckpointStore:
 
     def committed_epochs(self) -> list[int]:
         """The committed epochs, ascending, listed afresh from the commit records (never cached)."""
-        names = self._files().listdir(self._path(_OWN, "commits"))
+        names = self._files().listdir(self._path(OWN, "commits"))
         return sorted(int(m.group(1)) for name in names if (m := _COMMIT_RE.fullmatch(name)))
 
     def read_commit(self, epoch: int) -> dict[str, Any]:
@@ -355,12 +324,24 @@ class CheckpointStore:
             )
             raise type(exc)(f"the latest commit is unreadable: {exc}{hint}") from None
 
-    def uncommit(self, epoch: int) -> None:
-        """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it)."""
+    def uncommit(self, epoch: int, *, sync_folder: bool = True) -> None:
+        """Delete the commit record of ``epoch`` (the first step of overwriting or deleting it).
+
+        ``sync_folder=False`` leaves making that durable to :meth:`sync_commits`.
+        """
         try:
-            self._files().remove(self._commit_file(epoch))
+            self._files().remove(self._commit_file(epoch), sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(f"could not un-commit epoch {epoch} under {self.url}: {exc}") from exc
+
+    def sync_commits(self) -> None:
+        """Make commits and un-commits written with ``sync_folder=False`` durable."""
+        try:
+            self._files().sync_folder(self._path(OWN, "commits"))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise CheckpointWriteError(f"could not flush the commit records under {self.url}: {exc}") from exc
 
     def delete_epoch(self, epoch: int, nodes: Iterable[str]) -> None:
         """Delete ``epoch``: its commit record first, then what it recorded of the groups of ``nodes``.
@@ -378,20 +359,47 @@ class CheckpointStore:
         CheckpointWriteError
             Storage failed.
         """
+        self.remove_retired(self.retire_epoch(epoch, nodes))
+
+    def retire_epoch(
+        self, epoch: int, nodes: Iterable[str], *, sync_folder: bool = True, record: Mapping[str, Any] | None = None
+    ) -> RetiredEpoch:
+        """Un-commit ``epoch`` and return what :meth:`remove_retired` must delete of its groups.
+
+        With ``sync_folder=False``, call :meth:`sync_commits` before :meth:`remove_retired`: until
+        then a crash may bring the commit record back, so its groups must stay whole. ``record``:
+        the epoch's commit record as this store wrote it (else it is read).
+
+        Raises
+        ------
+        CheckpointLockedError, CheckpointWriteError
+            As :meth:`delete_epoch`.
+        """
         nodes = [validate_name(node, "node") for node in nodes]
         epoch = check_epoch(epoch)
         self._check_held()
         try:
-            entries = self.read_commit(epoch)["node_entries"]
+            entries = (record or self.read_commit(epoch))["node_entries"]
         except CheckpointNotFoundError:
             entries = {}
-        self.uncommit(epoch)
+        self.uncommit(epoch, sync_folder=sync_folder)
+        return RetiredEpoch(epoch, {node: entries.get(node) for node in nodes})
+
+    def remove_retired(self, retired: RetiredEpoch) -> None:
+        """Delete what ``retired`` (from :meth:`retire_epoch`, un-commit durable) recorded of its groups.
+
+        Raises
+        ------
+        CheckpointLockedError, CheckpointWriteError
+            As :meth:`delete_epoch`.
+        """
+        self._check_held()
         tree = Tree(self.fs)
         try:
-            for node in nodes:
-                remove_group(tree, self._path(f"{node}.{epoch}"), node, epoch, entries.get(node))
+            for node, entry in retired.entries.items():
+                remove_group(tree, self._path(f"{node}.{retired.epoch}"), node, retired.epoch, entry)
         except OSError as exc:
-            raise CheckpointWriteError(f"could not delete epoch {epoch} under {self.url}: {exc}") from exc
+            raise CheckpointWriteError(f"could not delete epoch {retired.epoch} under {self.url}: {exc}") from exc
 
     def cleanup_uncommitted(self, nodes: Iterable[str] | None = None) -> list[str]:
         """Remove debris of saves that never committed; return what was removed.
@@ -409,101 +417,10 @@ class CheckpointStore:
         if wanted is None and committed:  # the prefix holds one job: its nodes are the latest commit's
             wanted = set(self.read_commit(max(committed))["nodes"])
         try:
-            debris = remove_debris(Tree(self.fs), self._root, committed, wanted, _OWN)
+            debris = remove_debris(Tree(self.fs), self._root, committed, wanted, OWN)
             removed = [f"{self.url}/{path}" for path in debris]
         except OSError as exc:
             raise CheckpointWriteError(f"cleaning up {self.url} failed: {exc}") from exc
         if removed:
             logger.info("removed uncommitted checkpoint debris under %s: %s", self.url, removed)
         return removed
-
-    # -- writability and the writer lock ------------------------------------------------------
-    def check_writable(self) -> None:
-        """Create a missing local prefix, then write, read back and delete a probe under ``__daskjobs__/``.
-
-        Raises
-        ------
-        CheckpointWriteError
-            Naming the prefix and the underlying error.
-        """
-        probe = self._path(_OWN, f"probe.tmp-{uuid.uuid4().hex}")
-        data = uuid.uuid4().hex.encode()
-        files = self._files()
-        try:
-            files.replace(probe, data)
-            back = self._read(probe)
-            files.remove(probe)
-        except OSError as exc:
-            raise CheckpointWriteError(f"checkpoint prefix {self.url} is not writable: {exc}") from exc
-        if back != data:
-            raise CheckpointWriteError(
-                f"checkpoint prefix {self.url} is not usable: a probe file read back "
-                f"{back!r} instead of what was written"
-            )
-
-    def _own_path(self) -> str:
-        return self._path(_OWN)
-
-    def _lock_file(self) -> str:
-        return self._path(_OWN, LOCK_NAME)
-
-    def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
-        """Become the one writer of the prefix, taking over a provably stale lock atomically.
-
-        The lock is ``__daskjobs__/lock.json``, created exclusively (``O_EXCL`` locally, a PUT
-        with ``If-None-Match: *`` on S3). A lock whose holder provably no longer runs (this
-        host, no such process, or a pid no process can have) is taken over with a warning; of
-        several processes racing for it exactly one wins (see :mod:`._lock`).
-
-        Parameters
-        ----------
-        holder
-            Who is writing, e.g. ``{"host", "pid", "job", "started"}``; shown to anyone refused.
-        break_lock
-            Take over the lock even if its holder may still run (another host, a damaged lock file).
-
-        Raises
-        ------
-        CheckpointLockedError
-            Another holder has the lock; the message names it.
-        CheckpointWriteError
-            The lock could not be written.
-
-        Examples
-        --------
-        >>> import tempfile
-        >>> store = CheckpointStore(tempfile.mkdtemp())
-        >>> store.acquire_lock({"host": "here", "pid": 1, "job": "train"})
-        >>> store.check_lock()
-        >>> store.release_lock()
-        """
-        self._lock_token = _lock.acquire(self._files(), self._lock_file(), self.url, holder, break_lock=break_lock)
-
-    def check_lock(self) -> None:
-        """Check that this store still holds its lock (one small read); :meth:`commit` calls it first.
-
-        Raises
-        ------
-        CheckpointLockedError
-            The lock file (or the whole prefix) vanished, or holds another writer's token, or
-            this store never acquired the lock.
-        """
-        if self._lock_token is None:
-            raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
-        _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
-
-    def _check_held(self) -> None:
-        if self._lock_token is not None:
-            self.check_lock()
-
-    def release_lock(self) -> None:
-        """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).
-
-        A lock taken over by someone else (after ``break_lock``) is left alone, with a warning.
-        """
-        mine, self._lock_token = self._lock_token, None
-        _lock.release(self._files(), self._lock_file(), self.url, mine)
-
-    def read_lock(self) -> dict[str, Any] | None:
-        """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""
-        return _lock.read(self._files(), self._lock_file())

@@ -55,7 +55,10 @@ ENTRY_KEY = "daskjobs"
 """Key of the node entry in the group's attributes."""
 
 _THREADS = 4
-"""Threads writing blobs at once on local disks (creating files is costly there)."""
+"""Threads writing blobs at once on local disks, for groups of at least :data:`_THREADS_FROM` bytes."""
+_THREADS_FROM = 32 << 20
+"""Below this, one thread writes faster: starting threads and handing work over costs more than
+the overlap of hashing and copying gains (measured: 2 blobs of 4 KiB, 100 blobs of 4 KiB)."""
 _ZARR_LOCK = threading.Lock()
 
 
@@ -212,7 +215,8 @@ def write_group(
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
         files.put_atomic(f"{where.path}/zarr.json", _group_document(marker))
         files.flush_pending()
-        if isinstance(files, LocalFiles) and len(stored) > 1:
+        total = sum(array.nbytes for _, array in stored.values())
+        if isinstance(files, LocalFiles) and len(stored) > 1 and total >= _THREADS_FROM:
             with ThreadPoolExecutor(min(_THREADS, len(stored)), thread_name_prefix="daskjobs-write") as pool:
                 results = list(pool.map(write, stored.items()))
         else:
@@ -222,7 +226,7 @@ def write_group(
             "epoch": epoch,
             "save_id": save_id,
             "blobs": {name: meta for name, meta, _, _ in results},
-            "bytes": sum(array.nbytes for _, array in stored.values()),
+            "bytes": total,
             "bytes_written": sum(w for _, _, w, _ in results),
             "bytes_reused": sum(r for _, _, _, r in results),
             "seconds": time.perf_counter() - started,

@@ -86,8 +86,11 @@ class Session(abc.ABC):
         """What lowered tasks use to find node states where they run."""
 
     @abc.abstractmethod
-    def _execute(self, graph: LoweredGraph) -> dict[str, NodeResult]:
-        """Run ``graph`` to completion; return each node's result (raise the first failure)."""
+    def _execute(self, graph: LoweredGraph, meanwhile: Callable[[], None] | None = None) -> dict[str, NodeResult]:
+        """Run ``graph`` to completion; return each node's result (raise the first failure).
+
+        ``meanwhile`` is called once while the graph runs (or just before, where it runs in this thread).
+        """
 
     @abc.abstractmethod
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
@@ -120,6 +123,7 @@ class Session(abc.ABC):
         attempt: int = 0,
         finish: Mapping[str, Callable[[NodeState], Any]] | None = None,
         finished: dict[str, Any] | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> MetricSums:
         """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs.
 
@@ -129,6 +133,10 @@ class Session(abc.ABC):
         the same Dask task as the end of its share of the run (after its tasks and step-less
         outputs): the runner saves an epoch's checkpoint this way, without another round trip.
         Each hook's return value (picklable) is stored in ``finished`` under its node.
+
+        ``meanwhile()`` is called once in this thread while the group runs on the cluster (before
+        it runs, in a :class:`LocalSession`): the runner finishes the previous commit's bookkeeping
+        there, off the epoch's critical path. It must not raise.
         """
         self._check_open()
         plan = plan_group(group, job)
@@ -144,7 +152,7 @@ class Session(abc.ABC):
             finish=finish,
         )
         try:
-            results = self._execute(graph)
+            results = self._execute(graph, meanwhile)
         except BaseException:
             if plan.has_edges:
                 self._abandon(graph, run_key)

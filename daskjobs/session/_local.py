@@ -56,7 +56,9 @@ class LocalSession(Session):
     def _provider(self) -> _LocalStates:
         return self._states
 
-    def _execute(self, graph: LoweredGraph) -> dict[str, NodeResult]:
+    def _execute(self, graph: LoweredGraph, meanwhile: Callable[[], None] | None = None) -> dict[str, NodeResult]:
+        if meanwhile is not None:
+            meanwhile()
         keys = list(graph.result_keys.values())
         if len(graph.tasks) == 1:
             results = dask.get(graph.to_dask(), keys)

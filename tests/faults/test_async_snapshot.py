@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,9 +123,8 @@ def test_writer_killed_mid_write_fails_the_epoch(tmp_path, caplog, signum, polic
                 runner.train(session)
         else:
             assert runner.train(session) == EPOCHS
-            assert any(
-                f"epoch {VICTIM_EPOCH}" in r.getMessage() and signum.name in r.getMessage() for r in caplog.records
-            )
+            warned = [r.getMessage() for r in caplog.records if f"epoch {VICTIM_EPOCH}" in r.getMessage()]
+            assert any(re.search(expected, message) for message in warned), warned
     epochs = [info.epoch for info in dj.list_checkpoints(prefix)]
     assert VICTIM_EPOCH not in epochs
     assert epochs == ([0, 1] if policy == "raise" else [0, 1, 3, 4])

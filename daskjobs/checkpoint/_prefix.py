@@ -1,0 +1,169 @@
+"""A checkpoint prefix: where it is (a local directory or an fsspec URL), and who may write to it.
+
+:class:`Prefix` resolves the location once, gives access to its files (:mod:`._files`) and
+holds the writer lock (:mod:`._lock`); :class:`~._store.CheckpointStore` adds what is stored.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+from ..errors import CheckpointLockedError, CheckpointWriteError
+from . import _lock
+from ._files import LocalFiles, RemoteFiles, files_for
+from ._format import MAX_JSON_BYTES
+from ._lock import LOCK_NAME
+
+OWN = "__daskjobs__"
+"""The folder of daskjobs' own files under a prefix (commit records, the lock, staging)."""
+
+
+class Prefix:
+    """A checkpoint prefix and its writer lock. Picklable (the filesystem is made again after unpickling).
+
+    Parameters
+    ----------
+    db_prefix
+        A local path (``~`` and relative paths are resolved once, here), a ``file://`` URL, or
+        any fsspec URL (``memory://``, ``s3://`` …). ``memory://`` is private to each process.
+    storage_options
+        fsspec options (credentials, endpoint …); never written to a checkpoint or shown in ``repr``.
+    fsync
+        Make what is written durable on local disks before it counts.
+    """
+
+    def __init__(
+        self, db_prefix: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, *, fsync: bool = True
+    ) -> None:
+        self.storage_options = dict(storage_options or {})
+        self.fsync = bool(fsync)
+        prefix = os.fspath(db_prefix)
+        if "://" not in prefix:
+            prefix = os.path.abspath(os.path.expanduser(prefix))
+        fs, root = fsspec.core.url_to_fs(prefix, **self.storage_options)
+        self._fs: AbstractFileSystem | None = fs
+        if isinstance(fs, LocalFileSystem):
+            root = os.path.abspath(os.path.expanduser(root))
+            self.url = root.rstrip("/") or "/"
+        else:
+            self.url = prefix.rstrip("/")
+        self._root = root.rstrip("/")
+        self._lock_token: str | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+    @property
+    def fs(self) -> AbstractFileSystem:
+        """The fsspec filesystem of the prefix (created again after unpickling)."""
+        if self._fs is None:
+            self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        return self._fs
+
+    def _files(self) -> LocalFiles | RemoteFiles:
+        return files_for(self.fs, self.fsync)
+
+    def _path(self, *parts: str) -> str:
+        return "/".join([self._root, *parts])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None}
+
+    def _read(self, path: str) -> bytes | OSError:
+        return self._files().read_small([path], MAX_JSON_BYTES)[0]
+
+    # -- writability and the writer lock ------------------------------------------------------
+    def check_writable(self) -> None:
+        """Create a missing local prefix, then write, read back and delete a probe under ``__daskjobs__/``.
+
+        Raises
+        ------
+        CheckpointWriteError
+            Naming the prefix and the underlying error.
+        """
+        probe = self._path(OWN, f"probe.tmp-{uuid.uuid4().hex}")
+        data = uuid.uuid4().hex.encode()
+        files = self._files()
+        try:
+            files.replace(probe, data)
+            back = self._read(probe)
+            files.remove(probe)
+        except OSError as exc:
+            raise CheckpointWriteError(f"checkpoint prefix {self.url} is not writable: {exc}") from exc
+        if back != data:
+            raise CheckpointWriteError(
+                f"checkpoint prefix {self.url} is not usable: a probe file read back "
+                f"{back!r} instead of what was written"
+            )
+
+    def _own_path(self) -> str:
+        return self._path(OWN)
+
+    def _lock_file(self) -> str:
+        return self._path(OWN, LOCK_NAME)
+
+    def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
+        """Become the one writer of the prefix, taking over a provably stale lock atomically.
+
+        The lock is ``__daskjobs__/lock.json``, created exclusively (``O_EXCL`` locally, a PUT
+        with ``If-None-Match: *`` on S3). A lock whose holder provably no longer runs (this
+        host, no such process, or a pid no process can have) is taken over with a warning; of
+        several processes racing for it exactly one wins (see :mod:`._lock`).
+
+        Parameters
+        ----------
+        holder
+            Who is writing, e.g. ``{"host", "pid", "job", "started"}``; shown to anyone refused.
+        break_lock
+            Take over the lock even if its holder may still run (another host, a damaged lock file).
+
+        Raises
+        ------
+        CheckpointLockedError
+            Another holder has the lock; the message names it.
+        CheckpointWriteError
+            The lock could not be written.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> store.acquire_lock({"host": "here", "pid": 1, "job": "train"})
+        >>> store.check_lock()
+        >>> store.release_lock()
+        """
+        self._lock_token = _lock.acquire(self._files(), self._lock_file(), self.url, holder, break_lock=break_lock)
+
+    def check_lock(self) -> None:
+        """Check that this store still holds its lock (one small read); :meth:`commit` calls it first.
+
+        Raises
+        ------
+        CheckpointLockedError
+            The lock file (or the whole prefix) vanished, or holds another writer's token, or
+            this store never acquired the lock.
+        """
+        if self._lock_token is None:
+            raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
+        _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
+
+    def _check_held(self) -> None:
+        if self._lock_token is not None:
+            self.check_lock()
+
+    def release_lock(self) -> None:
+        """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).
+
+        A lock taken over by someone else (after ``break_lock``) is left alone, with a warning.
+        """
+        mine, self._lock_token = self._lock_token, None
+        _lock.release(self._files(), self._lock_file(), self.url, mine)
+
+    def read_lock(self) -> dict[str, Any] | None:
+        """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""
+        return _lock.read(self._files(), self._lock_file())

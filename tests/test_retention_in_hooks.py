@@ -1,0 +1,106 @@
+"""Retention while a runner holds the lock: the commit un-commits, the nodes delete the groups.
+
+With the writer lock held, retention un-commits the dropped epochs together with the new commit
+(one fsync of the commit folder) and each node deletes its groups of them inside the next
+epoch's save hook, so checkpointing every epoch needs no deletion round trip on the driver.
+What is left when the run ends is deleted before the lock is released; a crash leaves only
+uncommitted debris, which the next run removes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+from daskjobs.checkpoint import CheckpointStore
+
+NODES = ("ps", "trainer_0")
+
+
+def make_job(name: str = "retained") -> dj.Job:
+    with dj.Cluster(), dj.Job(name=name) as job:
+        for node in NODES:
+            with dj.Node(node):
+                with job.init_group:
+                    dj.Task(lambda ws: ws.update(w=np.zeros(64), step=np.int64(0)))
+                dj.Task(lambda ws: ws.update(w=ws["w"] + 1.0, step=ws["step"] + 1), name="update")
+    return job
+
+
+def group_epochs(prefix: str) -> dict[str, set[int]]:
+    """The epochs of the group folders on disk, per node."""
+    found: dict[str, set[int]] = {node: set() for node in NODES}
+    for name in os.listdir(prefix):
+        node, _, epoch = name.rpartition(".")
+        if node in found and epoch.isdigit():
+            found[node].add(int(epoch))
+    return found
+
+
+@pytest.mark.parametrize("keep_last", [1, 2, 3])
+def test_at_every_epoch_only_the_kept_and_the_just_retired_groups_are_on_disk(session, prefix, keep_last):
+    """At ``on_epoch(e)`` the commits are exactly the last ``keep_last``; groups of epochs retired
+    before the previous commit are gone (their nodes deleted them in epoch ``e``'s hook)."""
+    seen: list[tuple[int, list[int], dict[str, set[int]]]] = []
+
+    def on_epoch(record: dj.EpochRecord) -> None:
+        committed = [info.epoch for info in dj.list_checkpoints(prefix)]
+        seen.append((record.epoch, committed, group_epochs(prefix)))
+
+    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=keep_last)
+    dj.JobRunner(make_job(), manager, max_epochs=8, progress=False, on_epoch=on_epoch).train(session)
+    for epoch, committed, groups in seen:
+        kept = list(range(max(0, epoch - keep_last + 1), epoch + 1))
+        assert committed == kept
+        retired_last = epoch - keep_last
+        for node in NODES:
+            assert set(kept) <= groups[node] <= set(kept) | {retired_last}, (epoch, node, groups[node])
+    assert [info.epoch for info in dj.list_checkpoints(prefix)] == list(range(9 - keep_last, 9))
+    assert group_epochs(prefix) == {node: set(range(9 - keep_last, 9)) for node in NODES}
+
+
+def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(prefix):
+    """A manager that holds the lock and commits without a runner leaves the retired groups on
+    disk, uncommitted; ``tidy(final=True)`` (or the next run's cleanup) deletes exactly those."""
+    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
+    manager.set_params(nodes=list(NODES), job_name="retained")
+    manager.store.acquire_lock({"host": "here", "pid": os.getpid(), "job": "retained"})
+    manager.holds_lock = True
+    with dj.LocalSession() as session:
+        for node in NODES:
+            session.feed("w", np.arange(4.0), node=node)
+        for epoch in range(4):
+            session.run_group(manager.save(epoch), job="retained", epoch=epoch)
+            manager.write_checkpoint_metadata(epoch)
+    assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
+    assert group_epochs(prefix) == {node: {0, 1, 2, 3} for node in NODES}
+    manager.tidy(final=True)
+    assert group_epochs(prefix) == {node: {3} for node in NODES}
+    assert CheckpointStore(prefix).cleanup_uncommitted() == []
+    manager.store.release_lock()
+
+
+def test_a_lost_lock_stops_the_nodes_from_deleting(prefix):
+    """Retired groups are deleted only while the lock is ours: after another holder took the
+    prefix, the node hooks and the final tidy leave them alone."""
+    job = make_job()
+    with job, dj.Node("trainer_0"):
+
+        def intrude(ws):
+            if ws.epoch == 4:
+                with open(os.path.join(prefix, "__daskjobs__", "lock.json"), "w") as file:
+                    file.write('{"host": "elsewhere", "pid": 7, "job": "intruder", "token": "x"}')
+
+        dj.Task(intrude, name="intrude")
+    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
+    with pytest.raises(dj.errors.CheckpointLockedError):
+        dj.JobRunner(job, manager, max_epochs=8, progress=False).train()
+    assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
+    # epoch 2 was un-committed with epoch 3's commit; the trainer's hook found the lock gone
+    # (its step replaced it just before); the ps node's hook may have run before that step
+    groups = group_epochs(prefix)
+    assert groups["trainer_0"] == {2, 3, 4}
+    assert groups["ps"] in ({2, 3, 4}, {3, 4})
