@@ -178,7 +178,10 @@ class _Forker:
     def _serve(self) -> None:
         while True:
             make_payload, reply = self._requests.get()
-            reply.put(self._fork(make_payload))
+            try:
+                reply.put(self._fork(make_payload))
+            except Exception as exc:  # this thread must outlive any failure: it is every child's parent
+                reply.put(exc)
             del make_payload, reply  # the parent keeps no reference to the snapshot
 
     def _fork(self, make_payload: Callable[[], bytes]) -> tuple[int, int] | OSError:
@@ -205,7 +208,7 @@ class _Forker:
             outcome = reply.get(timeout=_FORK_SECONDS)
         except queue.Empty:
             raise CheckpointWriteError(f"{what}: no snapshot process forked within {_FORK_SECONDS:.0f} s") from None
-        if isinstance(outcome, OSError):
+        if isinstance(outcome, Exception):
             raise CheckpointWriteError(f"{what}: could not fork a snapshot process: {outcome}") from outcome
         return outcome
 
