@@ -488,12 +488,12 @@ class MultiNodeCheckpointManager:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
-        if self.holds_lock:  # retired groups are deleted later, never under a save in flight
-            apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
-            return
         if best is not None or self.keep_last is not None or self.keep_every is not None:
             best = self._saves.keeping_sources(best)  # a save in flight may link their chunks
-        apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+        if self.holds_lock:
+            apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
+        else:
+            apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
 
     def tidy(self, *, final: bool = False) -> None:
         """Delete the groups of epochs retention un-committed that no node deleted (see
