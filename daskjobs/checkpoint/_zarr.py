@@ -63,11 +63,13 @@ _ZARR_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Location:
-    """Where one node group lives: its path on ``files`` and its URL."""
+    """Where one node group lives: its path on ``files``, its URL, and the prefix folder that
+    must exist for it to be written (never created again once it vanished)."""
 
     files: LocalFiles | RemoteFiles
     path: str
     url: str
+    anchor: str | None = None
 
     def sibling(self, name: str) -> str:
         """The path of another group under the same prefix."""
@@ -200,7 +202,7 @@ def write_group(
         )
 
     try:
-        files.mkdir(where.path, parents=True)
+        files.mkdir(where.path, parents=True, within=where.anchor)
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
         files.put_atomic(f"{where.path}/zarr.json", _group_document(marker))
         files.flush_pending()
@@ -265,8 +267,6 @@ def _write_blob(
         "chunks": chunks,
         "codec": codec,
     }
-    files.mkdir(path)
-    files.put(f"{path}/zarr.json", expected_metadata(meta))
     data = flat_bytes(array) if array.size else memoryview(b"")
     spans = list(chunk_spans(array.nbytes, array.shape, chunks))
     if codec is None:
@@ -279,6 +279,10 @@ def _write_blob(
         and isinstance(before.get("hashes"), list)
         and len(before["hashes"]) == len(spans)
     )
+    files.mkdir(path)
+    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
+    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata))):
+        files.put(f"{path}/zarr.json", metadata)
     hashes, written, reused = [], 0, 0
     for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
         key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)
