@@ -17,6 +17,7 @@ from ..errors import (
     CheckpointWriteError,
     JobDefinitionError,
 )
+from ._fork import resolve_snapshot
 from ._format import make_commit_record
 from ._inspect import prefix_html
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
@@ -88,8 +89,15 @@ class MultiNodeCheckpointManager:
     async_save
         Snapshot each node's workspace at the epoch boundary and write it in the background
         while the next epoch runs (at most one save in flight; the epoch is committed once its
-        write finished, at the next save or before the job ends). Needs memory for one copy of
-        every workspace.
+        write finished, at the next save or before the job ends).
+    async_snapshot
+        How an asynchronous save takes its snapshot. ``"fork"``: the node's process forks and the
+        child writes its copy-on-write image of the workspace (a stall of about a millisecond;
+        memory only for pages changed in place while the child writes); needs Linux and a
+        local-disk prefix, else ``ValueError``. ``"copy"``: every array is copied (a stall of one
+        memory copy; memory for one copy of every workspace) and written by a thread. ``"auto"``
+        (default): ``"fork"`` where it is possible and a node's arrays hold at least 16 MiB
+        (below that a copy is cheaper than a fork), else ``"copy"``.
     delta
         Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
         the previous committed epoch is hard-linked (server-side copied on object stores)
@@ -116,6 +124,7 @@ class MultiNodeCheckpointManager:
         compression: str | None = None,
         fsync: bool = True,
         async_save: bool = False,
+        async_snapshot: str = "auto",
         keep_best: int | None = None,
         best_metric: str | None = None,
         best_mode: str = "min",
@@ -132,6 +141,9 @@ class MultiNodeCheckpointManager:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
         self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
+        self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
+        """``"fork"``, ``"copy"`` or ``"auto"``: how asynchronous saves take their snapshot
+        (``"auto"`` where forking is possible at all, else ``"copy"``)."""
         self.delta = bool(delta)
         self._last_record: dict[str, Any] | None = None
         self.last_commit_bytes = 0
@@ -257,7 +269,7 @@ class MultiNodeCheckpointManager:
         if self.async_save:
             return self._group(
                 lambda g, node: Task(
-                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node)),
+                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node), self.async_snapshot),
                     group=g,
                     node=node,
                     name="checkpoint_save",
@@ -282,7 +294,8 @@ class MultiNodeCheckpointManager:
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
         reusable = [e for e in committed if e not in retire]
         previous = previous_entries(self.store, epoch, reusable, self._last_record) if self.delta else {}
-        return self._saves.start(epoch), self._staging.target(self.store, epoch), previous
+        source = next(iter(previous.values()))["epoch"] if previous else None
+        return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -307,7 +320,10 @@ class MultiNodeCheckpointManager:
         in_flight = None if pending is None else self._saves.ids.get(pending)
         save_id, store, previous = self._new_save(epoch)
         if self.async_save:
-            return {n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n)) for n in self.nodes()}
+            snapshot = self.async_snapshot
+            return {
+                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
+            }
         doomed = self._retired.hand_out(self.nodes())
         return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), doomed[n]) for n in self.nodes()}
 
@@ -453,6 +469,7 @@ class MultiNodeCheckpointManager:
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._remember(epoch, entries)
+        self._saves.sources.pop(epoch, None)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
         if self.holds_lock:
@@ -461,7 +478,7 @@ class MultiNodeCheckpointManager:
     # -- retention ------------------------------------------------------------------------
     def _apply_retention(self, newest: int) -> None:
         """Delete committed epochs that retention does not keep (see :func:`._retention.apply_retention`)."""
-        best = None
+        best: Callable[[list[int]], list[int]] | None = None
         if self.keep_best is not None:
             best = functools.partial(
                 best_of,
@@ -471,10 +488,12 @@ class MultiNodeCheckpointManager:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
-        if self.holds_lock:
+        if self.holds_lock:  # retired groups are deleted later, never under a save in flight
             apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
-        else:
-            apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+            return
+        if best is not None or self.keep_last is not None or self.keep_every is not None:
+            best = self._saves.keeping_sources(best)  # a save in flight may link their chunks
+        apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
 
     def tidy(self, *, final: bool = False) -> None:
         """Delete the groups of epochs retention un-committed that no node deleted (see
@@ -528,6 +547,6 @@ class MultiNodeCheckpointManager:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
-            "async_save": self.async_save or None,
+            "async_save": f"{self.async_snapshot} snapshots" if self.async_save else None,
         }
         return prefix_html(type(self).__name__, self.store, options)

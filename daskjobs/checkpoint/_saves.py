@@ -59,17 +59,33 @@ class Saves:
         self.tasks: dict[int, list[Task]] = {}
         self.entries: dict[int, dict[str, dict[str, Any]]] = {}
         self.pending: Pending | None = None
+        self.sources: dict[int, int] = {}
+        """Per save not yet committed, the committed epoch it reuses chunks from (delta): kept by retention."""
 
-    def start(self, epoch: int) -> str:
-        """A new save id for ``epoch``; entries of an earlier save of it are forgotten."""
+    def start(self, epoch: int, source: int | None = None) -> str:
+        """A new save id for ``epoch``, reusing chunks of committed epoch ``source`` (delta); entries
+        of an earlier save of it are forgotten."""
         self.ids[epoch] = uuid.uuid4().hex
         self.entries.pop(epoch, None)
+        self.sources.pop(epoch, None)
+        if source is not None:
+            self.sources[epoch] = source
         return self.ids[epoch]
+
+    def keeping_sources(self, best: Callable[[list[int]], list[int]] | None) -> Callable[[list[int]], list[int]]:
+        """Retention's ``best``, also keeping the epochs whose chunks saves not yet committed reuse."""
+        sources = set(self.sources.values())
+
+        def kept(epochs: list[int]) -> list[int]:
+            return sorted({*(best(epochs) if best is not None else ()), *(e for e in epochs if e in sources)})
+
+        return kept
 
     def forget(self, epoch: int) -> None:
         """Forget the save of ``epoch`` (it will not be committed)."""
         self.ids.pop(epoch, None)
         self.entries.pop(epoch, None)
+        self.sources.pop(epoch, None)
 
     def pending_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""

@@ -18,6 +18,7 @@ import numpy as np
 from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
+from ._fork import ForkedSave, forks
 from ._store import RetiredEpoch
 
 if TYPE_CHECKING:
@@ -110,6 +111,36 @@ class BackgroundSave:
         return self._entry
 
 
+def start_background(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    save_id: str,
+    previous: dict[str, Any] | None,
+    snapshot_mode: str,
+) -> None:
+    """Snapshot the node's GLOBAL workspace now and start writing it in the background.
+
+    ``snapshot_mode="fork"``: a forked child writes its copy-on-write image of the arrays
+    (:mod:`._fork`); ``"copy"``: the arrays are copied and a thread writes the copies;
+    ``"auto"``: fork for a big workspace (:func:`._fork.forks`). JSON values are copied (and
+    checked) in both.
+    """
+    with state.lock:
+        if forks(snapshot_mode, state.scope.blobs):
+            blobs = {
+                name: value if isinstance(value, np.ndarray) else copy_value(value, name)
+                for name, value in state.scope.blobs.items()
+            }
+            state.services.pop(BUFFERS, None)
+            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
+            return
+        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
+    state.services[BUFFERS] = copies
+    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+
+
 @dataclass(frozen=True)
 class AsyncSaveStep:
     """Snapshots the node's GLOBAL workspace and starts writing it in the background.
@@ -123,16 +154,15 @@ class AsyncSaveStep:
     epoch: int
     save_id: str
     previous: dict[str, Any] | None = None
+    snapshot_mode: str = "copy"
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         running = state.services.get(SAVER)
         if running is not None:
             running.join()
-        with state.lock:
-            copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-        state.services[BUFFERS] = copies
-        state.services[SAVER] = BackgroundSave(self.store, self.node, self.epoch, self.save_id, copies, self.previous)
+        start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
 
 
 @dataclass(frozen=True)
@@ -255,6 +285,8 @@ class AsyncSaveFinish:
     previous_id: str | None
     previous: dict[str, Any] | None = None
     """The previous committed epoch's node entry, for delta reuse."""
+    snapshot_mode: str = "copy"
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         running = state.services.pop(SAVER, None)
@@ -273,12 +305,7 @@ class AsyncSaveFinish:
             }
 
         def start() -> dict[str, Any]:
-            with state.lock:
-                copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-            state.services[BUFFERS] = copies
-            state.services[SAVER] = BackgroundSave(
-                self.store, self.node, self.epoch, self.save_id, copies, self.previous
-            )
+            start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
             return {}
 
         return {"previous": previous, "error": _outcome(start).get("error")}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import threading
 import time
 import warnings
@@ -59,6 +60,16 @@ _THREADS_FROM = 32 << 20
 """Below this, one thread writes faster: starting threads and handing work over costs more than
 the overlap of hashing and copying gains (measured: 2 blobs of 4 KiB, 100 blobs of 4 KiB)."""
 _ZARR_LOCK = threading.Lock()
+
+
+def _new_zarr_lock() -> None:
+    """A forked child's own lock: a thread of the parent may have held it at the fork."""
+    global _ZARR_LOCK
+    _ZARR_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_zarr_lock)
 
 
 @dataclass(frozen=True)

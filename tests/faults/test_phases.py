@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
+from daskjobs.checkpoint._fork import in_snapshot_writer
 from daskjobs.checkpoint._store import CheckpointStore
 from daskjobs.errors import NodeLostError
 
@@ -29,11 +30,12 @@ VICTIM = "b"
 
 
 def kill_once(markers: str | None, point: str) -> None:
-    """SIGKILL this (worker) process the first time ``point`` is reached."""
+    """SIGKILL this worker process the first time ``point`` is reached (from a forked snapshot
+    writer: its worker, which takes the writer with it)."""
     if markers is None or not Path(markers, f"arm-{point}").exists() or Path(markers, point).exists():
         return
     Path(markers, point).touch()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getppid() if in_snapshot_writer() else os.getpid(), signal.SIGKILL)
 
 
 class KillingStore(CheckpointStore):
@@ -133,8 +135,10 @@ PHASES = {
     "save-epoch-0": (["save-0"], {}, 1),
     "epoch": (["epoch-3"], {}, 1),
     "save": (["save-3"], {}, 1),
-    "async-save": (["save-3"], {"async_save": True}, 1),
-    "async-final-flush": ([f"save-{EPOCHS}"], {"async_save": True}, 1),
+    "async-save": (["save-3"], {"async_save": True, "async_snapshot": "copy"}, 1),
+    "async-final-flush": ([f"save-{EPOCHS}"], {"async_save": True, "async_snapshot": "copy"}, 1),
+    "async-save-fork": (["save-3"], {"async_save": True, "async_snapshot": "fork"}, 1),
+    "async-final-flush-fork": ([f"save-{EPOCHS}"], {"async_save": True, "async_snapshot": "fork"}, 1),
     "recovery-restore": (["epoch-3", "load-2"], {}, 2),
     "download": (["download"], {}, 1),
     "exit": (["exit"], {}, 1),
