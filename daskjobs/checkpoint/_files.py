@@ -107,6 +107,17 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
+def _reset_pool_after_fork() -> None:
+    """In a forked child (a snapshot writer): a fresh lock and no pool (the parent's threads are gone,
+    and another thread may have held the lock at the fork)."""
+    global _pool_lock, _pool
+    _pool_lock, _pool = threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
 def _fsync_pool() -> ThreadPoolExecutor:
     """The process's pool of fsync threads, made once (and anew in a forked child, whose threads are gone):
     starting threads for every flush costs as much as the fsyncs of a small group."""

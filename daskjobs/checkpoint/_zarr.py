@@ -62,10 +62,30 @@ the overlap of hashing and copying gains (measured: 2 blobs of 4 KiB, 100 blobs 
 _ZARR_LOCK = threading.Lock()
 
 
+def _reset_lock_after_fork() -> None:
+    """A forked snapshot writer gets a fresh lock: a thread of the parent may have held it at the fork."""
+    global _ZARR_LOCK
+    _ZARR_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
 def _new_zarr_lock() -> None:
     """A forked child's own lock: a thread of the parent may have held it at the fork."""
     global _ZARR_LOCK
     _ZARR_LOCK = threading.Lock()
+
+
+def _reset_lock_after_fork() -> None:
+    """A forked snapshot writer gets a fresh lock: a thread of the parent may have held it at the fork."""
+    global _ZARR_LOCK
+    _ZARR_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
 
 
 if hasattr(os, "register_at_fork"):
