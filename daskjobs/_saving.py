@@ -88,6 +88,7 @@ class EpochSaver:
             if other != epoch:
                 self.failed(other, error)
         if epoch in failed:
+            self._check_lock()
             logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
             return node_seconds + self.save(epoch, session, stop_values, metrics)
         timings = {"save_seconds": node_seconds + time.perf_counter() - started}
@@ -132,6 +133,17 @@ class EpochSaver:
             self.last_committed = epoch
             manager.report_checkpoint_stats("checkpoint_save")
 
+    def _check_lock(self) -> None:
+        """After a failed save: stop with :class:`CheckpointLockedError` if the lock (or the whole
+        prefix) provably vanished or changed hands, rather than retry into a prefix that is no
+        longer ours. Storage that cannot be read is a save error (``on_save_error`` decides); the
+        commit's own lock check stays strict."""
+        if not self.manager.holds_lock:
+            return
+        holder = self.manager.store.read_lock()
+        if holder is None or "unreadable" not in holder:
+            self.manager.store.check_lock()
+
     def _with_retries(
         self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None
     ) -> None:
@@ -144,6 +156,7 @@ class EpochSaver:
                 raise
             except Exception as exc:
                 error = exc
+                self._check_lock()
                 logger.warning(
                     "saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.save_retries + 1, exc
                 )

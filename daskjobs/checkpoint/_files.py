@@ -107,6 +107,17 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
+def _reset_pool_after_fork() -> None:
+    """In a forked child (a snapshot writer): a fresh lock and no pool (the parent's threads are gone,
+    and another thread may have held the lock at the fork)."""
+    global _pool_lock, _pool
+    _pool_lock, _pool = threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
 def _fsync_pool() -> ThreadPoolExecutor:
     """The process's pool of fsync threads, made once (and anew in a forked child, whose threads are gone):
     starting threads for every flush costs as much as the fsyncs of a small group."""
@@ -157,12 +168,19 @@ DIR_MODE = 0o755
 """Mode of every folder daskjobs creates (less what the umask removes)."""
 
 
-def make_dirs(path: str) -> None:
+def make_dirs(path: str, within: str | None = None) -> None:
     """Create ``path`` and its missing parents, each with :data:`DIR_MODE` (``os.makedirs`` gives
-    parents ``0o777``); an existing directory is fine."""
+    parents ``0o777``); an existing directory is fine.
+
+    ``within``: a folder above ``path`` that must exist already (a checkpoint prefix): if it
+    vanished, :class:`FileNotFoundError` is raised instead of creating it again (a prefix on an
+    unmounted disk must not come back as an empty local folder).
+    """
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
-        make_dirs(parent)
+        if parent == within:
+            raise FileNotFoundError(errno.ENOENT, "the checkpoint prefix vanished", within)
+        make_dirs(parent, within)
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
@@ -225,10 +243,10 @@ class LocalFiles:
         if os.path.lexists(path):
             shutil.rmtree(path)
 
-    def mkdir(self, path: str, parents: bool = False) -> None:
-        """Create directory ``path`` (and, with ``parents``, missing parents)."""
+    def mkdir(self, path: str, parents: bool = False, within: str | None = None) -> None:
+        """Create directory ``path``; with ``parents`` also missing parents below ``within`` (see :func:`make_dirs`)."""
         if parents:
-            make_dirs(path)
+            make_dirs(path, within)
         else:
             os.mkdir(path, DIR_MODE)
         self._unsynced.append(path)
@@ -291,7 +309,11 @@ class LocalFiles:
         check_directory(path)
 
     def reuse(self, source: str, target: str, size: int) -> bool:
-        """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible."""
+        """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible.
+
+        ``source`` belongs to a committed epoch, so its data is durable already: only the new
+        name needs a flush, which the fsync of the target's folder gives.
+        """
         try:
             info = os.lstat(source)
             if not stat.S_ISREG(info.st_mode) or info.st_size != size:
@@ -299,7 +321,7 @@ class LocalFiles:
             os.link(source, target, follow_symlinks=False)
         except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
             return False
-        self._unsynced.append(target)
+        self._unsynced.append(os.path.dirname(target))
         return True
 
     def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
@@ -381,7 +403,7 @@ class RemoteFiles:
             self._fs.rm(path, recursive=True)
         self._fs.invalidate_cache(path)
 
-    def mkdir(self, path: str, parents: bool = False) -> None:
+    def mkdir(self, path: str, parents: bool = False, within: str | None = None) -> None:
         """Nothing to do: objects need no directories."""
 
     def put_atomic(self, path: str, data: bytes) -> None:

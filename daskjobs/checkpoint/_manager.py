@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,14 +21,7 @@ from ._format import make_commit_record
 from ._inspect import prefix_html
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
-from ._retention import (
-    RetiredGroups,
-    apply_retention,
-    best_epochs,
-    best_of,
-    check_retention,
-    retention_warning,
-)
+from ._retention import Retention, best_epochs, retention_warning
 from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
@@ -43,8 +35,6 @@ from ._steps import (
     WaitSaveStep,
 )
 from ._store import CheckpointStore
-
-_WRITTEN_KEPT = 16
 
 __all__ = [
     "MultiNodeCheckpointManager",
@@ -132,14 +122,11 @@ class MultiNodeCheckpointManager:
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
-        check_retention(keep_last, keep_every, keep_best, best_metric, best_mode)
+        self.retention = Retention(keep_last, keep_every, keep_best, best_metric, best_mode)
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
-        self.keep_last, self.keep_every = keep_last, keep_every
-        self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
-        self._best_values: dict[int, float | None] = {}
         self.async_save = bool(async_save)
         self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
         """``"fork"``, ``"copy"`` or ``"auto"``: how asynchronous saves take their snapshot
@@ -162,9 +149,6 @@ class MultiNodeCheckpointManager:
         While it does, retention un-commits epochs with the commit (one fsync for both) and their
         groups are deleted later: by the nodes in the next epoch's save hooks, or by :meth:`tidy`.
         """
-        self._retired = RetiredGroups()
-        self._written: dict[int, dict[str, Any]] = {}
-        """The last commit records this manager wrote while holding the lock (retention reads no file for them)."""
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
@@ -324,7 +308,7 @@ class MultiNodeCheckpointManager:
             return {
                 n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
             }
-        doomed = self._retired.hand_out(self.nodes())
+        doomed = self.retention.retired.hand_out(self.nodes())
         return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), doomed[n]) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
@@ -340,7 +324,7 @@ class MultiNodeCheckpointManager:
         snapshot is gone).
         """
         if not self.async_save:
-            self._retired.returned({n: (r or {}).get("removed", ()) for n, r in results.items()})
+            self.retention.retired.returned({n: (r or {}).get("removed", ()) for n, r in results.items()})
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
     def flush(self, session: Session) -> int | None:
@@ -455,14 +439,11 @@ class MultiNodeCheckpointManager:
     ) -> None:
         entries = self._saves.finished(epoch)
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
-        if self.best_metric is not None:
-            record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
+        self.retention.stamp(record)
         self._staging.before_commit(self.store, epoch, list(entries))
         self.store.commit(record, sync_folder=not self.holds_lock)
-        if self.holds_lock:
-            self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
+        self.retention.committed(record, mine=self.holds_lock)
         self._last_record = record
-        self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
         self.last_commit = record
         self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
@@ -477,31 +458,14 @@ class MultiNodeCheckpointManager:
 
     # -- retention ------------------------------------------------------------------------
     def _apply_retention(self, newest: int) -> None:
-        """Delete committed epochs that retention does not keep (see :func:`._retention.apply_retention`)."""
-        best: Callable[[list[int]], list[int]] | None = None
-        if self.keep_best is not None:
-            best = functools.partial(
-                best_of,
-                self.store,
-                known=self._best_values,
-                metric=self.best_metric,
-                mode=self.best_mode,
-                keep=self.keep_best,
-            )
-        if best is not None or self.keep_last is not None or self.keep_every is not None:
-            best = self._saves.keeping_sources(best)  # a save in flight may link their chunks
-        if self.holds_lock:
-            apply_retention(self.store, newest, self.keep_last, self.keep_every, best, self._retired, self._written)
-        else:
-            apply_retention(self.store, newest, self.keep_last, self.keep_every, best)
+        """Delete committed epochs that retention does not keep (see :class:`._retention.Retention`)."""
+        self.retention.apply(self.store, newest, deferred=self.holds_lock, keeping=self._saves.keeping_sources)
 
     def tidy(self, *, final: bool = False) -> None:
         """Delete the groups of epochs retention un-committed that no node deleted (see
         :attr:`holds_lock`); ``final``: also those handed to save hooks (none runs any more).
         Failures are logged warnings, never raised."""
-        self._retired.remove(self.store, everything=final)
-        if final:
-            self._written = {}
+        self.retention.tidy(self.store, final=final)
 
     # -- resuming from an older epoch ------------------------------------------------------
     def resume_older(self, epoch: int) -> list[int]:
@@ -544,9 +508,7 @@ class MultiNodeCheckpointManager:
     def _repr_html_(self) -> str:
         options = {
             "nodes": self._nodes,
-            "keep_last": self.keep_last,
-            "keep_every": self.keep_every,
-            "keep_best": self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}",
+            **self.retention.describe(),
             "async_save": f"{self.async_snapshot} snapshots" if self.async_save else None,
         }
         return prefix_html(type(self).__name__, self.store, options)

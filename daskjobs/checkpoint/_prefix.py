@@ -55,6 +55,10 @@ class Prefix:
         else:
             self.url = prefix.rstrip("/")
         self._root = root.rstrip("/")
+        self.anchor: str | None = None
+        """Once :meth:`check_writable` made sure the prefix exists: the folder that must exist for
+        a node group to be written below it, never created again once it vanished (``None``:
+        missing folders are created)."""
         self._lock_token: str | None = None
 
     # -- plumbing -------------------------------------------------------------------------
@@ -81,6 +85,9 @@ class Prefix:
     def check_writable(self) -> None:
         """Create a missing local prefix, then write, read back and delete a probe under ``__daskjobs__/``.
 
+        From then on the prefix is this store's :attr:`anchor`: should it vanish, saves fail
+        instead of creating it again.
+
         Raises
         ------
         CheckpointWriteError
@@ -100,6 +107,7 @@ class Prefix:
                 f"checkpoint prefix {self.url} is not usable: a probe file read back "
                 f"{back!r} instead of what was written"
             )
+        self.anchor = self._root
 
     def _own_path(self) -> str:
         return self._path(OWN)

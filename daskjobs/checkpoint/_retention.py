@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -198,3 +199,87 @@ def retention_warning(apply: Callable[[int], None], newest: int, url: str) -> No
             url,
             exc,
         )
+
+
+_WRITTEN_KEPT = 16
+"""Commit records of the last epochs a runner committed, kept so retention reads no file for them."""
+
+
+class Retention:
+    """A manager's retention: the policy (``keep_last``, ``keep_every``, best-k), what it already
+    knows of committed epochs, and the groups of un-committed epochs still to delete.
+
+    Parameters are those of :class:`~daskjobs.MultiNodeCheckpointManager` (checked here).
+    """
+
+    def __init__(
+        self,
+        keep_last: int | None,
+        keep_every: int | None,
+        keep_best: int | None,
+        best_metric: str | None,
+        best_mode: str,
+    ) -> None:
+        check_retention(keep_last, keep_every, keep_best, best_metric, best_mode)
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
+        self.retired = RetiredGroups()
+        self._best_values: dict[int, float | None] = {}
+        self._written: dict[int, dict[str, Any]] = {}
+
+    @property
+    def deletes(self) -> bool:
+        """Whether this policy ever deletes an epoch."""
+        return self.keep_last is not None or self.keep_every is not None or self.keep_best is not None
+
+    def describe(self) -> dict[str, Any]:
+        """The policy, for a manager's HTML view."""
+        best = self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}"
+        return {"keep_last": self.keep_last, "keep_every": self.keep_every, "keep_best": best}
+
+    def stamp(self, record: dict[str, Any]) -> None:
+        """Name the best-k metric and mode in a commit record about to be written."""
+        if self.best_metric is not None:
+            record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
+
+    def committed(self, record: dict[str, Any], *, mine: bool) -> None:
+        """Remember what retention needs of a commit just written (``mine``: while holding the lock)."""
+        epoch = record["epoch"]
+        if mine:
+            self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
+        self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
+
+    def apply(
+        self,
+        store: CheckpointStore,
+        newest: int,
+        *,
+        deferred: bool,
+        keeping: Callable[[Callable[[list[int]], list[int]] | None], Callable[[list[int]], list[int]]],
+    ) -> None:
+        """Delete (``deferred``: only un-commit, see :class:`RetiredGroups`) the committed epochs
+        older than ``newest`` the policy drops; ``keeping(best)`` adds epochs saves in flight need."""
+        best: Callable[[list[int]], list[int]] | None = None
+        if self.keep_best is not None:
+            best = functools.partial(
+                best_of,
+                store,
+                known=self._best_values,
+                metric=self.best_metric,
+                mode=self.best_mode,
+                keep=self.keep_best,
+            )
+        if not self.deletes:
+            return
+        # Deferred too: retired groups are deleted by tidy() while the next epoch runs, and the save
+        # started at the end of this epoch may still link chunks of the epoch it reuses.
+        if deferred:
+            apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best), self.retired, self._written)
+        else:
+            apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best))
+
+    def tidy(self, store: CheckpointStore, *, final: bool) -> None:
+        """Delete retired groups no node deleted; ``final``: also those handed out (no hook runs any more)."""
+        self.retired.remove(store, everything=final)
+        if final:
+            self._written = {}

@@ -74,10 +74,12 @@ class Staging:
 
 
 def staging_store(store: CheckpointStore) -> CheckpointStore:
-    """The store of ``store``'s staging folder (same options)."""
-    return CheckpointStore(
+    """The store of ``store``'s staging folder (same options, anchored at ``store``'s prefix)."""
+    staging = CheckpointStore(
         f"{store.url}/{_STAGING}", store.storage_options, compression=store.compression, fsync=store.fsync
     )
+    staging.anchor = store.anchor
+    return staging
 
 
 def clear_staging(store: CheckpointStore) -> None:

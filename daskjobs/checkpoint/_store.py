@@ -113,7 +113,7 @@ class CheckpointStore(Prefix):
 
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
-        return Location(self._files(), self._path(f"{node}.{epoch}"), url)
+        return Location(self._files(), self._path(f"{node}.{epoch}"), url, self.anchor)
 
     def _commit_file(self, epoch: int) -> str:
         return self._path(OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")

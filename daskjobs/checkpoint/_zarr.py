@@ -62,23 +62,25 @@ the overlap of hashing and copying gains (measured: 2 blobs of 4 KiB, 100 blobs 
 _ZARR_LOCK = threading.Lock()
 
 
-def _new_zarr_lock() -> None:
-    """A forked child's own lock: a thread of the parent may have held it at the fork."""
+def _reset_lock_after_fork() -> None:
+    """A forked snapshot writer gets a fresh lock: a thread of the parent may have held it at the fork."""
     global _ZARR_LOCK
     _ZARR_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_zarr_lock)
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
 
 
 @dataclass(frozen=True)
 class Location:
-    """Where one node group lives: its path on ``files`` and its URL."""
+    """Where one node group lives: its path on ``files``, its URL, and the prefix folder that
+    must exist for it to be written (never created again once it vanished)."""
 
     files: LocalFiles | RemoteFiles
     path: str
     url: str
+    anchor: str | None = None
 
     def sibling(self, name: str) -> str:
         """The path of another group under the same prefix."""
@@ -211,7 +213,7 @@ def write_group(
         )
 
     try:
-        files.mkdir(where.path, parents=True)
+        files.mkdir(where.path, parents=True, within=where.anchor)
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
         files.put_atomic(f"{where.path}/zarr.json", _group_document(marker))
         files.flush_pending()
@@ -276,8 +278,6 @@ def _write_blob(
         "chunks": chunks,
         "codec": codec,
     }
-    files.mkdir(path)
-    files.put(f"{path}/zarr.json", expected_metadata(meta))
     data = flat_bytes(array) if array.size else memoryview(b"")
     spans = list(chunk_spans(array.nbytes, array.shape, chunks))
     if codec is None:
@@ -290,6 +290,10 @@ def _write_blob(
         and isinstance(before.get("hashes"), list)
         and len(before["hashes"]) == len(spans)
     )
+    files.mkdir(path)
+    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
+    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata))):
+        files.put(f"{path}/zarr.json", metadata)
     hashes, written, reused = [], 0, 0
     for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
         key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)

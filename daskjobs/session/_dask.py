@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
-import dask.config
 from distributed import Client, Future
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
@@ -23,6 +22,7 @@ from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
+from ._client import connect, dashboard_link, send_at_once
 from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session
@@ -39,57 +39,8 @@ _RECOVERY_HINT = (
     "the workspace from a checkpoint (JobRunner does both when given a checkpoint manager and max_failures > 0)."
 )
 
-_MESSAGE_LOG_LENGTH = 100
-"""Messages a client made here keeps for debugging (Dask's default 1000 holds ~1000 graphs)."""
-
-def _send_at_once(client: Client) -> None:
-    """Let ``client`` send each message to the scheduler at once.
-
-    A distributed client batches its messages to the scheduler in 10 ms windows: a run's graph,
-    submitted a few milliseconds after the previous run released its keys, waited for the next
-    window, which made a checkpointed tiny epoch nearly twice as long. The batching exists for
-    clients sending thousands of small messages; a session sends a few per run. The client
-    makes a new batched stream when it reconnects, so this is applied before every run.
-    """
-    comm = getattr(client, "scheduler_comm", None)
-    if comm is not None and getattr(comm, "interval", 0) != 0:
-        comm.interval = 0
-
-
 _DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, CancelledError, CommClosedError)
 """What distributed raises when a node's worker dies, is missing, or the cluster connection breaks."""
-
-
-def _connect(target: object, security: object) -> tuple[Client, bool]:
-    """A synchronous client for ``target`` and whether the session owns (and later closes) it."""
-    if isinstance(target, Client):
-        if target.asynchronous:
-            raise TypeError("DaskSession needs a synchronous distributed.Client, got an asynchronous one")
-        if security is not None:
-            raise TypeError("security= applies to a scheduler address or a cluster; a Client has its own security")
-        return target, False
-    if isinstance(target, str) or hasattr(target, "scheduler_address"):
-        address = target if isinstance(target, str) else target.scheduler_address
-        timeout = config_timeout("connect-timeout")
-        try:
-            # The client gives up reconnecting after ``timeout`` too, and closes itself.
-            with dask.config.set({"distributed.admin.low-level-log-length": _MESSAGE_LOG_LENGTH}):
-                return Client(target, set_as_default=False, timeout=timeout, security=security), True
-        except OSError as exc:  # TimeoutError and refused or failed (e.g. TLS) connections
-            raise SessionLostError(
-                f"cannot connect to the Dask scheduler at {address} within {timeout:g} s "
-                f"(daskjobs.connect-timeout): {exc}. Check that the scheduler runs at that address and, "
-                "for a tls:// scheduler, pass security= with certificates it accepts."
-            ) from None
-    raise TypeError(f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}")
-
-
-def _dashboard_link(client: Client) -> str | None:
-    """The scheduler's dashboard URL, or ``None`` when it serves none."""
-    try:
-        return client.dashboard_link
-    except (KeyError, AttributeError, TypeError):
-        return None
 
 
 def _keep_group() -> None:
@@ -196,7 +147,7 @@ class DaskSession(Session):
     """
 
     def __init__(self, target: Client | str | Any, *, security: Any = None) -> None:
-        client, owned = _connect(target, security)
+        client, owned = connect(target, security)
         super().__init__()
         self._client, self._owns_client = client, owned
         self._address = client.scheduler.address
@@ -212,7 +163,7 @@ class DaskSession(Session):
             if owned:
                 client.close()
             raise
-        self._dashboard = _dashboard_link(client)
+        self._dashboard = dashboard_link(client)
         logger.info(
             "DaskSession %s connected to the Dask scheduler at %s; dashboard: %s",
             self.session_id,
@@ -246,7 +197,7 @@ class DaskSession(Session):
 
     def _submit(self, graph: LoweredGraph) -> dict[str, Future]:
         """Submit every task of ``graph`` (in dependency order), with Dep args replaced by futures."""
-        _send_at_once(self._client)
+        send_at_once(self._client)
         futures: dict[str, Future] = {}
         for task in graph.tasks:
             try:

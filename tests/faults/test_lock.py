@@ -293,7 +293,7 @@ def test_losing_the_lock_mid_run_stops_before_the_next_commit(prefix, loss, asyn
     with pytest.raises(CheckpointLockedError, match=r"vanished|changed hands"):
         dj.JobRunner(job, manager, max_epochs=6, progress=False).train()
     if loss == "prefix-deleted":
-        assert dj.list_checkpoints(prefix) == []
+        assert not os.path.exists(prefix)  # no save, retry or clean-up brought it back
         return
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == seen["epochs"]
     assert snapshot(prefix) == seen["files"]
