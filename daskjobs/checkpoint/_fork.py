@@ -22,8 +22,9 @@ Child hygiene:
   descriptor except its pipe and 0-2 (a dead worker's sockets close at once), ignores ``SIGINT``
   (a graceful stop waits for the save) and takes ``SIGTERM``'s default action.
 * It never logs, prints or runs ``atexit`` handlers (their locks may be held by threads that
-  do not exist in the child), and creates thread pools of its own only (the writers create
-  them per call).
+  do not exist in the child), and uses no thread pool or lock of the parent (daskjobs' module
+  pools and locks are replaced in a child by ``os.register_at_fork`` hooks in :mod:`._files`
+  and :mod:`._zarr`).
 * A failed write is tried once more inside the child, from the snapshot that still exists there.
   A child that dies (killed) takes its snapshot with it: the save fails with
   :class:`~daskjobs.errors.CheckpointWriteError` naming node and epoch, and is not retried.
