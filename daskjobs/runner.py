@@ -202,6 +202,9 @@ class JobRunner:
                     return self._train(session, manager)
                 except SessionLostError as exc:
                     raise with_last_commit(exc, manager) from exc
+                except BaseException:
+                    self._end_saves(manager, session)
+                    raise
                 finally:
                     manager.tidy(final=True)
                     manager.holds_lock = False
@@ -462,6 +465,14 @@ class JobRunner:
 
     def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
         manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
+
+    @staticmethod
+    def _end_saves(manager: MultiNodeCheckpointManager, session: Session) -> None:
+        """A failed run stops its background writers before it gives up the lock (best effort)."""
+        try:
+            manager.end_saves(session)
+        except Exception as exc:
+            logger.warning("could not stop the background checkpoint writes of %s: %s", manager.store.url, exc)
 
     @staticmethod
     def _release_lock(manager: MultiNodeCheckpointManager) -> None:

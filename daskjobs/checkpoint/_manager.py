@@ -29,6 +29,7 @@ from ._steps import (
     AsyncSaveFinish,
     AsyncSaveStep,
     CheckStep,
+    EndSaveStep,
     LoadStep,
     SaveFinish,
     SaveStep,
@@ -341,6 +342,14 @@ class MultiNodeCheckpointManager:
     def discard_pending(self) -> None:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
         self._saves.discard_pending()
+
+    def end_saves(self, session: Session) -> None:
+        """End every node's background save without committing it (a run that fails stops its writers
+        before it gives up the lock): forked writers are killed, writing threads waited for."""
+        self._saves.discard_pending()
+        if self.async_save:
+            group = self._group(lambda g, node: Task(EndSaveStep(), group=g, node=node, name="checkpoint_end_save"))
+            session.run_group(group, job=self._job_name)
 
     def pending_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""

@@ -8,7 +8,10 @@ The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -187,6 +190,22 @@ class WaitSaveStep:
 
 
 @dataclass(frozen=True)
+class EndSaveStep:
+    """Ends the node's background save, if one runs, without using it: a forked writer is killed,
+    a writing thread is waited for. What it wrote stays uncommitted debris."""
+
+    def __call__(self, ws: Workspace) -> None:
+        saver = ws._state.services.pop(SAVER, None)
+        if saver is None:
+            return
+        pid = getattr(saver, "pid", None)
+        if pid is not None and not saver.done():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        saver.join()
+
+
+@dataclass(frozen=True)
 class SaveStep:
     """Writes the node's whole GLOBAL workspace; returns the entry as the task output."""
 
@@ -311,5 +330,5 @@ class AsyncSaveFinish:
         return {"previous": previous, "error": _outcome(start).get("error")}
 
 
-for _step in (AsyncSaveStep, WaitSaveStep, SaveStep, LoadStep, CheckStep):
+for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, LoadStep, CheckStep):
     setattr(_step, INTERNAL, True)

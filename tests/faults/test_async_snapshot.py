@@ -233,3 +233,43 @@ def test_fork_on_an_object_store_is_refused(s3_prefix):
     with pytest.raises(ValueError, match=r"async_snapshot='fork' is not possible: s3://.* is not on a local disk"):
         dj.MultiNodeCheckpointManager(url, storage_options=options, async_save=True, async_snapshot="fork")
     assert dj.MultiNodeCheckpointManager(url, storage_options=options, async_save=True).async_snapshot == "copy"
+
+
+class FailThenHangStore(CheckpointStore):
+    """Node a's save of the victim epoch fails (disk full); its save of the next epoch hangs."""
+
+    hang_seconds: float = 60.0
+
+    def write_node(self, node, epoch, blobs, *, save_id, **kwargs):
+        if node == "a" and epoch == VICTIM_EPOCH:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if node == "a" and epoch == VICTIM_EPOCH + 1:
+            time.sleep(self.hang_seconds)
+        return super().write_node(node, epoch, blobs, save_id=save_id, **kwargs)
+
+
+def save_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("daskjobs-save-a-") and t.is_alive()]
+
+
+@pytest.mark.parametrize("snapshot", ["fork", "copy"])
+def test_a_run_that_fails_stops_its_writers_before_it_releases_the_lock(tmp_path, snapshot):
+    """A failed save raises while the next epoch's save (started by the same hooks) still writes:
+    train() ends that writer (a forked one is killed, a thread waited for) before the lock goes,
+    so no writer of this run touches the prefix once another runner may own it."""
+    prefix = str(tmp_path / "ckpt")
+    store = FailThenHangStore(prefix)
+    store.hang_seconds = 60.0 if snapshot == "fork" else 1.0
+    manager = dj.MultiNodeCheckpointManager(prefix, async_save=True, async_snapshot=snapshot)
+    manager.store = store
+    runner = dj.JobRunner(define_job(), manager, max_epochs=EPOCHS, progress=False, save_retries=0)
+    started = time.monotonic()
+    with dj.LocalSession() as session, pytest.raises(CheckpointWriteError, match=rf"epoch {VICTIM_EPOCH}"):
+        runner.train(session)
+    assert time.monotonic() - started < 30  # a forked writer was killed, not waited for
+    assert not snapshot_writers()
+    assert not save_threads()
+    assert CheckpointStore(prefix).read_lock() is None
+    assert [info.epoch for info in dj.list_checkpoints(prefix)] == list(range(VICTIM_EPOCH))
