@@ -1,8 +1,9 @@
 """SPEC §6 async save: the per-epoch stall from checkpointing, async vs synchronous, same run, same disk.
 
 The job keeps ``--mib`` MiB of float32 per node on two nodes (512 MiB in all by default) and
-does a little work per epoch (long enough for a background write to finish, as in real
-training). Everything is measured from the driver's side: the wall time between the ends of
+does a little work per epoch (3x a synchronous save by default: long enough for a background
+write to finish also under load, as in real training; a shorter epoch measures waiting for the
+previous save, not the snapshot). Everything is measured from the driver's side: the wall time between the ends of
 consecutive epochs (``on_epoch`` callbacks). The kinds of run alternate — no checkpoint,
 synchronous save, asynchronous save (per snapshot kind) — and
 
@@ -104,7 +105,10 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="MiB of float32 per node (two nodes)")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--runs", type=int, default=3, help="rounds of every kind, interleaved")
-    parser.add_argument("--work", type=float, default=None, help="seconds of work per epoch (default: 1.5x a save)")
+    parser.add_argument(
+        "--work", type=float, default=None, help="seconds of work per epoch (default: 3x a save, so that the "
+        "background write ends within the epoch also under load)"
+    )
     parser.add_argument("--load", type=int, default=0, help="busy processes running meanwhile")
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
     parser.add_argument(
@@ -118,7 +122,7 @@ def main() -> None:
     directory = Path(args.dir or tempfile.mkdtemp(prefix="daskjobs-bench-"))
     inplace = args.update == "inplace"
     probe = run(directory, mib=args.mib, epochs=3, work_seconds=0.0, mode="sync", inplace=inplace)
-    work = args.work if args.work is not None else 1.5 * probe
+    work = args.work if args.work is not None else 3.0 * probe
     busy = [multiprocessing.Process(target=_busy, args=(3600,), daemon=True) for _ in range(args.load)]
     for process in busy:
         process.start()
