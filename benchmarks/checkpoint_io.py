@@ -100,6 +100,7 @@ def small(root: str, runs: int, count: int) -> dict[str, list[float]]:
         entries[run] = store.write_node("n", run, blobs, save_id="s")
         store.commit(make_commit_record("bench", run, {"n": entries[run]}, {}, {}))
 
+    os.sync()  # start from a settled disk: one syncfs also waits for whatever else is being written
     for warm in (-2, -1):  # file creation is slow while the filesystem's metadata is cold
         savez_durable(os.path.join(folder, f"{warm}.npz"), blobs)
         store.write_node("n", 10**6 + warm, blobs, save_id="w")
