@@ -40,7 +40,7 @@ import numpy as np
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._files import _FSYNC_EACH_UP_TO, fsync_path, sync_paths
+from daskjobs.checkpoint._durable import FSYNC_EACH_UP_TO, fsync_path, sync_paths
 from daskjobs.checkpoint._format import make_commit_record
 
 MIB = 1 << 20
@@ -80,7 +80,7 @@ def format_floor(path: str, arrays: dict[str, np.ndarray]) -> None:
             fd = os.open(f"{path}/{name}/{file}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.write(fd, data)
             os.close(fd)
-    sync_paths([path] * (_FSYNC_EACH_UP_TO + 1))  # more paths than fsync-each: one syncfs, as daskjobs does
+    sync_paths([path] * (FSYNC_EACH_UP_TO + 1))  # more paths than fsync-each: one syncfs, as daskjobs does
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from daskjobs.checkpoint import CheckpointStore, _chunks, _files, _reader
+from daskjobs.checkpoint import CheckpointStore, _chunks, _durable, _reader
 from daskjobs.checkpoint._format import RECORD_FORMAT_VERSION, make_commit_record, validate_commit_record
 from daskjobs.errors import (
     BlobTypeError,
@@ -215,16 +215,16 @@ def test_read_selected_names_skips_unknown(store):
 
 
 def test_without_syncfs_every_path_is_fsynced(tmp_path, monkeypatch):
-    monkeypatch.setattr(_files, "_libc_syncfs", lambda: None)
+    monkeypatch.setattr(_durable, "_libc_syncfs", lambda: None)
     synced = []
-    monkeypatch.setattr(_files, "fsync_path", lambda path: synced.append(path) or _real_fsync(path))
+    monkeypatch.setattr(_durable, "fsync_path", lambda path: synced.append(path) or _real_fsync(path))
     store = CheckpointStore(tmp_path / "ckpt")
     entry = store.write_node("a", 1, {"w": np.ones(4)}, save_id="x")
     assert {os.path.join(store.db_name("a", 1), "w", "c.0"), str(tmp_path / "ckpt")} <= set(synced)
     assert_same(store.read_node("a", 1, entry), {"w": np.ones(4)})
 
 
-_real_fsync = _files.fsync_path
+_real_fsync = _durable.fsync_path
 
 
 # -- commits, listing, deletion, cleanup -----------------------------------------------------------

@@ -14,21 +14,19 @@ size plus one byte (to notice a file that is too long).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import shutil
 import stat
-import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from typing import Any
 
 import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
+
+from ._durable import fsync_path, sync_paths
 
 ChunkRead = tuple[str, memoryview, int]
 """A chunk to read: its path, where its valid bytes go, and the size the file must have."""
@@ -40,10 +38,8 @@ _BATCH_BYTES = 256 << 20
 _READ_BLOCK = 1 << 20
 """Chunk files are read in blocks of this size, each hashed at once while it is still in the CPU's cache."""
 _SEQUENTIAL_FROM = 16 << 20
-_FSYNC_EACH_UP_TO = 64
 _SYNC_EARLY_FROM = 4 << 20
 """Files of at least this size are fsynced by the thread that wrote them, right away."""
-_FSYNC_THREADS = 8
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {
@@ -93,73 +89,6 @@ def check_directory(path: str) -> None:
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise _unsafe(path, info.st_mode, "a directory")
-
-
-@cache
-def _libc_syncfs() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):  # not Linux: fall back to one fsync per file
-        return None
-
-
-_pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _reset_pool_after_fork() -> None:
-    """In a forked child (a snapshot writer): a fresh lock and no pool (the parent's threads are gone,
-    and another thread may have held the lock at the fork)."""
-    global _pool_lock, _pool
-    _pool_lock, _pool = threading.Lock(), None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def _fsync_pool() -> ThreadPoolExecutor:
-    """The process's pool of fsync threads, made once (and anew in a forked child, whose threads are gone):
-    starting threads for every flush costs as much as the fsyncs of a small group."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="daskjobs-fsync"))
-        return _pool[1]
-
-
-def fsync_path(path: str) -> None:
-    """fsync a file or directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_paths(paths: Sequence[str]) -> None:
-    """Make ``paths`` (files and directories of one filesystem) durable.
-
-    Up to :data:`_FSYNC_EACH_UP_TO` paths (a few big blobs) are fsynced each, several at once:
-    that flushes only our own data. For more, on Linux, one ``syncfs`` flushes the whole
-    filesystem: it costs a few fsyncs, far less than hundreds of them for many small blobs.
-    """
-    if not paths:
-        return
-    syncfs = _libc_syncfs() if len(paths) > _FSYNC_EACH_UP_TO else None
-    if syncfs is not None:
-        fd = os.open(paths[0], os.O_RDONLY)
-        try:
-            if syncfs(fd) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"syncfs failed: {os.strerror(code)}", paths[0])
-        finally:
-            os.close(fd)
-        return
-    if len(paths) == 1:
-        fsync_path(paths[0])
-        return
-    list(_fsync_pool().map(fsync_path, paths))
 
 
 FILE_MODE = 0o644

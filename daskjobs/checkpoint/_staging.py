@@ -14,7 +14,7 @@ import os
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ._files import fsync_path
+from ._durable import fsync_path
 from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")

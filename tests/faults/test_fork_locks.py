@@ -11,11 +11,11 @@ import threading
 import numpy as np
 import pytest
 
-from daskjobs.checkpoint import CheckpointStore, _files, _zarr
+from daskjobs.checkpoint import CheckpointStore, _durable, _zarr
 from daskjobs.checkpoint._fork import ForkedSave, fork_unsafe_reason
 
 LOCKS = {
-    "fsync-pool": lambda: _files._pool_lock,
+    "fsync-pool": lambda: _durable._pool_lock,
     "zarr-warnings": lambda: _zarr._ZARR_LOCK,
 }
 
