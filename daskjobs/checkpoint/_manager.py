@@ -154,6 +154,12 @@ class MultiNodeCheckpointManager:
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
 
+    keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
+    keep_every = property(lambda self: self.retention.keep_every, doc="Retention: every epoch divisible by it is kept.")
+    keep_best = property(lambda self: self.retention.keep_best, doc="Retention: the best epochs by metric kept.")
+    best_metric = property(lambda self: self.retention.best_metric, doc="The metric best-k retention ranks by.")
+    best_mode = property(lambda self: self.retention.best_mode, doc='``"min"`` or ``"max"``: which metric is best.')
+
     # -- parameters -----------------------------------------------------------------------
     def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
         return [validate_name(str(n), "node") for n in nodes]
