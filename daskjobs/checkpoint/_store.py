@@ -63,11 +63,8 @@ class CheckpointStore(Prefix):
 
     Parameters
     ----------
-    db_prefix
-        A local path (``~`` and relative paths are resolved once, here), a ``file://`` URL, or
-        any fsspec URL (``memory://``, ``s3://`` …). ``memory://`` is private to each process.
-    storage_options
-        fsspec options (credentials, endpoint …); never written to a checkpoint or shown in ``repr``.
+    db_prefix, storage_options
+        Where the prefix is, as for :class:`~._prefix.Prefix`.
     compression
         ``None`` (default: uncompressed, fastest) or one of ``"zstd"``, ``"blosc"``, ``"gzip"``.
     fsync
