@@ -121,8 +121,7 @@ def apply_retention(
                 if retired is not None:
                     retired.add(store.retire_epoch(epoch, record["nodes"], sync_folder=False, record=record))
                     continue
-                nodes = record["nodes"]
-                store.delete_epoch(epoch, nodes)
+                store.remove_retired(store.retire_epoch(epoch, record["nodes"], record=record))
             except Exception as exc:  # the new epoch is committed: never fail the save for this
                 logger.warning("retention: could not delete epoch %d under %s: %s", epoch, store.url, exc)
                 if isinstance(exc, CheckpointLockedError):
