@@ -22,6 +22,10 @@ class EpochSaver:
 
     :attr:`last_committed` is the newest epoch this run committed (or resumed from): what a
     recovery restores and what a graceful stop reports.
+
+    An epoch saved inside its own graph is committed while the next epoch runs (:meth:`meanwhile`)
+    where the manager allows it: the commit record's write and fsync then cost the epoch loop
+    nothing. Whatever ends the loop commits it first (:meth:`flush`, :meth:`settle`).
     """
 
     def __init__(
@@ -36,6 +40,10 @@ class EpochSaver:
         self.manager, self.job = manager, job
         self.save_retries, self.on_save_error = save_retries, on_save_error
         self.last_committed = last_committed
+        self._deferred: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
+        self._deferred_error: Exception | None = None
+        self._written: tuple[int, int] | None = None
+        self._then: list[Callable[[], object]] = []
 
     def hooks(self, epoch: int, used_nodes: list[str]) -> dict[str, Callable[[Any], Any]] | None:
         """The ``finish`` hooks saving ``epoch`` inside the epoch's graph; ``None`` when a
@@ -92,11 +100,61 @@ class EpochSaver:
             logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
             return node_seconds + self.save(epoch, session, stop_values, metrics)
         timings = {"save_seconds": node_seconds + time.perf_counter() - started}
-        self._with_retries(epoch, lambda: self._commit(epoch, stop_values, metrics, timings))
+        if manager.may_defer_commit:
+            self.commit_deferred()
+            self._deferred = (epoch, stop_values, metrics, timings)
+            entries = [r["entry"] for r in finished.values()]
+            self._written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
+        else:
+            self._with_retries(epoch, lambda: self._commit(epoch, stop_values, metrics, timings))
         return node_seconds + time.perf_counter() - started
 
+    def commit_deferred(self) -> None:
+        """Commit the epoch whose commit waits for the next epoch, if any (retries, then ``on_save_error``)."""
+        deferred, self._deferred = self._deferred, None
+        then, self._then = self._then, []
+        if deferred is not None:
+            epoch = deferred[0]
+            self._with_retries(epoch, lambda: self._commit(*deferred), give_up=lambda: self.manager.forget_save(epoch))
+        for call in then:
+            call()
+
+    def when_committed(self, call: Callable[[], object]) -> None:
+        """Call ``call`` once the last epoch saved is committed: now, or after its waiting commit."""
+        if self._deferred is None:
+            call()
+        else:
+            self._then.append(call)
+
+    def meanwhile(self) -> None:
+        """While the next epoch runs: delete the retired groups no node deleted, then commit the
+        waiting epoch (the groups it retires go to the nodes' next save hooks).
+
+        An error is kept for :meth:`check_meanwhile` (a session's ``meanwhile`` must not raise);
+        an interruption (``KeyboardInterrupt``) goes through at once.
+        """
+        self.manager.tidy()
+        try:
+            self.commit_deferred()
+        except Exception as exc:
+            self._deferred_error = exc
+
+    def check_meanwhile(self) -> None:
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed."""
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            raise error
+
+    def settle(self) -> None:
+        """On the way out of a failed run: commit the waiting epoch (it finished); a failure is logged."""
+        try:
+            self.commit_deferred()
+        except Exception as exc:
+            logger.warning("%s", exc)
+
     def flush(self, session: Session) -> None:
-        """Commit the asynchronous save in flight, if any."""
+        """Commit the epoch waiting for its commit and the asynchronous save in flight, if any."""
+        self.commit_deferred()
         manager = self.manager
         pending = manager.pending_epoch()
         if pending is not None:
@@ -108,8 +166,10 @@ class EpochSaver:
             self._with_retries(pending, flush, give_up=manager.discard_pending)
 
     def bytes(self) -> tuple[int, int]:
-        """Bytes written and reused by the last commit (``bytes`` counts as written when a
-        checkpoint format without delta reports no split)."""
+        """Bytes written and reused by the last save (of the last commit where the save is not
+        waiting for its commit; ``bytes`` counts as written when a format without delta reports no split)."""
+        if self._deferred is not None and self._written is not None:
+            return self._written
         record = self.manager.last_commit
         if record is None:
             return 0, 0
@@ -138,11 +198,8 @@ class EpochSaver:
         prefix) provably vanished or changed hands, rather than retry into a prefix that is no
         longer ours. Storage that cannot be read is a save error (``on_save_error`` decides); the
         commit's own lock check stays strict."""
-        if not self.manager.holds_lock:
-            return
-        holder = self.manager.store.read_lock()
-        if holder is None or "unreadable" not in holder:
-            self.manager.store.check_lock()
+        if self.manager.holds_lock:
+            self.manager.store.check_not_taken()
 
     def _with_retries(
         self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None

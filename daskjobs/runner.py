@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -104,7 +105,8 @@ class JobRunner:
     progress
         Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
     on_epoch
-        Called with each :class:`EpochRecord` once its epoch is checkpointed.
+        Called with each :class:`EpochRecord` once its epoch is committed (with a checkpoint manager,
+        usually while the next epoch runs: its commit is written then).
     save_retries
         How often a failed save is retried before ``on_save_error`` decides.
     break_lock
@@ -201,8 +203,10 @@ class JobRunner:
                         logger.info("removed uncommitted checkpoint leftover %s", leftover)
                     return self._train(session, manager)
                 except SessionLostError as exc:
+                    self._settle()
                     raise with_last_commit(exc, manager) from exc
                 except BaseException:
+                    self._settle()
                     self._end_saves(manager, session)
                     raise
                 finally:
@@ -299,6 +303,7 @@ class JobRunner:
                     self._stop_if_interrupted(manager, session)
                     return epoch
                 except NodeLostError as exc:
+                    self._settle()
                     check_recoverable(manager, exc, failures, self.max_failures, self._last_committed())
                     failures += 1
                     phase = "restore"
@@ -317,11 +322,11 @@ class JobRunner:
     ) -> int:
         """Run epochs from ``epoch`` until a stop condition or ``max_epochs``; return the last one."""
         while not stop:
-            record = self._run_epoch(session, manager, epoch, failures)
+            record = self._run_epoch(session, epoch, failures)
             self.history.append(record)
             bar.update(record)
             if self.on_epoch is not None:
-                self.on_epoch(record)
+                self._when_committed(partial(self.on_epoch, record))
             self._stop_if_interrupted(manager, session)
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
@@ -334,24 +339,26 @@ class JobRunner:
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
 
-    def _run_epoch(
-        self, session: Session, manager: MultiNodeCheckpointManager | None, epoch: int, failures: int
-    ) -> EpochRecord:
+    def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
         """Run one epoch and save it: inside the epoch's graph when possible, else as its own group."""
         job = self.job
         started = time.perf_counter()
         saver = self._saver
         hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
         finished: dict[str, Any] = {}
-        sums = session.run_group(
-            job.epoch_group,
-            job=job.name,
-            epoch=epoch,
-            attempt=failures,
-            finish=hooks or None,
-            finished=finished,
-            meanwhile=None if manager is None else manager.tidy,
-        )
+        try:
+            sums = session.run_group(
+                job.epoch_group,
+                job=job.name,
+                epoch=epoch,
+                attempt=failures,
+                finish=hooks or None,
+                finished=finished,
+                meanwhile=None if saver is None else saver.meanwhile,
+            )
+        finally:
+            if saver is not None:
+                saver.check_meanwhile()
         elapsed = time.perf_counter() - started
         values, metrics = self._stop_values(), means(sums)
         if saver is None:
@@ -457,6 +464,17 @@ class JobRunner:
     def _last_committed(self) -> int | None:
         """The newest epoch this run committed or resumed from (``None``: none)."""
         return None if self._saver is None else self._saver.last_committed
+
+    def _when_committed(self, call: Callable[[], object]) -> None:
+        if self._saver is None:
+            call()
+        else:
+            self._saver.when_committed(call)
+
+    def _settle(self) -> None:
+        """A failed run first commits the epoch still waiting for its commit (that epoch finished)."""
+        if self._saver is not None:
+            self._saver.settle()
 
     def _require_manager(self) -> MultiNodeCheckpointManager:
         if self.checkpoint_manager is None:

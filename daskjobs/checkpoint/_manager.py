@@ -284,9 +284,17 @@ class MultiNodeCheckpointManager:
             committed = [self._newest_seen]
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
         reusable = [e for e in committed if e not in retire]
-        previous = previous_entries(self.store, epoch, reusable, self._last_record) if self.delta else {}
+        previous = self._reusable_entries(epoch, reusable) if self.delta else {}
         source = next(iter(previous.values()))["epoch"] if previous else None
         return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
+
+    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+        """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
+        earlier epoch, committed or written and awaiting its commit (see :meth:`defer_commit`)."""
+        written = self._saves.newest_written(epoch)
+        if written is not None and written > max((e for e in committed if e < epoch), default=-1):
+            return dict(self._saves.entries[written])
+        return previous_entries(self.store, epoch, committed, self._last_record)
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -349,6 +357,10 @@ class MultiNodeCheckpointManager:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
         self._saves.discard_pending()
 
+    def forget_save(self, epoch: int) -> None:
+        """Forget the save of ``epoch``, written but never to be committed (its commit gave up)."""
+        self._saves.forget(epoch)
+
     def end_saves(self, session: Session) -> None:
         """End every node's background save without committing it (a run that fails stops its writers
         before it gives up the lock): forked writers are killed, writing threads waited for."""
@@ -356,6 +368,13 @@ class MultiNodeCheckpointManager:
         if self.async_save:
             group = self._group(lambda g, node: Task(EndSaveStep(), group=g, node=node, name="checkpoint_end_save"))
             session.run_group(group, job=self._job_name)
+
+    @property
+    def may_defer_commit(self) -> bool:
+        """Whether a runner may write the commit record of a synchronous save while the next epoch
+        runs: it holds the lock, and no newer commits wait for this one to retire them (after a
+        resume from an older epoch). The next save then reuses that epoch's chunks (delta)."""
+        return self.holds_lock and not self.async_save and not self._staging.retire
 
     def pending_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""
@@ -465,7 +484,7 @@ class MultiNodeCheckpointManager:
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
         self._remember(epoch, entries)
-        self._saves.sources.pop(epoch, None)
+        self._saves.forget(epoch)
         self._handler.write(epoch=epoch)
         retention_warning(self._apply_retention, epoch, self.store.url)
         if self.holds_lock:

@@ -160,6 +160,17 @@ class Prefix:
             raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
         _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
 
+    def check_not_taken(self) -> None:
+        """Before writing on after a failure, or a node's save: raise :class:`CheckpointLockedError`
+        only if the lock this store acquired provably vanished or changed hands (one small read).
+        A lock file that cannot be read is left to the write itself, whose error is a save error;
+        :meth:`check_lock` (before every commit) stays strict."""
+        if self._lock_token is None:
+            return
+        holder = self.read_lock()
+        if holder is None or ("unreadable" not in holder and holder.get("token") != self._lock_token):
+            self.check_lock()
+
     def _check_held(self) -> None:
         if self._lock_token is not None:
             self.check_lock()

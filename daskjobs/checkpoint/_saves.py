@@ -15,7 +15,7 @@ from ._store import CheckpointStore
 logger = logging.getLogger("daskjobs")
 
 Pending = tuple[int, dict[str, bool], dict[str, float], dict[str, float]]
-"""An asynchronous save awaiting its commit: ``(epoch, stop_values, timings, metrics)``."""
+"""A save awaiting its commit: ``(epoch, stop_values, timings, metrics)``."""
 
 
 def write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
@@ -82,10 +82,15 @@ class Saves:
         return kept
 
     def forget(self, epoch: int) -> None:
-        """Forget the save of ``epoch`` (it will not be committed)."""
+        """Forget the save of ``epoch`` (committed, or never to be)."""
         self.ids.pop(epoch, None)
         self.entries.pop(epoch, None)
+        self.tasks.pop(epoch, None)
         self.sources.pop(epoch, None)
+
+    def newest_written(self, before: int) -> int | None:
+        """The newest epoch before ``before`` whose save all nodes finished and that awaits its commit."""
+        return max((e for e in self.entries if e < before), default=None)
 
     def pending_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""
@@ -136,6 +141,7 @@ class Saves:
                 try:
                     commit(*pending)
                 except CheckpointWriteError as exc:
+                    self.forget(pending[0])
                     failed[pending[0]] = exc
         starts = {n: r["error"] for n, r in results.items() if r and r.get("error") is not None}
         if starts and epoch not in failed:
@@ -144,7 +150,8 @@ class Saves:
         return failed
 
     def finished(self, epoch: int) -> dict[str, dict[str, Any]]:
-        """The nodes' entries of ``epoch``'s save, to commit; refuses entries of another save.
+        """The nodes' entries of ``epoch``'s save, to commit (kept until :meth:`forget`, so a failed
+        commit can be tried again); refuses entries of another save.
 
         Raises
         ------
@@ -153,15 +160,17 @@ class Saves:
         CheckpointError
             A node returned an entry of another save of ``epoch``.
         """
-        entries = self.entries.pop(epoch, None)
+        entries = self.entries.get(epoch)
         if entries is None:
-            tasks = self.tasks.pop(epoch, None)
+            tasks = self.tasks.get(epoch)
             if tasks is None:
                 raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
             entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
-        save_id = self.ids.pop(epoch)
+            self.entries[epoch] = entries
+        save_id = self.ids[epoch]
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
+            self.forget(epoch)
             raise CheckpointError(
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )

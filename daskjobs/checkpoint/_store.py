@@ -129,7 +129,8 @@ class CheckpointStore(Prefix):
 
         Whatever an earlier attempt left at that place is replaced. Names and dtypes are checked
         before anything is written; data is fsynced (local disks) before the entry is written last,
-        into the group's attributes.
+        into the group's attributes. A store holding the writer lock checks it first (one small
+        read, see :meth:`check_not_taken`): a prefix that changed hands gets nothing more from this writer.
 
         Parameters
         ----------
@@ -164,11 +165,14 @@ class CheckpointStore(Prefix):
             A blob whose dtype cannot be stored (a ``TypeError``).
         CheckpointWriteError
             Storage failed; no commit record refers to the partial group.
+        CheckpointLockedError
+            This store acquired the writer lock, and the lock (or the prefix) vanished or changed hands.
         """
         validate_name(node, "node")
         if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
         url = self.db_name(node, epoch)
+        self.check_not_taken()
         try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
             clear_for_write(Tree(self.fs), self._path(f"{node}.{epoch}"), url, node, epoch)
         except OSError as exc:
