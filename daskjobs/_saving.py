@@ -145,12 +145,15 @@ class EpochSaver:
         if error is not None:
             raise error
 
-    def settle(self) -> None:
-        """On the way out of a failed run: commit the waiting epoch (it finished); a failure is logged."""
+    def settle(self) -> bool:
+        """On the way out of a failed run: commit the waiting epoch (it finished); a failure is
+        logged. ``True`` if an epoch was committed."""
+        before = self.last_committed
         try:
             self.commit_deferred()
         except Exception as exc:
             logger.warning("%s", exc)
+        return self.last_committed != before
 
     def flush(self, session: Session) -> None:
         """Commit the epoch waiting for its commit and the asynchronous save in flight, if any."""

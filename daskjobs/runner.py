@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import signal
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,6 +21,7 @@ from .data import epochs_until_finished
 from .errors import (
     CheckpointWriteError,
     JobDefinitionError,
+    JobInterruptedError,
     NodeLostError,
     SessionLostError,
     StopConditionError,
@@ -205,9 +207,13 @@ class JobRunner:
                 except SessionLostError as exc:
                     self._settle()
                     raise with_last_commit(exc, manager) from exc
-                except BaseException:
-                    self._settle()
+                except BaseException as exc:
+                    committed = self._settle()
                     self._end_saves(manager, session)
+                    if committed and isinstance(exc, (KeyboardInterrupt, JobInterruptedError)):
+                        # abandoned by a second signal: the error names the epoch just committed
+                        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                        raise self._interruption(signum, abandoned=True).with_traceback(exc.__traceback__) from None
                     raise
                 finally:
                     manager.tidy(final=True)
@@ -471,10 +477,10 @@ class JobRunner:
         else:
             self._saver.when_committed(call)
 
-    def _settle(self) -> None:
-        """A failed run first commits the epoch still waiting for its commit (that epoch finished)."""
-        if self._saver is not None:
-            self._saver.settle()
+    def _settle(self) -> bool:
+        """A failed run first commits the epoch still waiting for its commit (that epoch finished);
+        ``True`` if it did."""
+        return self._saver is not None and self._saver.settle()
 
     def _require_manager(self) -> MultiNodeCheckpointManager:
         if self.checkpoint_manager is None:
