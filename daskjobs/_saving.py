@@ -127,17 +127,17 @@ class EpochSaver:
             self._then.append(call)
 
     def meanwhile(self) -> None:
-        """While the next epoch runs: delete the retired groups no node deleted, then commit the
-        waiting epoch (the groups it retires go to the nodes' next save hooks).
+        """While the next epoch runs: commit the waiting epoch, then delete the groups of the
+        epochs retention un-committed.
 
         An error is kept for :meth:`check_meanwhile` (a session's ``meanwhile`` must not raise);
         an interruption (``KeyboardInterrupt``) goes through at once.
         """
-        self.manager.tidy()
         try:
             self.commit_deferred()
         except Exception as exc:
             self._deferred_error = exc
+        self.manager.tidy()
 
     def check_meanwhile(self) -> None:
         """Raise the error of the commit :meth:`meanwhile` wrote, if it failed."""

@@ -148,7 +148,7 @@ class MultiNodeCheckpointManager:
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
 
         While it does, retention un-commits epochs with the commit (one fsync for both) and their
-        groups are deleted later: by the nodes in the next epoch's save hooks, or by :meth:`tidy`.
+        groups are deleted later by :meth:`tidy` (a runner calls it while the next epoch runs).
         """
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
@@ -323,8 +323,7 @@ class MultiNodeCheckpointManager:
             return {
                 n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
             }
-        doomed = self.retention.retired.hand_out(self.nodes())
-        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), doomed[n]) for n in self.nodes()}
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -338,8 +337,6 @@ class MultiNodeCheckpointManager:
         :meth:`save`; an asynchronous save that failed in the background is lost (its
         snapshot is gone).
         """
-        if not self.async_save:
-            self.retention.retired.returned({n: (r or {}).get("removed", ()) for n, r in results.items()})
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
     def flush(self, session: Session) -> int | None:
@@ -496,9 +493,8 @@ class MultiNodeCheckpointManager:
         self.retention.apply(self.store, newest, deferred=self.holds_lock, keeping=self._saves.keeping_sources)
 
     def tidy(self, *, final: bool = False) -> None:
-        """Delete the groups of epochs retention un-committed that no node deleted (see
-        :attr:`holds_lock`); ``final``: also those handed to save hooks (none runs any more).
-        Failures are logged warnings, never raised."""
+        """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`);
+        ``final``: the run ends. Failures are logged warnings, never raised."""
         self.retention.tidy(self.store, final=final)
 
     # -- resuming from an older epoch ------------------------------------------------------

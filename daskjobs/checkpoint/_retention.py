@@ -134,47 +134,23 @@ class RetiredGroups:
     """Epochs retention un-committed whose node groups are still to be deleted.
 
     While a runner holds the lock, retention only un-commits (one fsync with the commit) and the
-    groups are deleted later: by the nodes themselves, inside the next epoch's save hooks
-    (:meth:`hand_out`, then :meth:`returned`), or here on the driver (:meth:`remove`). Until then
-    they are uncommitted debris, which the next run's cleanup also removes.
+    groups are deleted later by :meth:`remove`: the runner calls it while the next epoch runs,
+    and before it releases the lock. Until then they are uncommitted debris, which the next run's
+    cleanup also removes.
     """
 
     def __init__(self) -> None:
         self._pending: dict[int, dict[str, Mapping[str, Any] | None]] = {}
-        self._out: dict[int, dict[str, Mapping[str, Any] | None]] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._pending or self._out)
+        return bool(self._pending)
 
     def add(self, retired: RetiredEpoch) -> None:
         """Remember ``retired`` (from :meth:`CheckpointStore.retire_epoch`) for deletion."""
         self._pending[retired.epoch] = dict(retired.entries)
 
-    def hand_out(self, nodes: Iterable[str]) -> dict[str, tuple[tuple[int, Mapping[str, Any] | None], ...]]:
-        """Per node, ``(epoch, entry)`` of the groups it is to delete; they are out until :meth:`returned`."""
-        for epoch, entries in self._pending.items():
-            self._out.setdefault(epoch, {}).update(entries)
-        self._pending.clear()
-        return {
-            node: tuple((epoch, entries[node]) for epoch, entries in sorted(self._out.items()) if node in entries)
-            for node in nodes
-        }
-
-    def returned(self, removed: Mapping[str, Iterable[int]]) -> None:
-        """The nodes' hooks ran: drop the groups each removed; the others wait for :meth:`remove`."""
-        for node, epochs in removed.items():
-            for epoch in epochs:
-                self._out.get(epoch, {}).pop(node, None)
-        for epoch, entries in self._out.items():
-            if entries:
-                self._pending.setdefault(epoch, {}).update(entries)
-        self._out.clear()
-
-    def remove(self, store: CheckpointStore, *, everything: bool = False) -> None:
-        """Delete the pending groups from here (``everything``: also those handed out, once no hook
-        runs any more). Failures are logged warnings; after a lost lock nothing more is deleted."""
-        if everything:
-            self.returned({})
+    def remove(self, store: CheckpointStore) -> None:
+        """Delete the pending groups. Failures are logged warnings; after a lost lock nothing more is deleted."""
         doomed, self._pending = self._pending, {}
         for epoch, entries in sorted(doomed.items()):
             try:
@@ -278,7 +254,7 @@ class Retention:
             apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best))
 
     def tidy(self, store: CheckpointStore, *, final: bool) -> None:
-        """Delete retired groups no node deleted; ``final``: also those handed out (no hook runs any more)."""
-        self.retired.remove(store, everything=final)
+        """Delete the retired groups; ``final``: the run ends (forget the records it wrote, too)."""
+        self.retired.remove(store)
         if final:
             self._written = {}

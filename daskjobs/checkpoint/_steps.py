@@ -22,7 +22,6 @@ from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
 from ._fork import ForkedSave, forks
-from ._store import RetiredEpoch
 
 if TYPE_CHECKING:
     from .._execute import NodeState
@@ -267,24 +266,13 @@ class SaveFinish:
     epoch: int
     save_id: str
     previous: dict[str, Any] | None = None
-    doomed: tuple[tuple[int, Any], ...] = ()
-    """``(epoch, entry)`` of this node's groups of epochs retention un-committed: deleted after
-    the save (the lock checked first), reported back as ``"removed"``."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         with state.lock:
             blobs = dict(state.scope.blobs)
-        outcome = _outcome(
+        return _outcome(
             lambda: self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
         )
-        removed = []
-        for epoch, entry in self.doomed if "entry" in outcome else ():
-            try:
-                self.store.remove_retired(RetiredEpoch(epoch, {self.node: entry}))
-            except Exception:  # left for the driver's tidy-up, or as debris for the next run's cleanup
-                break
-            removed.append(epoch)
-        return {**outcome, "removed": removed}
 
 
 @dataclass(frozen=True)
