@@ -493,8 +493,9 @@ class MultiNodeCheckpointManager:
         self.retention.apply(self.store, newest, deferred=self.holds_lock, keeping=self._saves.keeping_sources)
 
     def tidy(self, *, final: bool = False) -> None:
-        """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`);
-        ``final``: the run ends. Failures are logged warnings, never raised."""
+        """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`) in a
+        background thread; ``final``: here, after that thread (the run ends, the lock is about to
+        be released). Failures are logged warnings, never raised."""
         self.retention.tidy(self.store, final=final)
 
     # -- resuming from an older epoch ------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -68,9 +69,7 @@ def best_of(
     return best_epochs(values, mode)[:keep]
 
 
-def kept_epochs(
-    epochs: list[int], keep_last: int | None, keep_every: int | None, best: Iterable[int] = ()
-) -> set[int]:
+def kept_epochs(epochs: list[int], keep_last: int | None, keep_every: int | None, best: Iterable[int] = ()) -> set[int]:
     """Which of the committed ``epochs`` (ascending) retention keeps: always the newest, the last
     ``keep_last``, every epoch divisible by ``keep_every`` and ``best``.
 
@@ -134,24 +133,44 @@ class RetiredGroups:
     """Epochs retention un-committed whose node groups are still to be deleted.
 
     While a runner holds the lock, retention only un-commits (one fsync with the commit) and the
-    groups are deleted later by :meth:`remove`: the runner calls it while the next epoch runs,
-    and before it releases the lock. Until then they are uncommitted debris, which the next run's
-    cleanup also removes.
+    groups are deleted later by :meth:`remove`: in a background thread while the next epoch runs,
+    and finally before the runner releases the lock. Until then they are uncommitted debris,
+    which the next run's cleanup also removes.
     """
 
     def __init__(self) -> None:
         self._pending: dict[int, dict[str, Mapping[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+        self._deleting: threading.Thread | None = None
 
     def __bool__(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending) or self._busy()
 
     def add(self, retired: RetiredEpoch) -> None:
         """Remember ``retired`` (from :meth:`CheckpointStore.retire_epoch`) for deletion."""
-        self._pending[retired.epoch] = dict(retired.entries)
+        with self._lock:
+            self._pending[retired.epoch] = dict(retired.entries)
 
-    def remove(self, store: CheckpointStore) -> None:
-        """Delete the pending groups. Failures are logged warnings; after a lost lock nothing more is deleted."""
-        doomed, self._pending = self._pending, {}
+    def remove(self, store: CheckpointStore, *, wait: bool = True) -> None:
+        """Delete the pending groups; ``wait=False``: in a background thread (the caller goes on; if
+        the previous deletion still runs, the groups wait for the next call). Failures are logged
+        warnings; after a lost lock nothing more is deleted."""
+        if wait:
+            if self._deleting is not None:
+                self._deleting.join()
+            self._remove(store)
+        elif self._pending and not self._busy():
+            self._deleting = threading.Thread(
+                target=self._remove, args=(store,), name="daskjobs-retention", daemon=True
+            )
+            self._deleting.start()
+
+    def _busy(self) -> bool:
+        return self._deleting is not None and self._deleting.is_alive()
+
+    def _remove(self, store: CheckpointStore) -> None:
+        with self._lock:
+            doomed, self._pending = self._pending, {}
         for epoch, entries in sorted(doomed.items()):
             try:
                 store.remove_retired(RetiredEpoch(epoch, entries))
@@ -254,7 +273,8 @@ class Retention:
             apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best))
 
     def tidy(self, store: CheckpointStore, *, final: bool) -> None:
-        """Delete the retired groups; ``final``: the run ends (forget the records it wrote, too)."""
-        self.retired.remove(store)
+        """Delete the retired groups in the background; ``final``: here and now, and forget the
+        records written (the run ends)."""
+        self.retired.remove(store, wait=final)
         if final:
             self._written = {}
