@@ -308,12 +308,13 @@ def make_commit_record(
     Returns
     -------
     dict
-        A record that :func:`validate_commit_record` accepts.
+        The record; :meth:`CheckpointStore.commit` validates it (:func:`validate_commit_record`)
+        before writing it.
     """
     for name, value in stop_values.items():
         if not isinstance(value, bool | np.bool_):
             raise TypeError(f"stop value {name!r} must be a bool, got {type(value).__name__}")
-    record = {
+    return {
         "format": FORMAT_NAME,
         "format_version": RECORD_FORMAT_VERSION,
         "daskjobs_version": __version__,
@@ -326,7 +327,6 @@ def make_commit_record(
         "timings": {str(name): float(value) for name, value in timings.items()},
         "metrics": {str(name): float(value) for name, value in (metrics or {}).items()},
     }
-    return validate_commit_record(record, epoch)
 
 
 def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
