@@ -10,6 +10,7 @@ a crash leaves only uncommitted debris, which the next run removes.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -63,9 +64,8 @@ def test_at_every_epoch_the_kept_groups_and_a_few_retired_ones_are_on_disk(sessi
     assert group_epochs(prefix) == {node: set(range(9 - keep_last, 9)) for node in NODES}
 
 
-def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(prefix):
-    """A manager that holds the lock and commits without a runner leaves the retired groups on
-    disk, uncommitted; ``tidy(final=True)`` (or the next run's cleanup) deletes exactly those."""
+def four_epochs_committed_by_hand(prefix: str) -> dj.MultiNodeCheckpointManager:
+    """A manager holding the lock (as a runner's does) that saved and committed epochs 0-3 with ``keep_last=1``."""
     manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
     manager.set_params(nodes=list(NODES), job_name="retained")
     manager.store.acquire_lock({"host": "here", "pid": os.getpid(), "job": "retained"})
@@ -76,6 +76,13 @@ def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(pref
         for epoch in range(4):
             session.run_group(manager.save(epoch), job="retained", epoch=epoch)
             manager.write_checkpoint_metadata(epoch)
+    return manager
+
+
+def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(prefix):
+    """A manager that holds the lock and commits without a runner leaves the retired groups on
+    disk, uncommitted; ``tidy(final=True)`` (or the next run's cleanup) deletes exactly those."""
+    manager = four_epochs_committed_by_hand(prefix)
     assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
     assert group_epochs(prefix) == {node: {0, 1, 2, 3} for node in NODES}
     manager.tidy(final=True)
@@ -110,18 +117,7 @@ def test_a_lost_lock_stops_the_run_from_writing_on(prefix):
 def test_tidy_deletes_in_the_background_and_the_final_tidy_waits_for_it(prefix):
     """``tidy()`` returns at once and a thread deletes the retired groups; ``tidy(final=True)``
     joins that thread first, so nothing is deleted after the lock is released."""
-    import time
-
-    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
-    manager.set_params(nodes=list(NODES), job_name="retained")
-    manager.store.acquire_lock({"host": "here", "pid": os.getpid(), "job": "retained"})
-    manager.holds_lock = True
-    with dj.LocalSession() as session:
-        for node in NODES:
-            session.feed("w", np.arange(4.0), node=node)
-        for epoch in range(4):
-            session.run_group(manager.save(epoch), job="retained", epoch=epoch)
-            manager.write_checkpoint_metadata(epoch)
+    manager = four_epochs_committed_by_hand(prefix)
     manager.tidy()
     deadline = time.monotonic() + 30
     while group_epochs(prefix) != {node: {3} for node in NODES} and time.monotonic() < deadline:
