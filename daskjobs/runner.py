@@ -331,8 +331,10 @@ class JobRunner:
             record = self._run_epoch(session, epoch, failures)
             self.history.append(record)
             bar.update(record)
-            if self.on_epoch is not None:
-                self._when_committed(partial(self.on_epoch, record))
+            if self.on_epoch is not None and self._saver is not None:
+                self._saver.when_committed(partial(self.on_epoch, record))
+            elif self.on_epoch is not None:
+                self.on_epoch(record)
             self._stop_if_interrupted(manager, session)
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
@@ -470,12 +472,6 @@ class JobRunner:
     def _last_committed(self) -> int | None:
         """The newest epoch this run committed or resumed from (``None``: none)."""
         return None if self._saver is None else self._saver.last_committed
-
-    def _when_committed(self, call: Callable[[], object]) -> None:
-        if self._saver is None:
-            call()
-        else:
-            self._saver.when_committed(call)
 
     def _settle(self) -> bool:
         """A failed run first commits the epoch still waiting for its commit (that epoch finished);
