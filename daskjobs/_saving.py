@@ -181,7 +181,9 @@ class EpochSaver:
         return written, sum(int(e.get("bytes_reused", 0)) for e in entries)
 
     def failed(self, epoch: int, error: BaseException | None) -> None:
-        """Give up on saving ``epoch``: raise :class:`CheckpointWriteError` or warn, by policy."""
+        """Give up on saving ``epoch``: raise :class:`CheckpointWriteError` or warn, by policy; a lock
+        that provably vanished or changed hands stops the run with :class:`CheckpointLockedError`."""
+        self._check_lock()
         message = f"could not write the checkpoint of epoch {epoch} under {self.manager.store.url}: {error}"
         if self.on_save_error == "raise":
             raise CheckpointWriteError(f"{message}; the last committed checkpoint is intact") from error
