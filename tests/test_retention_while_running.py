@@ -45,7 +45,7 @@ def group_epochs(prefix: str) -> dict[str, set[int]]:
 def test_at_every_epoch_the_kept_groups_and_a_few_retired_ones_are_on_disk(session, prefix, keep_last):
     """At ``on_epoch(e)`` (right after epoch ``e`` committed) the commits are exactly the last
     ``keep_last``. On disk beside them: epoch ``e + 1`` being written and retired groups the
-    background deletion has not reached yet (a few at most); at the end exactly the kept ones."""
+    background deletion has not reached yet; at the end exactly the kept ones."""
     seen: list[tuple[int, list[int], dict[str, set[int]]]] = []
 
     def on_epoch(record: dj.EpochRecord) -> None:
@@ -59,7 +59,6 @@ def test_at_every_epoch_the_kept_groups_and_a_few_retired_ones_are_on_disk(sessi
         assert committed == kept
         for node in NODES:
             assert set(kept) <= groups[node] <= set(range(epoch + 2)), (epoch, node, groups[node])
-            assert len(groups[node] - {*kept, epoch + 1}) <= 4, (epoch, node, groups[node])
     assert [info.epoch for info in dj.list_checkpoints(prefix)] == list(range(9 - keep_last, 9))
     assert group_epochs(prefix) == {node: set(range(9 - keep_last, 9)) for node in NODES}
 
@@ -106,12 +105,12 @@ def test_a_lost_lock_stops_the_run_from_writing_on(prefix):
     with pytest.raises(dj.errors.CheckpointLockedError):
         dj.JobRunner(job, manager, max_epochs=8, progress=False).train()
     assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
-    # epoch 3 was committed before epoch 4 ran, retiring epoch 2, whose deletion in the background
-    # may have found the lock gone already; the trainer's save of epoch 4 found it gone (its step
-    # replaced it just before); the ps node's save may have run before that step
-    groups = group_epochs(prefix)
-    assert groups["trainer_0"] - {2} == {3}
-    assert groups["ps"] - {2} in ({3}, {3, 4})
+    # epoch 3 was committed before epoch 4 ran; retired groups the background deletion had not
+    # reached when the lock went stay (uncommitted debris). The trainer's save of epoch 4 found the
+    # lock gone (its step replaced it just before); the ps node's save may have run before that step
+    groups = {node: {e for e in epochs if e >= 3} for node, epochs in group_epochs(prefix).items()}
+    assert groups["trainer_0"] == {3}
+    assert groups["ps"] in ({3}, {3, 4})
 
 
 def test_tidy_deletes_in_the_background_and_the_final_tidy_waits_for_it(prefix):
