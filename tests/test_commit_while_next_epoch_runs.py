@@ -24,10 +24,12 @@ def commit_file(prefix: str, epoch: int) -> str:
     return os.path.join(prefix, "__daskjobs__", "commits", f"epoch-{epoch:012d}.json")
 
 
-def make_job(name: str = "overlap", *, fail_at: int | None = None, block_commit_of: int | None = None) -> dj.Job:
+def make_job(
+    name: str = "overlap", *, fail_at: int | None = None, block_commit_of: tuple[str, int] | None = None
+) -> dj.Job:
     """``a`` changes in even epochs, ``b`` in odd ones. ``fail_at``: a step raises in that epoch.
-    ``block_commit_of``: a step of that epoch puts a directory where its commit record goes (a
-    real, lasting write failure of that one commit)."""
+    ``block_commit_of=(prefix, epoch)``: a step of that epoch puts a directory where its commit
+    record goes (a real, lasting write failure of that one commit)."""
 
     def update(ws):
         name = "a" if ws.epoch % 2 == 0 else "b"
@@ -42,11 +44,11 @@ def make_job(name: str = "overlap", *, fail_at: int | None = None, block_commit_
                     dj.Task(lambda ws: ws.update(a=np.zeros(BLOB), b=np.zeros(BLOB)))
                 dj.Task(update, name="update")
     if block_commit_of is not None:
-        epoch = block_commit_of
+        prefix, epoch = block_commit_of
 
         def block(ws):
             if ws.epoch == epoch:
-                os.makedirs(commit_file(ws["prefix"].item(), epoch))
+                os.makedirs(commit_file(prefix, epoch))
 
         with job, dj.Node("ps"):
             dj.Task(block, name="block")
@@ -105,14 +107,8 @@ def test_a_failing_epoch_leaves_the_epoch_before_committed(session, prefix):
     check_epoch(prefix, 6)
 
 
-def feed_prefix(job: dj.Job, prefix: str) -> None:
-    with job, dj.Node("ps"), job.init_group:
-        dj.Task(lambda ws: ws.__setitem__("prefix", np.array(prefix)), name="remember_prefix")
-
-
 def test_a_commit_that_keeps_failing_stops_the_job_and_keeps_the_last_commit(session, prefix):
-    job = make_job(block_commit_of=3)
-    feed_prefix(job, prefix)
+    job = make_job(block_commit_of=(prefix, 3))
     manager = dj.MultiNodeCheckpointManager(prefix)
     with pytest.raises(CheckpointWriteError, match="epoch 3"):
         dj.JobRunner(job, manager, max_epochs=6, progress=False, save_retries=1).train(session)
@@ -126,8 +122,7 @@ def test_a_commit_that_keeps_failing_stops_the_job_and_keeps_the_last_commit(ses
 
 
 def test_with_on_save_error_warn_a_failed_commit_is_skipped_and_the_next_epochs_commit(session, prefix, caplog):
-    job = make_job(block_commit_of=3)
-    feed_prefix(job, prefix)
+    job = make_job(block_commit_of=(prefix, 3))
     manager = dj.MultiNodeCheckpointManager(prefix)
     runner = dj.JobRunner(job, manager, max_epochs=6, progress=False, save_retries=1, on_save_error="warn")
     assert runner.train(session) == 6

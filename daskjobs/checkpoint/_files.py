@@ -240,8 +240,8 @@ class LocalFiles:
     def reuse(self, source: str, target: str, size: int) -> bool:
         """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible.
 
-        ``source`` belongs to a committed epoch, so its data is durable already: only the new
-        name needs a flush, which the fsync of the target's folder gives.
+        ``source`` belongs to an earlier save, made durable before that save returned: only the
+        new name needs a flush, which the fsync of the target's folder gives.
         """
         try:
             info = os.lstat(source)

@@ -23,7 +23,7 @@ Child hygiene:
   (a graceful stop waits for the save) and takes ``SIGTERM``'s default action.
 * It never logs, prints or runs ``atexit`` handlers (their locks may be held by threads that
   do not exist in the child), and uses no thread pool or lock of the parent (daskjobs' module
-  pools and locks are replaced in a child by ``os.register_at_fork`` hooks in :mod:`._files`
+  pools and locks are replaced in a child by ``os.register_at_fork`` hooks in :mod:`._durable`
   and :mod:`._zarr`).
 * A failed write is tried once more inside the child, from the snapshot that still exists there.
   A child that dies (killed) takes its snapshot with it: the save fails with

@@ -290,7 +290,7 @@ class MultiNodeCheckpointManager:
 
     def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
         """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
-        earlier epoch, committed or written and awaiting its commit (see :meth:`defer_commit`)."""
+        earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
         written = self._saves.newest_written(epoch)
         if written is not None and written > max((e for e in committed if e < epoch), default=-1):
             return dict(self._saves.entries[written])

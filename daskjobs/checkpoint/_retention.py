@@ -253,6 +253,8 @@ class Retention:
     ) -> None:
         """Delete (``deferred``: only un-commit, see :class:`RetiredGroups`) the committed epochs
         older than ``newest`` the policy drops; ``keeping(best)`` adds epochs saves in flight need."""
+        if not self.deletes:
+            return
         best: Callable[[list[int]], list[int]] | None = None
         if self.keep_best is not None:
             best = functools.partial(
@@ -263,14 +265,10 @@ class Retention:
                 mode=self.best_mode,
                 keep=self.keep_best,
             )
-        if not self.deletes:
-            return
-        # Deferred too: retired groups are deleted by tidy() while the next epoch runs, and the save
-        # started at the end of this epoch may still link chunks of the epoch it reuses.
-        if deferred:
-            apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best), self.retired, self._written)
-        else:
-            apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best))
+        # Deferred too, ``keeping`` holds back the epochs saves not yet committed link chunks of:
+        # their groups are deleted by tidy() while the next epoch runs.
+        retired, written = (self.retired, self._written) if deferred else (None, None)
+        apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best), retired, written)
 
     def tidy(self, store: CheckpointStore, *, final: bool) -> None:
         """Delete the retired groups in the background; ``final``: here and now, and forget the

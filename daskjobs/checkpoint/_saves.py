@@ -60,11 +60,11 @@ class Saves:
         self.entries: dict[int, dict[str, dict[str, Any]]] = {}
         self.pending: Pending | None = None
         self.sources: dict[int, int] = {}
-        """Per save not yet committed, the committed epoch it reuses chunks from (delta): kept by retention."""
+        """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
 
     def start(self, epoch: int, source: int | None = None) -> str:
-        """A new save id for ``epoch``, reusing chunks of committed epoch ``source`` (delta); entries
-        of an earlier save of it are forgotten."""
+        """A new save id for ``epoch``, reusing chunks of the earlier epoch ``source`` (delta);
+        entries of an earlier save of it are forgotten."""
         self.ids[epoch] = uuid.uuid4().hex
         self.entries.pop(epoch, None)
         self.sources.pop(epoch, None)

@@ -135,8 +135,9 @@ class Session(abc.ABC):
         Each hook's return value (picklable) is stored in ``finished`` under its node.
 
         ``meanwhile()`` is called once in this thread while the group runs on the cluster (before
-        it runs, in a :class:`LocalSession`): the runner finishes the previous commit's bookkeeping
-        there, off the epoch's critical path. It must not raise.
+        it runs, in a :class:`LocalSession`): the runner writes the previous epoch's commit there,
+        off the epoch's critical path. It must not raise errors (it keeps them for later); an
+        interruption (``KeyboardInterrupt``) abandons the run like one during the gather.
         """
         self._check_open()
         plan = plan_group(group, job)
