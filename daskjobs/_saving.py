@@ -23,9 +23,12 @@ class EpochSaver:
     :attr:`last_committed` is the newest epoch this run committed (or resumed from): what a
     recovery restores and what a graceful stop reports.
 
-    An epoch saved inside its own graph is committed while the next epoch runs (:meth:`meanwhile`)
-    where the manager allows it: the commit record's write and fsync then cost the epoch loop
-    nothing. Whatever ends the loop commits it first (:meth:`flush`, :meth:`settle`).
+    An epoch saved inside its own graph is committed while a later epoch runs (:meth:`meanwhile`)
+    where the manager allows it (:attr:`~daskjobs.MultiNodeCheckpointManager.may_defer_commit`):
+    the nodes write the epoch's groups at the end of its graph and fsync them in the background;
+    the next epoch's hooks report them durable, and the epoch after it writes the commit record.
+    The fsyncs and the commit then cost the epoch loop nothing. Whatever ends the loop waits for
+    the flushes and commits first (:meth:`flush`, :meth:`settle`).
     """
 
     def __init__(
@@ -40,12 +43,12 @@ class EpochSaver:
         self.manager, self.job = manager, job
         self.save_retries, self.on_save_error = save_retries, on_save_error
         self.last_committed = last_committed
-        self._deferred: tuple[int, dict[str, bool], dict[str, float], dict[str, float]] | None = None
+        self._waiting: list[tuple[int, dict[str, bool], dict[str, float], dict[str, float]]] = []
         self._deferred_error: Exception | None = None
         self._written: tuple[int, int] | None = None
-        self._then: list[Callable[[], object]] = []
+        self._then: list[tuple[int, Callable[[], object]]] = []
 
-    def hooks(self, epoch: int, used_nodes: list[str]) -> dict[str, Callable[[Any], Any]] | None:
+    def hooks(self, epoch: int, used_nodes: list[str], session: Session) -> dict[str, Callable[[Any], Any]] | None:
         """The ``finish`` hooks saving ``epoch`` inside the epoch's graph; ``None`` when a
         checkpointed node does not run in it (then :meth:`save` saves as a group of its own);
         ``{}`` when the storage is not accessible (the save is skipped, with a warning)."""
@@ -55,7 +58,7 @@ class EpochSaver:
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return {}
-        return manager.finish_hooks(epoch)
+        return manager.finish_hooks(epoch, flush_later=session.background_flushes)
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:
         """Save ``epoch`` as a group run of its own and commit it; returns the seconds it took."""
@@ -65,6 +68,7 @@ class EpochSaver:
             return 0.0
         started = time.perf_counter()
         self.flush(session)
+        self._written = None
 
         def save() -> None:
             session.run_group(manager.save(epoch), job=self.job, epoch=epoch)
@@ -92,43 +96,64 @@ class EpochSaver:
         failed = manager.accept_finished(epoch, finished)
         if in_flight is not None and in_flight not in failed:
             self.last_committed = in_flight
-        for other, error in failed.items():
+        for other, error in sorted(failed.items()):
             if other != epoch:
-                self.failed(other, error)
+                self._give_up(other, error)
         if epoch in failed:
             self._check_lock()
             logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
             return node_seconds + self.save(epoch, session, stop_values, metrics)
         timings = {"save_seconds": node_seconds + time.perf_counter() - started}
-        if manager.may_defer_commit:
-            self.commit_deferred()
-            self._deferred = (epoch, stop_values, metrics, timings)
-            entries = [r["entry"] for r in finished.values()]
+        entries = [r["entry"] for r in finished.values() if r and "entry" in r]
+        self._written = None
+        if len(entries) == len(finished):
             self._written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
+        if manager.may_defer_commit:
+            self._waiting.append((epoch, stop_values, metrics, timings))
         else:
+            self.commit_deferred()
             self._with_retries(epoch, lambda: self._commit(epoch, stop_values, metrics, timings))
         return node_seconds + time.perf_counter() - started
 
     def commit_deferred(self) -> None:
-        """Commit the epoch whose commit waits for the next epoch, if any (retries, then ``on_save_error``)."""
-        deferred, self._deferred = self._deferred, None
-        then, self._then = self._then, []
-        if deferred is not None:
-            epoch = deferred[0]
-            self._with_retries(epoch, lambda: self._commit(*deferred), give_up=lambda: self.manager.forget_save(epoch))
-        for call in then:
-            call()
+        """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
+        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
+        while self._waiting and self.manager.flushed(self._waiting[0][0]):
+            waiting = self._waiting.pop(0)
+            epoch = waiting[0]
+            self._with_retries(epoch, lambda: self._commit(*waiting), give_up=lambda: self.manager.forget_save(epoch))
+            self._call_then(epoch)
 
     def when_committed(self, call: Callable[[], object]) -> None:
         """Call ``call`` once the last epoch saved is committed: now, or after its waiting commit."""
-        if self._deferred is None:
+        if not self._waiting:
             call()
         else:
-            self._then.append(call)
+            self._then.append((self._waiting[-1][0], call))
+
+    def _call_then(self, epoch: int) -> None:
+        """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it."""
+        now = [call for e, call in self._then if e <= epoch]
+        self._then = [(e, call) for e, call in self._then if e > epoch]
+        for call in now:
+            call()
+
+    def _give_up(self, epoch: int, error: BaseException | None) -> None:
+        """A waiting epoch whose save failed after all (its background flush): by policy, as :meth:`failed`."""
+        self._waiting = [w for w in self._waiting if w[0] != epoch]
+        self.manager.forget_save(epoch)
+        self.failed(epoch, error)
+        self._call_then(epoch)
+
+    def _wait_flushes(self, session: Session) -> None:
+        """Wait for the nodes' background flushes of the waiting epochs (one small group)."""
+        if any(not self.manager.flushed(w[0]) for w in self._waiting):
+            for epoch, error in sorted(self.manager.wait_flushes(session).items()):
+                self._give_up(epoch, error)
 
     def meanwhile(self) -> None:
-        """While the next epoch runs: commit the waiting epoch, then delete the groups of the
-        epochs retention un-committed.
+        """While the next epoch runs: commit the waiting epochs that are durable, then delete the
+        groups of the epochs retention un-committed.
 
         An error is kept for :meth:`check_meanwhile` (a session's ``meanwhile`` must not raise);
         an interruption (``KeyboardInterrupt``) goes through at once.
@@ -145,18 +170,33 @@ class EpochSaver:
         if error is not None:
             raise error
 
-    def settle(self) -> bool:
-        """On the way out of a failed run: commit the waiting epoch (it finished); a failure is
-        logged. ``True`` if an epoch was committed."""
+    def settle(self, session: Session | None = None) -> bool:
+        """On the way out of a failed run: commit the waiting epochs (they finished), once durable.
+        Their flushes are asked of the nodes through ``session`` (when it still works); a flush no
+        node can report (its worker died) is made from here. A failure is logged, and epochs that
+        cannot be committed are forgotten. ``True`` if an epoch was committed."""
         before = self.last_committed
         try:
+            if session is not None:
+                self._wait_flushes(session)
+        except Exception as exc:
+            logger.warning("%s", exc)
+        try:
+            for epoch, *_ in self._waiting:
+                if not self.manager.flushed(epoch) and not self.manager.flush_here(epoch):
+                    break
             self.commit_deferred()
         except Exception as exc:
             logger.warning("%s", exc)
+        for epoch, *_ in self._waiting:
+            self.manager.forget_save(epoch)
+        self._waiting, self._then = [], []
         return self.last_committed != before
 
     def flush(self, session: Session) -> None:
-        """Commit the epoch waiting for its commit and the asynchronous save in flight, if any."""
+        """Commit the epochs waiting for their commit (once their nodes report them durable) and
+        the asynchronous save in flight, if any."""
+        self._wait_flushes(session)
         self.commit_deferred()
         manager = self.manager
         pending = manager.pending_epoch()
@@ -169,9 +209,10 @@ class EpochSaver:
             self._with_retries(pending, flush, give_up=manager.discard_pending)
 
     def bytes(self) -> tuple[int, int]:
-        """Bytes written and reused by the last save (of the last commit where the save is not
-        waiting for its commit; ``bytes`` counts as written when a format without delta reports no split)."""
-        if self._deferred is not None and self._written is not None:
+        """Bytes written and reused by the last save: from the nodes' entries of an epoch saved in
+        its graph, else from the last commit (``bytes`` counts as written when a format without
+        delta reports no split)."""
+        if self._written is not None:
             return self._written
         record = self.manager.last_commit
         if record is None:

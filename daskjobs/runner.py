@@ -208,9 +208,10 @@ class JobRunner:
                     self._settle()
                     raise with_last_commit(exc, manager) from exc
                 except BaseException as exc:
-                    committed = self._settle()
+                    interrupted = isinstance(exc, (KeyboardInterrupt, JobInterruptedError))
+                    committed = self._settle(None if interrupted else session)
                     self._end_saves(manager, session)
-                    if committed and isinstance(exc, (KeyboardInterrupt, JobInterruptedError)):
+                    if committed and interrupted:
                         # abandoned by a second signal: the error names the epoch just committed
                         signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
                         raise self._interruption(signum, abandoned=True).with_traceback(exc.__traceback__) from None
@@ -352,7 +353,7 @@ class JobRunner:
         job = self.job
         started = time.perf_counter()
         saver = self._saver
-        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes())
+        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes(), session)
         finished: dict[str, Any] = {}
         try:
             sums = session.run_group(
@@ -473,10 +474,10 @@ class JobRunner:
         """The newest epoch this run committed or resumed from (``None``: none)."""
         return None if self._saver is None else self._saver.last_committed
 
-    def _settle(self) -> bool:
-        """A failed run first commits the epoch still waiting for its commit (that epoch finished);
-        ``True`` if it did."""
-        return self._saver is not None and self._saver.settle()
+    def _settle(self, session: Session | None = None) -> bool:
+        """A failed run first commits the epochs still waiting for their commit (they finished),
+        asking the nodes through ``session`` for the flushes not yet reported; ``True`` if it did."""
+        return self._saver is not None and self._saver.settle(session)
 
     def _require_manager(self) -> MultiNodeCheckpointManager:
         if self.checkpoint_manager is None:

@@ -103,7 +103,10 @@ def test_worker_killed_between_epochs_is_recovered(cluster, tmp_path):
         assert runner.train(session) == 5
         history = session.fetch("history", "b")
     assert np.array_equal(history, reference(5)[1])
-    assert sum(r.recoveries > 0 for r in runner.history) == 3
+    # the kill comes with the commit of epoch 2, while a later epoch runs: that one is recovered
+    recovered = [r.epoch for r in runner.history if r.recoveries > 0]
+    assert recovered == list(range(recovered[0], 6))
+    assert 3 <= recovered[0] <= 5
 
 
 def test_node_loss_without_checkpoints_is_an_error(cluster, tmp_path):

@@ -1,6 +1,7 @@
 """Durability on local disks: fsync of paths, several at once, or one ``syncfs`` for many.
 
-The fsync threads are one pool per process, made again in a forked child (a snapshot writer),
+The fsync threads are one pool per process, and one more thread makes groups durable in the
+background (:func:`in_background`); both are made again in a forked child (a snapshot writer),
 whose parent's threads are gone.
 """
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -29,13 +30,14 @@ def _libc_syncfs() -> Any:
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+_background: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _reset_pool_after_fork() -> None:
-    """In a forked child (a snapshot writer): a fresh lock and no pool (the parent's threads are gone,
+    """In a forked child (a snapshot writer): a fresh lock and no pools (the parent's threads are gone,
     and another thread may have held the lock at the fork)."""
-    global _pool_lock, _pool
-    _pool_lock, _pool = threading.Lock(), None
+    global _pool_lock, _pool, _background
+    _pool_lock, _pool, _background = threading.Lock(), None, None
 
 
 if hasattr(os, "register_at_fork"):
@@ -50,6 +52,19 @@ def _fsync_pool() -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="daskjobs-fsync"))
         return _pool[1]
+
+
+def in_background(flush: Callable[[], None]) -> Future[None]:
+    """Run ``flush`` (making a written group durable) in this process's one background flush thread.
+
+    Flushes run one after the other, in the order given: a group is durable only after every
+    group submitted before it (whose files a later group may hard-link) is.
+    """
+    global _background
+    with _pool_lock:
+        if _background is None or _background[0] != os.getpid():
+            _background = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="daskjobs-flush"))
+        return _background[1].submit(flush)
 
 
 def fsync_path(path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,12 +31,16 @@ from ._steps import (
     AsyncSaveStep,
     CheckStep,
     EndSaveStep,
+    FlushFinish,
     LoadStep,
     SaveFinish,
     SaveStep,
     WaitSaveStep,
+    idle,
 )
 from ._store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
 
 __all__ = [
     "MultiNodeCheckpointManager",
@@ -308,12 +313,14 @@ class MultiNodeCheckpointManager:
         self._newest_seen = max(epochs, default=-1)
         return epochs
 
-    def finish_hooks(self, epoch: int) -> dict[str, Callable[[Any], Any]]:
+    def finish_hooks(self, epoch: int, *, flush_later: bool = False) -> dict[str, Callable[[Any], Any]]:
         """Per node, a hook that saves ``epoch`` at the end of the epoch's own Dask task.
 
         Pass them to :meth:`~daskjobs.Session.run_group` (``finish=``) with the epoch group and
         the results to :meth:`accept_finished`: the save then costs no round trip of its own.
         With ``async_save`` each hook first waits, on its node, for the save in flight.
+        ``flush_later`` (while :attr:`may_defer_commit`): the nodes fsync their groups in the
+        background; the epoch is ready for its commit once :meth:`flushed` says so.
         """
         pending = self._saves.pending_epoch()
         in_flight = None if pending is None else self._saves.ids.get(pending)
@@ -323,7 +330,8 @@ class MultiNodeCheckpointManager:
             return {
                 n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
             }
-        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n)) for n in self.nodes()}
+        later = flush_later and self.may_defer_commit
+        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later) for n in self.nodes()}
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -349,6 +357,43 @@ class MultiNodeCheckpointManager:
         session.run_group(group, job=self._job_name, epoch=epoch)
         self._commit(*self._saves.take_pending())
         return epoch
+
+    def flushed(self, epoch: int) -> bool:
+        """Whether ``epoch``'s save is written and durable on every node, ready for its commit.
+
+        A save through :meth:`finish_hooks` while :attr:`may_defer_commit` fsyncs in the
+        background: the next epoch's hooks, or :meth:`wait_flushes`, report it.
+        """
+        return self._saves.flushed(epoch)
+
+    def wait_flushes(self, session: Session) -> dict[int, CheckpointWriteError]:
+        """Wait for the nodes' background flushes (one small group); return the epochs that failed."""
+        failed: dict[int, CheckpointWriteError] = {}
+        if not self._saves.unflushed:
+            return failed
+        group = self._group(
+            lambda g, node: Task(idle, group=g, node=node, name="checkpoint_flush"), WorkspaceType.PRIVATE
+        )
+        finished: dict[str, Any] = {}
+        session.run_group(group, job=self._job_name, finish={n: FlushFinish() for n in self.nodes()}, finished=finished)
+        self._saves.note_flushes(finished, failed)
+        return failed
+
+    def flush_here(self, epoch: int) -> bool:
+        """Make ``epoch``'s groups whose flush no node reported durable from this process (their
+        worker died, see :meth:`CheckpointStore.make_durable`); ``True`` if ``epoch`` is then
+        ready for its commit. Failures are logged."""
+        entries = self._saves.entries.get(epoch, {})
+        for node in sorted(self._saves.unflushed.get(epoch, ())):
+            try:
+                self.store.make_durable(node, epoch, entries[node])
+            except (CheckpointError, KeyError) as exc:
+                logger.warning(
+                    "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc
+                )
+                return False
+            self._saves.unflushed[epoch].discard(node)
+        return self._saves.flushed(epoch)
 
     def discard_pending(self) -> None:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
@@ -468,6 +513,8 @@ class MultiNodeCheckpointManager:
     def _commit(
         self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
     ) -> None:
+        if not self._saves.flushed(epoch) and epoch in self._saves.entries:
+            raise RuntimeError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
         entries = self._saves.finished(epoch)
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
         self.retention.stamp(record)

@@ -141,10 +141,15 @@ class RetiredGroups:
     def __init__(self) -> None:
         self._pending: dict[int, dict[str, Mapping[str, Any] | None]] = {}
         self._lock = threading.Lock()
-        self._deleting: threading.Thread | None = None
+        self._wake = threading.Condition(self._lock)
+        self._deleter: threading.Thread | None = None
+        self._store: CheckpointStore | None = None
+        self._deleting = False
+        self._stopping = False
 
     def __bool__(self) -> bool:
-        return bool(self._pending) or self._busy()
+        with self._lock:
+            return bool(self._pending) or self._deleting
 
     def add(self, retired: RetiredEpoch) -> None:
         """Remember ``retired`` (from :meth:`CheckpointStore.retire_epoch`) for deletion."""
@@ -152,21 +157,49 @@ class RetiredGroups:
             self._pending[retired.epoch] = dict(retired.entries)
 
     def remove(self, store: CheckpointStore, *, wait: bool = True) -> None:
-        """Delete the pending groups; ``wait=False``: in a background thread (the caller goes on; if
-        the previous deletion still runs, the groups wait for the next call). Failures are logged
-        warnings; after a lost lock nothing more is deleted."""
-        if wait:
-            if self._deleting is not None:
-                self._deleting.join()
-            self._remove(store)
-        elif self._pending and not self._busy():
-            self._deleting = threading.Thread(
-                target=self._remove, args=(store,), name="daskjobs-retention", daemon=True
-            )
-            self._deleting.start()
+        """Delete the pending groups; ``wait=False``: in the background (the caller goes on; groups
+        added while a deletion runs wait for it). ``wait=True`` first ends the background thread.
+        Failures are logged warnings; after a lost lock nothing more is deleted.
 
-    def _busy(self) -> bool:
-        return self._deleting is not None and self._deleting.is_alive()
+        One thread serves all background deletions of a run: starting a thread per epoch costs
+        as much CPU as deleting a small epoch's groups.
+        """
+        if wait:
+            self._stop()
+            self._remove(store)
+            return
+        with self._lock:
+            if not self._pending:
+                return
+            self._store = store
+            if self._deleter is None:
+                self._deleter = threading.Thread(target=self._serve, name="daskjobs-retention", daemon=True)
+                self._deleter.start()
+            self._wake.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                store, self._deleting = self._store, True
+            try:
+                self._remove(store)
+            finally:
+                with self._lock:
+                    self._deleting = False
+
+    def _stop(self) -> None:
+        """End the background thread after the deletion it runs, if any."""
+        with self._lock:
+            deleter, self._deleter = self._deleter, None
+            self._stopping = deleter is not None
+            self._wake.notify()
+        if deleter is not None:
+            deleter.join()
+            self._stopping = False
 
     def _remove(self, store: CheckpointStore) -> None:
         with self._lock:

@@ -61,6 +61,8 @@ class Saves:
         self.pending: Pending | None = None
         self.sources: dict[int, int] = {}
         """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
+        self.unflushed: dict[int, set[str]] = {}
+        """Per written epoch, the nodes whose background flush of it has not been reported yet."""
 
     def start(self, epoch: int, source: int | None = None) -> str:
         """A new save id for ``epoch``, reusing chunks of the earlier epoch ``source`` (delta);
@@ -68,6 +70,7 @@ class Saves:
         self.ids[epoch] = uuid.uuid4().hex
         self.entries.pop(epoch, None)
         self.sources.pop(epoch, None)
+        self.unflushed.pop(epoch, None)
         if source is not None:
             self.sources[epoch] = source
         return self.ids[epoch]
@@ -87,6 +90,34 @@ class Saves:
         self.entries.pop(epoch, None)
         self.tasks.pop(epoch, None)
         self.sources.pop(epoch, None)
+        self.unflushed.pop(epoch, None)
+
+    def flushed(self, epoch: int) -> bool:
+        """Whether every node reported ``epoch``'s group durable (or wrote it durable at once)."""
+        return epoch in self.entries and not self.unflushed.get(epoch)
+
+    def note_flushes(self, results: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> None:
+        """Take the flush outcomes nodes reported (``results[node]["flushed"]``); an epoch whose
+        flush failed, or whose flush a node no longer has, fails (in ``failed``) and is forgotten."""
+        epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
+        bad: dict[int, dict[str, Any]] = {}
+        for node, result in results.items():
+            if not isinstance(result, dict) or "flushed" not in result:
+                continue
+            outcome = result["flushed"] or {}
+            reported = epochs.get(outcome.get("save_id"))
+            for epoch, nodes in self.unflushed.items():
+                if node not in nodes:
+                    continue
+                if epoch != reported:
+                    bad.setdefault(epoch, {})[node] = "its background flush is gone (the worker restarted?)"
+                elif outcome.get("error") is not None:
+                    bad.setdefault(epoch, {})[node] = outcome["error"]
+                else:
+                    nodes.discard(node)
+        for epoch, errors in bad.items():
+            self.forget(epoch)
+            failed[epoch] = write_error(epoch, errors)
 
     def newest_written(self, before: int) -> int | None:
         """The newest epoch before ``before`` whose save all nodes finished and that awaits its commit."""
@@ -115,6 +146,9 @@ class Saves:
             failed[epoch] = write_error(epoch, bad)
             return False
         self.entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
+        later = {n for n, o in outcomes.items() if o.get("later")}
+        if later:
+            self.unflushed[epoch] = later
         return True
 
     def accept(
@@ -127,6 +161,7 @@ class Saves:
     ) -> dict[int, CheckpointWriteError]:
         """Take the finish hooks' ``results`` for ``epoch``, committing the save in flight; return failed saves."""
         failed: dict[int, CheckpointWriteError] = {}
+        self.note_flushes(results, failed)
         missing = sorted(set(nodes) - set(results))
         if missing:
             self.forget(epoch)

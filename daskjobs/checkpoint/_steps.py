@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import numpy as np
 from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError
+from ._durable import in_background
 from ._fork import ForkedSave, forks
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
+FLUSH = "daskjobs.pending_flush"
 
 
 def entry_array(entry: dict[str, Any]) -> np.ndarray:
@@ -64,6 +67,26 @@ def _outcome(write: Any) -> dict[str, Any]:
         return {"entry": write()}
     except Exception as exc:
         return {"error": exc}
+
+
+@dataclass(frozen=True)
+class PendingFlush:
+    """A node's group written by a synchronous save whose fsync runs in the background."""
+
+    save_id: str
+    done: Future[None]
+
+
+def settle_flush(state: NodeState) -> dict[str, Any] | None:
+    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception}``."""
+    pending = state.services.pop(FLUSH, None)
+    if not isinstance(pending, PendingFlush):
+        return None
+    try:
+        pending.done.result()
+    except Exception as exc:
+        return {"save_id": pending.save_id, "error": exc}
+    return {"save_id": pending.save_id, "error": None}
 
 
 class BackgroundSave:
@@ -218,7 +241,9 @@ class SaveStep:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
+        flushed = settle_flush(state)
+        previous = self.previous if flushed is None or flushed["error"] is None else None
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
@@ -259,20 +284,52 @@ class CheckStep:
 
 @dataclass(frozen=True)
 class SaveFinish:
-    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``."""
+    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``, and
+    under ``"flushed"`` the outcome of the node's previous background flush (see :func:`settle_flush`).
+
+    ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
+    entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
+    outcome. Whatever the mode, a node first waits for its previous flush, and never hard-links
+    chunks of a group whose flush failed.
+    """
 
     store: CheckpointStore
     node: str
     epoch: int
     save_id: str
     previous: dict[str, Any] | None = None
+    flush_later: bool = False
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         with state.lock:
             blobs = dict(state.scope.blobs)
-        return _outcome(
-            lambda: self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=self.previous)
-        )
+        flushed = settle_flush(state)
+        previous = self.previous if flushed is None or flushed["error"] is None else None
+
+        def write() -> dict[str, Any]:
+            if not self.flush_later:
+                return self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
+            entry, flush = self.store.write_node_unsynced(
+                self.node, self.epoch, blobs, save_id=self.save_id, previous=previous
+            )
+            if flush is not None:
+                state.services[FLUSH] = PendingFlush(self.save_id, in_background(flush))
+            return entry
+
+        outcome = _outcome(write)
+        return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
+
+
+def idle(ws: Workspace) -> None:
+    """A step that does nothing: the task at whose end a node runs a ``finish`` hook alone."""
+
+
+@dataclass(frozen=True)
+class FlushFinish:
+    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        return {"flushed": settle_flush(state)}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..errors import (
     JobDefinitionError,
 )
 from ._cleanup import Tree, clear_for_write, remove_debris, remove_group
-from ._files import UnsafeFileError
+from ._files import LocalFiles, UnsafeFileError
 from ._format import (
     SAVE_ID_RE,
     check_epoch,
@@ -168,6 +168,35 @@ class CheckpointStore(Prefix):
         CheckpointLockedError
             This store acquired the writer lock, and the lock (or the prefix) vanished or changed hands.
         """
+        return self._write_node(node, epoch, blobs, save_id, previous, sync=True)[0]
+
+    def write_node_unsynced(
+        self,
+        node: str,
+        epoch: int,
+        blobs: Mapping[str, Any],
+        *,
+        save_id: str,
+        previous: Mapping[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """:meth:`write_node` without the fsync: return the entry and the function that makes the
+        group durable (``None`` when it already is: object stores, ``fsync=False``).
+
+        Until that function returned, the group must not be committed, and no later group may
+        reuse its chunks. It raises :class:`CheckpointWriteError` when the flush fails.
+        """
+        return self._write_node(node, epoch, blobs, save_id, previous, sync=False)
+
+    def _write_node(
+        self,
+        node: str,
+        epoch: int,
+        blobs: Mapping[str, Any],
+        save_id: str,
+        previous: Mapping[str, Any] | None,
+        *,
+        sync: bool,
+    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
         validate_name(node, "node")
         if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
             raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
@@ -181,15 +210,56 @@ class CheckpointStore(Prefix):
             raise CheckpointWriteError(
                 f"could not write the checkpoint of node {node!r} at epoch {epoch} to {url}: {exc}"
             ) from exc
-        return write_group(
-            self._group(node, epoch),
+        where = self._group(node, epoch)
+        entry = write_group(
+            where,
             node,
             check_epoch(epoch),
             blobs,
             save_id=save_id,
             compression=self.compression,
             previous=previous,
+            sync=sync,
         )
+        files = where.files
+        if sync or not isinstance(files, LocalFiles) or not self.fsync:
+            return entry, None
+
+        def flush() -> None:
+            try:
+                files.flush()
+            except OSError as exc:
+                raise CheckpointWriteError(
+                    f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at {url}: {exc}"
+                ) from exc
+
+        return entry, flush
+
+    def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> None:
+        """Make ``node``'s group of ``epoch`` durable from this process, for a node that wrote it and
+        can no longer report its own flush (its worker died).
+
+        Every chunk is read and verified against ``entry`` first (so the files here are the ones
+        the node wrote), then every file and folder of the group is fsynced.
+
+        Raises
+        ------
+        CheckpointCorruptError, CheckpointNotFoundError
+            The group here is not what the node wrote (or not visible from this host).
+        CheckpointWriteError
+            The flush failed.
+        """
+        read_group(self._group(node, epoch), node, check_epoch(epoch), entry)
+        files = self._files()
+        if isinstance(files, LocalFiles) and self.fsync:
+            try:
+                files.track_tree(self._path(f"{node}.{epoch}"))
+                files.flush()
+            except OSError as exc:
+                raise CheckpointWriteError(
+                    f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
+                    f"{self.db_name(node, epoch)}: {exc}"
+                ) from exc
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
         """The entry ``node`` wrote for ``epoch`` (validated), whether committed or not.

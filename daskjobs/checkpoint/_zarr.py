@@ -198,8 +198,12 @@ def write_group(
     save_id: str,
     compression: str | None,
     previous: Mapping[str, Any] | None = None,
+    sync: bool = True,
 ) -> dict[str, Any]:
-    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store)."""
+    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store).
+
+    ``sync=False`` leaves the fsync of a local group to the caller (``where.files.flush()``).
+    """
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
     files = where.files
@@ -234,7 +238,8 @@ def write_group(
             "seconds": time.perf_counter() - started,
         }
         files.put_atomic(f"{where.path}/zarr.json", _group_document(entry))
-        files.flush()
+        if sync or not isinstance(files, LocalFiles):
+            files.flush()
     except CheckpointError:
         raise
     except OSError as exc:

@@ -9,7 +9,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run, private_trap_message
 from .._lowering import LoweredGraph, lower, plan_group
@@ -72,6 +72,11 @@ class Session(abc.ABC):
     implement :meth:`_provider`, :meth:`_execute`, :meth:`_call_on_node`, :meth:`_known_nodes`
     and :meth:`_shutdown`.
     """
+
+    background_flushes: ClassVar[bool] = False
+    """Whether the runner lets nodes fsync an epoch's checkpoint in the background while the next
+    epoch runs: on a cluster, whose nodes idle between epochs; not in this process, where that
+    thread would hold back the steps."""
 
     def __init__(self) -> None:
         self._open = True

@@ -146,6 +146,8 @@ class DaskSession(Session):
     1.5
     """
 
+    background_flushes = True
+
     def __init__(self, target: Client | str | Any, *, security: Any = None) -> None:
         client, owned = connect(target, security)
         super().__init__()

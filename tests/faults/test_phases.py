@@ -48,6 +48,11 @@ class KillingStore(CheckpointStore):
             kill_once(self.markers, f"save-{epoch}")
         return super().write_node(node, epoch, blobs, save_id=save_id, **kwargs)
 
+    def write_node_unsynced(self, node, epoch, blobs, *, save_id, **kwargs):
+        if node == VICTIM:
+            kill_once(self.markers, f"save-{epoch}")
+        return super().write_node_unsynced(node, epoch, blobs, save_id=save_id, **kwargs)
+
     def read_node(self, node, epoch, entry, names=None):
         if node == VICTIM:
             kill_once(self.markers, f"load-{epoch}")

@@ -1,0 +1,236 @@
+"""On a cluster, nodes fsync an epoch's checkpoint in the background while the next epoch runs.
+
+A node writes its group at the end of the epoch's task and hands the fsync to a background
+thread; the next epoch's hook reports the flush (or a small group asks for it), and only then
+is the epoch committed. A flush that fails fails that epoch's save like any save error, and no
+later group hard-links chunks of a group whose flush failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+from daskjobs._execute import NodeState
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._durable import in_background
+from daskjobs.checkpoint._saves import Saves
+from daskjobs.checkpoint._steps import FLUSH, FlushFinish, SaveFinish
+from daskjobs.errors import CheckpointWriteError
+
+BLOB = 4096
+
+
+def hold_flushes(release: str) -> None:
+    """Queue a job that keeps this process's background flush thread busy until ``release`` exists."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    in_background(wait)
+
+
+# -- the store ---------------------------------------------------------------------------------
+def test_an_unsynced_write_returns_the_flush_that_makes_it_durable(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt")
+    entry, flush = store.write_node_unsynced("n", 3, {"w": np.arange(5.0)}, save_id="s")
+    assert flush is not None
+    flush()
+    assert store.read_node("n", 3, entry)["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("where", ["memory", "no-fsync"])
+def test_a_group_that_is_durable_at_once_has_no_flush(tmp_path, where):
+    store = CheckpointStore(
+        f"memory://flush-{os.getpid()}" if where == "memory" else tmp_path, fsync=where != "no-fsync"
+    )
+    entry, flush = store.write_node_unsynced("n", 1, {"w": np.ones(3)}, save_id="s")
+    assert flush is None
+    assert store.read_node("n", 1, entry)["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_flush_that_fails_names_node_and_epoch(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt")
+    _entry, flush = store.write_node_unsynced("trainer", 7, {"w": np.ones(3)}, save_id="s")
+    shutil.rmtree(tmp_path / "ckpt" / "trainer.7")
+    with pytest.raises(CheckpointWriteError, match=r"node 'trainer' at epoch 7 durable"):
+        flush()
+
+
+# -- the node's hooks ----------------------------------------------------------------------------
+def make_state(blobs: dict) -> NodeState:
+    state = NodeState("n")
+    state.scope.blobs = dict(blobs)
+    return state
+
+
+def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt")
+    state = make_state({"w": np.zeros(BLOB), "v": np.ones(BLOB)})
+    first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
+    assert first["later"]
+    assert first["flushed"] is None
+    assert FLUSH in state.services
+    state.scope.blobs["w"] = np.full(BLOB, 2.0)
+    second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
+    assert second["flushed"] == {"save_id": "s1", "error": None}
+    assert second["entry"]["bytes_reused"] == BLOB * 8  # v is linked from epoch 1
+    assert FlushFinish()(state) == {"flushed": {"save_id": "s2", "error": None}}
+    assert FlushFinish()(state) == {"flushed": None}
+    assert store.read_node("n", 2, second["entry"])["w"][0] == 2.0
+
+
+def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path):
+    store = CheckpointStore(tmp_path / "ckpt")
+    state = make_state({"w": np.zeros(BLOB)})
+    release = str(tmp_path / "release")
+    hold_flushes(release)
+    first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
+    shutil.rmtree(tmp_path / "ckpt" / "n.1")  # before its flush ran
+    open(release, "w").close()
+    second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
+    assert second["flushed"]["save_id"] == "s1"
+    assert isinstance(second["flushed"]["error"], CheckpointWriteError)
+    assert "epoch 1" in str(second["flushed"]["error"])
+    assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (BLOB * 8, 0)
+    FlushFinish()(state)
+    assert store.read_node("n", 2, second["entry"])["w"].sum() == 0.0
+
+
+# -- the driver's bookkeeping ----------------------------------------------------------------------
+def written(saves: Saves, epoch: int, nodes: tuple[str, ...] = ("a", "b")) -> str:
+    save_id = saves.start(epoch)
+    saves.take(epoch, {n: {"entry": {"save_id": save_id}, "later": True} for n in nodes}, {})
+    return save_id
+
+
+def test_an_epoch_is_flushed_once_every_node_reported_it():
+    saves = Saves()
+    save_id = written(saves, 4)
+    assert not saves.flushed(4)
+    failed: dict = {}
+    saves.note_flushes({"a": {"flushed": {"save_id": save_id, "error": None}}}, failed)
+    assert not saves.flushed(4)
+    assert failed == {}
+    saves.note_flushes({"b": {"flushed": {"save_id": save_id, "error": None}}}, failed)
+    assert saves.flushed(4)
+    assert failed == {}
+
+
+@pytest.mark.parametrize("report", ["error", "gone", "other-save"])
+def test_an_epoch_whose_flush_failed_or_vanished_fails(report):
+    saves = Saves()
+    save_id = written(saves, 4)
+    outcome = {
+        "error": {"save_id": save_id, "error": OSError("disk full")},
+        "gone": None,
+        "other-save": {"save_id": "not-this-one", "error": None},
+    }[report]
+    failed: dict = {}
+    saves.note_flushes({"a": {"flushed": {"save_id": save_id, "error": None}}, "b": {"flushed": outcome}}, failed)
+    assert list(failed) == [4]
+    assert isinstance(failed[4], CheckpointWriteError)
+    assert "node 'b'" in str(failed[4])
+    assert ("disk full" if report == "error" else "flush is gone") in str(failed[4])
+    assert 4 not in saves.entries
+    assert not saves.flushed(4)
+
+
+# -- whole runs on a cluster -----------------------------------------------------------------------
+NODES = ("ps", "trainer_0")
+
+
+def make_job(hold_at: int | None = None, lose: tuple[str, int] | None = None) -> dj.Job:
+    """Blob ``a`` changes every epoch, ``b`` never. ``hold_at``: the nodes' flushes of that
+    epoch wait until the next epoch's step released them; ``lose=(prefix, epoch)``: before
+    releasing, that step deletes node ``ps``'s group of ``epoch`` (its flush then fails)."""
+
+    def update(ws):
+        ws["a"] = ws["a"] + 1.0
+        if hold_at is not None and ws.epoch == hold_at:
+            hold_flushes(f"{lose[0]}.release-{ws.node}")
+        if lose is not None and ws.epoch == lose[1] + 1:
+            if ws.node == "ps":
+                shutil.rmtree(os.path.join(lose[0], f"ps.{lose[1]}"), ignore_errors=True)
+            open(f"{lose[0]}.release-{ws.node}", "w").close()
+
+    with dj.Cluster(), dj.Job(name="flush") as job:
+        for node in NODES:
+            with dj.Node(node):
+                with job.init_group:
+                    dj.Task(lambda ws: ws.update(a=np.zeros(BLOB), b=np.ones(BLOB)))
+                dj.Task(update, name="update")
+    return job
+
+
+def committed(prefix: str) -> list[int]:
+    return [info.epoch for info in dj.list_checkpoints(prefix)]
+
+
+@pytest.fixture
+def cluster_session(shared_cluster):
+    with dj.DaskSession(shared_cluster) as session:
+        yield session
+
+
+@pytest.mark.cluster
+def test_a_run_on_a_cluster_commits_every_epoch_after_its_flush(cluster_session, prefix):
+    assert cluster_session.background_flushes
+    runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False)
+    assert runner.train(cluster_session) == 6
+    assert committed(prefix) == list(range(7))
+    for epoch in range(7):
+        view = dj.open_checkpoint(prefix, epoch)
+        assert view.verify() > 0
+        assert view["ps"]["a"][0] == float(epoch)
+    assert all(r.bytes_reused == BLOB * 8 * len(NODES) for r in runner.history)
+
+
+@pytest.mark.cluster
+def test_a_flush_that_fails_on_a_cluster_fails_its_epoch(cluster_session, prefix):
+    """Epoch 3's group on node ps vanishes before its background flush: saving epoch 3 fails
+    (CheckpointWriteError naming it), the commits before it stay, and a re-run resumes there."""
+    job = make_job(hold_at=3, lose=(prefix, 3))
+    with pytest.raises(CheckpointWriteError, match="epoch 3"):
+        dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False).train(cluster_session)
+    assert committed(prefix) == [0, 1, 2]
+    assert dj.open_checkpoint(prefix, 2).verify() > 0
+    runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False)
+    assert runner.train(cluster_session) == 6
+    assert [r.epoch for r in runner.history] == [3, 4, 5, 6]
+    assert dj.open_checkpoint(prefix, 6)["ps"]["a"][0] == 6.0
+
+
+@pytest.mark.cluster
+def test_with_warn_a_failed_flush_skips_its_epoch_and_the_next_epochs_commit(cluster_session, prefix, caplog):
+    job = make_job(hold_at=3, lose=(prefix, 3))
+    runner = dj.JobRunner(
+        job, dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False, on_save_error="warn"
+    )
+    assert runner.train(cluster_session) == 6
+    assert committed(prefix) == [0, 1, 2, 4, 5, 6]
+    assert "epoch 3" in caplog.text
+    for epoch in (4, 5, 6):  # node ps wrote epoch 4 whole: its epoch 3 was never durable
+        view = dj.open_checkpoint(prefix, epoch)
+        assert view.verify() > 0
+        assert view["ps"]["a"][0] == float(epoch)
+        assert view["ps"]["b"][0] == 1.0
+    assert runner.history[3].bytes_reused == BLOB * 8  # only trainer_0's b was linked in epoch 4
+
+
+def test_in_process_sessions_flush_at_once(prefix):
+    """A LocalSession's nodes fsync inside the hook: nothing is left to flush after an epoch."""
+    session = dj.LocalSession()
+    assert not session.background_flushes
+    runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
+    assert runner.train(session) == 2
+    assert committed(prefix) == [0, 1, 2]
+    assert all(FLUSH not in state.services for state in session._states.states.values())
+    session.close()
