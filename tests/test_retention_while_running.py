@@ -1,10 +1,11 @@
 """Retention while a runner holds the lock: the commit un-commits, the driver deletes the groups.
 
 With the writer lock held, retention un-commits the dropped epochs together with the new commit
-(one fsync of the commit folder), written while the next epoch runs, and the driver deletes their
-groups right after, still while that epoch runs: checkpointing every epoch needs no deletion on
-the epoch's critical path. What is left when the run ends is deleted before the lock is released;
-a crash leaves only uncommitted debris, which the next run removes.
+(one fsync of the commit folder), written while the next epoch runs, and their groups are
+deleted in the background: by the driver right after, or, on a cluster, by each node with its
+next checkpoint's flush. Checkpointing every epoch needs no deletion on the epoch's critical
+path. What is left when the run ends is deleted before the lock is released; a crash leaves only
+uncommitted debris, which the next run removes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._retention import RetiredGroups
+from daskjobs.checkpoint._store import RetiredEpoch
 
 NODES = ("ps", "trainer_0")
 
@@ -127,3 +130,16 @@ def test_tidy_deletes_in_the_background_and_the_final_tidy_waits_for_it(prefix):
     manager.tidy(final=True)
     assert not manager.retention.retired
     manager.store.release_lock()
+
+
+def test_retired_groups_are_handed_to_their_nodes_and_others_stay_pending():
+    """On a cluster each node deletes its own retired groups: a group of a node the hooks do
+    not cover stays with the driver, which deletes it at the end of the run."""
+    retired = RetiredGroups()
+    retired.add(RetiredEpoch(3, {"ps": {"save_id": "x"}, "trainer_0": None}))
+    retired.add(RetiredEpoch(4, {"ps": None, "gone": {"save_id": "y"}}))
+    handed = retired.hand_out(["ps", "trainer_0"])
+    assert handed == {"ps": ((3, {"save_id": "x"}), (4, None)), "trainer_0": ((3, None),)}
+    assert retired.hand_out(["ps", "trainer_0"]) == {"ps": (), "trainer_0": ()}
+    assert retired.hand_out(["gone"]) == {"gone": ((4, {"save_id": "y"}),)}
+    assert not retired

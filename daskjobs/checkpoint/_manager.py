@@ -149,6 +149,8 @@ class MultiNodeCheckpointManager:
         self._stats: dict[str, int] = {}
         self._blob_names: dict[str, list[str]] = {}
         self._staging = Staging()
+        self._nodes_delete = False
+        """Whether the last hooks handed retired groups to the nodes (see :meth:`finish_hooks`)."""
         self.holds_lock = False
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
 
@@ -319,8 +321,9 @@ class MultiNodeCheckpointManager:
         Pass them to :meth:`~daskjobs.Session.run_group` (``finish=``) with the epoch group and
         the results to :meth:`accept_finished`: the save then costs no round trip of its own.
         With ``async_save`` each hook first waits, on its node, for the save in flight.
-        ``flush_later`` (while :attr:`may_defer_commit`): the nodes fsync their groups in the
-        background; the epoch is ready for its commit once :meth:`flushed` says so.
+        ``flush_later`` (while :attr:`may_defer_commit`, on a local disk): the nodes fsync their
+        groups in the background; the epoch is ready for its commit once :meth:`flushed` says so.
+        They also delete their groups of the epochs retention un-committed, in the background.
         """
         pending = self._saves.pending_epoch()
         in_flight = None if pending is None else self._saves.ids.get(pending)
@@ -330,8 +333,12 @@ class MultiNodeCheckpointManager:
             return {
                 n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
             }
-        later = flush_later and self.may_defer_commit
-        return {n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later) for n in self.nodes()}
+        later = self._nodes_delete = flush_later and self.may_defer_commit and self.store.defers_flush
+        doomed = self.retention.retired.hand_out(self.nodes()) if later else {}
+        return {
+            n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later, doomed=doomed.get(n, ()))
+            for n in self.nodes()
+        }
 
     def accept_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Take what the hooks of :meth:`finish_hooks` returned for ``epoch``; return failed saves by epoch.
@@ -542,8 +549,9 @@ class MultiNodeCheckpointManager:
     def tidy(self, *, final: bool = False) -> None:
         """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`) in a
         background thread; ``final``: here, after that thread (the run ends, the lock is about to
-        be released). Failures are logged warnings, never raised."""
-        self.retention.tidy(self.store, final=final)
+        be released). Failures are logged warnings, never raised. While the nodes delete them
+        (see :meth:`finish_hooks`), only ``final`` deletes what they were not handed."""
+        self.retention.tidy(self.store, final=final, by_nodes=self._nodes_delete)
 
     # -- resuming from an older epoch ------------------------------------------------------
     def resume_older(self, epoch: int) -> list[int]:

@@ -156,6 +156,18 @@ class RetiredGroups:
         with self._lock:
             self._pending[retired.epoch] = dict(retired.entries)
 
+    def hand_out(self, nodes: list[str]) -> dict[str, tuple[tuple[int, Mapping[str, Any] | None], ...]]:
+        """Per node of ``nodes``, its pending groups as ``(epoch, entry)``, for the node to delete
+        itself (see :meth:`~daskjobs.MultiNodeCheckpointManager.finish_hooks`); those are no
+        longer pending here (groups of other nodes stay)."""
+        out: dict[str, list[tuple[int, Mapping[str, Any] | None]]] = {node: [] for node in nodes}
+        with self._lock:
+            for epoch, entries in sorted(self._pending.items()):
+                for node in [n for n in entries if n in out]:
+                    out[node].append((epoch, entries.pop(node)))
+            self._pending = {epoch: entries for epoch, entries in self._pending.items() if entries}
+        return {node: tuple(groups) for node, groups in out.items()}
+
     def remove(self, store: CheckpointStore, *, wait: bool = True) -> None:
         """Delete the pending groups; ``wait=False``: in the background (the caller goes on; groups
         added while a deletion runs wait for it). ``wait=True`` first ends the background thread.
@@ -303,9 +315,11 @@ class Retention:
         retired, written = (self.retired, self._written) if deferred else (None, None)
         apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best), retired, written)
 
-    def tidy(self, store: CheckpointStore, *, final: bool) -> None:
-        """Delete the retired groups in the background; ``final``: here and now, and forget the
-        records written (the run ends)."""
+    def tidy(self, store: CheckpointStore, *, final: bool, by_nodes: bool = False) -> None:
+        """Delete the retired groups in the background (``by_nodes``: leave them to the nodes'
+        next hooks); ``final``: here and now, and forget the records written (the run ends)."""
+        if by_nodes and not final:
+            return
         self.retired.remove(store, wait=final)
         if final:
             self._written = {}

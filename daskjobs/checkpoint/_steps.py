@@ -9,10 +9,13 @@ The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 import signal
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,14 +24,17 @@ import numpy as np
 
 from .._execute import INTERNAL
 from .._validation import copy_value
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointLockedError
 from ._durable import in_background
 from ._fork import ForkedSave, forks
+from ._store import RetiredEpoch
 
 if TYPE_CHECKING:
     from .._execute import NodeState
     from .._workspace import Workspace
     from ._store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
 
 ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
@@ -290,7 +296,8 @@ class SaveFinish:
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
     entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
     outcome. Whatever the mode, a node first waits for its previous flush, and never hard-links
-    chunks of a group whose flush failed.
+    chunks of a group whose flush failed. ``doomed``: the node's groups of epochs retention
+    un-committed, deleted in the background before that flush.
     """
 
     store: CheckpointStore
@@ -299,12 +306,15 @@ class SaveFinish:
     save_id: str
     previous: dict[str, Any] | None = None
     flush_later: bool = False
+    doomed: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
         previous = self.previous if flushed is None or flushed["error"] is None else None
+        if self.doomed:
+            in_background(functools.partial(remove_retired, self.store, self.node, self.doomed))
 
         def write() -> dict[str, Any]:
             if not self.flush_later:
@@ -318,6 +328,20 @@ class SaveFinish:
 
         outcome = _outcome(write)
         return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
+
+
+def remove_retired(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
+    """Delete ``node``'s groups of retired epochs (``(epoch, entry)``); failures are logged, and
+    after a lost lock nothing more is deleted (the next run's cleanup removes what is left)."""
+    for epoch, entry in doomed:
+        try:
+            store.remove_retired(RetiredEpoch(epoch, {node: entry}))
+        except Exception as exc:
+            logger.warning(
+                "retention: could not delete node %r's group of epoch %d under %s: %s", node, epoch, store.url, exc
+            )
+            if isinstance(exc, CheckpointLockedError):
+                return
 
 
 def idle(ws: Workspace) -> None:

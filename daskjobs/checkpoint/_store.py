@@ -170,6 +170,11 @@ class CheckpointStore(Prefix):
         """
         return self._write_node(node, epoch, blobs, save_id, previous, sync=True)[0]
 
+    @property
+    def defers_flush(self) -> bool:
+        """Whether :meth:`write_node_unsynced` leaves a flush to its caller (local disk, fsync on)."""
+        return self.fsync and isinstance(self._files(), LocalFiles)
+
     def write_node_unsynced(
         self,
         node: str,
