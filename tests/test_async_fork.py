@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 
@@ -24,7 +25,7 @@ from daskjobs._execute import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
 from daskjobs.checkpoint._steps import SAVER, AsyncSaveFinish, BackgroundSave
-from daskjobs.errors import JobDefinitionError
+from daskjobs.errors import CheckpointWriteError, JobDefinitionError
 
 NUMERIC = ["?", "i1", "u1", "<i2", ">i4", "<i8", "<u8", "<f2", ">f4", "<f8", "<c8", ">c16"]
 STRINGS = ["<U1", "<U7", ">U3", "S1", "S5"]
@@ -288,3 +289,19 @@ def test_child_keeps_no_inherited_descriptor_and_ignores_sigint(tmp_path):
     assert (entry["node"], entry["epoch"]) == ("a", 0)
     assert np.array_equal(store.read_node("a", 0, entry)["w"], np.arange(4.0))
     wait_for(lambda: not snapshot_writers())  # every writer reaped soon after it reported
+
+
+def test_sigterm_sent_right_after_the_fork_kills_the_writer_despite_a_graceful_stop_handler(tmp_path):
+    """A runner's SIGTERM handler (graceful stop) is inherited by the fork; a SIGTERM that reaches
+    the child before it dropped that handler must still end it, not be swallowed."""
+    store = SleepyStore(tmp_path / "ckpt", fsync=False)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        for attempt in range(10):
+            saver = ForkedSave(store, "a", attempt, f"s{attempt}", {"w": np.arange(4.0)})
+            os.kill(saver.pid, signal.SIGTERM)
+            with pytest.raises(CheckpointWriteError, match="killed by signal 15"):
+                saver.result()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    wait_for(lambda: not snapshot_writers())

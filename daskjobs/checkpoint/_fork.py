@@ -20,7 +20,9 @@ Child hygiene:
 * It freezes the garbage collector's view of inherited objects (a finaliser of an inherited
   socket must never close a descriptor number the child reuses), closes every inherited
   descriptor except its pipe and 0-2 (a dead worker's sockets close at once), ignores ``SIGINT``
-  (a graceful stop waits for the save) and takes ``SIGTERM``'s default action.
+  (a graceful stop waits for the save) and takes ``SIGTERM``'s default action. Both are blocked
+  in the forking thread, so a child starts with them blocked and unblocks them only then: a
+  ``SIGTERM`` sent at once never meets the parent's graceful-stop handler.
 * It never logs, prints or runs ``atexit`` handlers (their locks may be held by threads that
   do not exist in the child), and uses no thread pool or lock of the parent (daskjobs' module
   pools and locks are replaced in a child by ``os.register_at_fork`` hooks in :mod:`._durable`
@@ -61,6 +63,8 @@ bytes: a fork, its hand-over and the child's exit cost a few milliseconds, as mu
 this much memory."""
 
 _PR_SET_PDEATHSIG = 1
+_BLOCKED = {signal.SIGINT, signal.SIGTERM}
+"""Signals the forking thread blocks, so that its children start with them blocked."""
 _FORK_SECONDS = 60.0
 """Deadline for the forking thread to answer a request (a fork takes milliseconds)."""
 _FAILED = 70
@@ -146,6 +150,7 @@ def _child(make_payload: Callable[[], bytes], pipe: int, parent: int, prctl: Any
         gc.freeze()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)  # a SIGTERM sent before now acts now
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
@@ -177,6 +182,9 @@ class _Forker:
         self._thread.start()
 
     def _serve(self) -> None:
+        # Children inherit this thread's mask: a signal reaching a child before it dropped the
+        # parent's handlers (a graceful stop's SIGTERM handler would let it live) waits until then.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         while True:
             make_payload, reply = self._requests.get()
             try:

@@ -314,7 +314,7 @@ class SaveFinish:
         flushed = settle_flush(state)
         previous = self.previous if flushed is None or flushed["error"] is None else None
         if self.doomed:
-            in_background(functools.partial(remove_retired, self.store, self.node, self.doomed))
+            in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
 
         def write() -> dict[str, Any]:
             if not self.flush_later:
@@ -330,7 +330,7 @@ class SaveFinish:
         return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
 
 
-def remove_retired(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
+def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
     """Delete ``node``'s groups of retired epochs (``(epoch, entry)``); failures are logged, and
     after a lost lock nothing more is deleted (the next run's cleanup removes what is left)."""
     for epoch, entry in doomed:
