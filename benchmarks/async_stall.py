@@ -106,8 +106,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--runs", type=int, default=3, help="rounds of every kind, interleaved")
     parser.add_argument(
-        "--work", type=float, default=None, help="seconds of work per epoch (default: 3x a save, so that the "
-        "background write ends within the epoch also under load)"
+        "--work",
+        type=float,
+        default=None,
+        help="seconds of work per epoch (default: 3x a save, so that the "
+        "background write ends within the epoch also under load)",
     )
     parser.add_argument("--load", type=int, default=0, help="busy processes running meanwhile")
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")

@@ -224,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="256 MiB bulk instead of --size-mib")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
-        "--small-runs", type=int, default=15, help="runs of the small-blob rows (cheap, and noisier: a syncfs waits "
-        "for whatever else the disk is doing)"
+        "--small-runs",
+        type=int,
+        default=15,
+        help="runs of the small-blob rows (cheap, and noisier: a syncfs waits for whatever else the disk is doing)",
     )
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")

@@ -1,8 +1,12 @@
-"""SPEC §6 recovery: a node's worker is SIGKILLed between epochs; time until the next epoch completes.
+"""SPEC §6 recovery: a node's worker is SIGKILLed while the job runs; time until the next epoch completes.
 
 Runs a small checkpointed job on ``node_cluster`` (Nanny workers restart in ~0.8 s), kills one
-worker after some epochs and reports, per trial, the time from the kill to the end of the next
-epoch, and how much of it the restore took. Target: next epoch running within 2 s plus restore time.
+worker after some epochs and reports, per trial, the time from the kill to the end of the first
+epoch run after it (on the restarted worker, after the restore), and how much of it that epoch
+took. Target: next epoch running within 2 s plus restore time.
+
+The end of an epoch is stamped by the killed node's own step (wall clock, same host): the
+runner's ``on_epoch`` comes later, once the epoch is committed.
 
     python benchmarks/recovery.py [--trials 3]
 """
@@ -23,49 +27,47 @@ import numpy as np
 import daskjobs as dj
 
 
-def define_job() -> dj.Job:
+def define_job(stamps: str) -> dj.Job:
+    """Two nodes; node b appends ``<epoch> <wall time>`` to ``stamps`` at the end of each epoch's step."""
+
+    def step_b(ws):
+        ws["weights"] = ws["weights"] + 1
+        with open(stamps, "a") as out:
+            out.write(f"{ws.epoch} {time.time()}\n")
+
     with dj.Cluster(), dj.Job(name="recovery-bench") as job:
         for node in ("a", "b"):
             with dj.Node(node):
                 with job.init_group:
                     dj.Task(lambda ws: ws.__setitem__("weights", np.zeros(1 << 16)))
-                dj.Task(lambda ws: ws.__setitem__("weights", ws["weights"] + 1))
+                dj.Task(step_b if node == "b" else (lambda ws: ws.__setitem__("weights", ws["weights"] + 1)))
     return job
 
 
 def trial(cluster: object, kill_after: int = 3) -> dict[str, float]:
+    stamps = os.path.join(tempfile.mkdtemp(prefix="daskjobs-recovery-stamps-"), "stamps")
     with dj.DaskSession(cluster) as session:
         worker = next(a for a, w in session.client.scheduler_info()["workers"].items() if w["name"] == "b")
         pid = session.client.run(os.getpid, workers=[worker])[worker]
         marks: dict[str, float] = {}
 
         def on_epoch(record: dj.EpochRecord) -> None:
-            if record.epoch == kill_after:
-                marks["killed"] = time.perf_counter()
+            if record.epoch == kill_after and "killed" not in marks:
+                marks["killed"] = time.time()
                 os.kill(pid, signal.SIGKILL)
-            elif "killed" in marks and "next_epoch_done" not in marks:
-                marks["next_epoch_done"] = time.perf_counter()
-                marks["next_epoch_seconds"] = record.seconds + record.checkpoint_seconds
 
-        class Restore(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if "restoring all nodes" in record.getMessage():
-                    marks["restore_started"] = time.perf_counter()
-
-        handler = Restore()
-        logging.getLogger("daskjobs").addHandler(handler)
-        try:
-            manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp(prefix="daskjobs-recovery-"))
-            dj.JobRunner(define_job(), manager, max_epochs=kill_after + 3, on_epoch=on_epoch, progress=False).train(
-                session
-            )
-        finally:
-            logging.getLogger("daskjobs").removeHandler(handler)
-    total = marks["next_epoch_done"] - marks["killed"]
+        manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp(prefix="daskjobs-recovery-"))
+        runner = dj.JobRunner(define_job(stamps), manager, max_epochs=kill_after + 6, on_epoch=on_epoch, progress=False)
+        runner.train(session)
+    with open(stamps) as found:
+        ends = [(int(epoch), float(when)) for epoch, when in (line.split() for line in found)]
+    epoch, done = min(((e, t) for e, t in ends if t > marks["killed"]), key=lambda item: item[1])
+    recovered = next(r for r in runner.history if r.recoveries and r.epoch == epoch)
+    total = done - marks["killed"]
     return {
         "kill_to_next_epoch_done_s": total,
-        "next_epoch_s": marks["next_epoch_seconds"],
-        "detect_and_restore_s": total - marks["next_epoch_seconds"],
+        "next_epoch_s": recovered.seconds,
+        "detect_and_restore_s": total - recovered.seconds,
     }
 
 
