@@ -108,7 +108,8 @@ class JobRunner:
         Show a progress bar over epochs: ``None`` shows one on a terminal or in a notebook.
     on_epoch
         Called with each :class:`EpochRecord` once its epoch is committed (with a checkpoint manager,
-        usually while the next epoch runs: its commit is written then).
+        usually while a later epoch runs: its commit is written then; on a ``DaskSession`` two
+        epochs later, after the nodes' background flush).
     save_retries
         How often a failed save is retried before ``on_save_error`` decides.
     break_lock
