@@ -6,9 +6,12 @@ for ``--epochs`` epochs in one ``train()`` call. After ``--warmup`` epochs it sa
 and reports the least-squares slope in MB per 1000 epochs per process, plus open files and
 threads at the first and last sample. Target: every slope <= 2 MB / 1000 epochs.
 
+``--checkpoint``: the same job with a checkpoint committed every epoch (``keep_last=3``, in a
+temporary folder removed at the end).
+
 Prints a table (stderr) and JSON (stdout, or ``--json FILE``).
 
-Run: ``python benchmarks/soak.py [--epochs 3000]``
+Run: ``python benchmarks/soak.py [--epochs 3000] [--checkpoint]``
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import psutil
@@ -58,9 +62,13 @@ def slope_per_1000(epochs: list[int], values: list[float]) -> float:
     return float(np.polyfit(np.asarray(epochs, float), np.asarray(values, float), 1)[0] * 1000)
 
 
-def soak(epochs: int, warmup: int, every: int) -> dict[str, object]:
+def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False) -> dict[str, object]:
     """Run the job for ``epochs`` epochs and sample every process after ``warmup`` epochs."""
-    with dj.node_cluster(["a", "b"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
+    with (
+        tempfile.TemporaryDirectory(prefix="daskjobs-soak-") as folder,
+        dj.node_cluster(["a", "b"], nthreads=2) as cluster,
+        dj.DaskSession(cluster) as session,
+    ):
         pids = session.client.run(os.getpid)
         names = {w["name"]: addr for addr, w in session.client.scheduler_info(n_workers=-1)["workers"].items()}
         processes = {"driver": psutil.Process()} | {f"worker {n}": psutil.Process(pids[a]) for n, a in names.items()}
@@ -72,10 +80,12 @@ def soak(epochs: int, warmup: int, every: int) -> dict[str, object]:
                 for name, process in processes.items():
                     samples[name].append((record.epoch, process_stats(process)))
 
-        runner = dj.JobRunner(define_job(), max_epochs=epochs, on_epoch=on_epoch, progress=False)
+        manager = dj.MultiNodeCheckpointManager(folder, keep_last=3) if checkpoint else None
+        runner = dj.JobRunner(define_job(), manager, max_epochs=epochs, on_epoch=on_epoch, progress=False)
         runner.train(session)
         history_bytes = sum(sys.getsizeof(r) for r in runner.history)
-    result: dict[str, object] = {"epochs": epochs, "warmup": warmup, "history_records": len(runner.history)}
+    result: dict[str, object] = {"epochs": epochs, "warmup": warmup, "checkpoint_every_epoch": checkpoint}
+    result["history_records"] = len(runner.history)
     result["history_record_bytes"] = history_bytes
     per_process = {}
     for name, rows in samples.items():
@@ -99,11 +109,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--epochs", type=int, default=3000, help="epochs to run (default 3000)")
     parser.add_argument("--warmup", type=int, default=300, help="epochs before the first sample (default 300)")
     parser.add_argument("--every", type=int, default=100, help="epochs between samples (default 100)")
+    parser.add_argument("--checkpoint", action="store_true", help="commit a checkpoint every epoch (keep_last=3)")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     if args.epochs < args.warmup + 2 * args.every:
         parser.error("--epochs must leave at least two samples after --warmup")
-    result = soak(args.epochs, args.warmup, args.every)
+    result = soak(args.epochs, args.warmup, args.every, args.checkpoint)
     header = f"{'process':<12} {'MB/1000 epochs':>15} {'RSS first→last MB':>20} {'files':>8} {'threads':>9}"
     lines = [header]
     for name, row in result["processes"].items():

@@ -286,7 +286,8 @@ class Retention:
         epoch = record["epoch"]
         if mine:
             self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
-        self._best_values[epoch] = record["metrics"].get(self.best_metric) if self.best_metric else None
+        if self.keep_best is not None:  # best_of keeps it to the committed epochs; else it would only grow
+            self._best_values[epoch] = record["metrics"].get(self.best_metric)
 
     def apply(
         self,
