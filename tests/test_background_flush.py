@@ -71,37 +71,57 @@ def make_state(blobs: dict) -> NodeState:
     return state
 
 
-def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path):
+@pytest.mark.parametrize("elements", [BLOB, 1 << 18], ids=["written-later", "flushed-later"])
+def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path, elements):
+    """A small workspace is copied and written in the background (its report brings the written
+    entry); a bigger one is written in the hook and only fsynced there."""
     store = CheckpointStore(tmp_path / "ckpt")
-    state = make_state({"w": np.zeros(BLOB), "v": np.ones(BLOB)})
+    state = make_state({"w": np.zeros(elements), "v": np.ones(elements)})
     first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
     assert first["later"]
     assert first["flushed"] is None
     assert FLUSH in state.services
-    state.scope.blobs["w"] = np.full(BLOB, 2.0)
+    state.scope.blobs["w"] = np.full(elements, 2.0)  # after the hook: the copy (or the written group) keeps 0.0
     second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
-    assert second["flushed"] == {"save_id": "s1", "error": None}
-    assert second["entry"]["bytes_reused"] == BLOB * 8  # v is linked from epoch 1
-    assert FlushFinish()(state) == {"flushed": {"save_id": "s2", "error": None}}
+    assert second["flushed"]["save_id"] == "s1"
+    assert second["flushed"]["error"] is None
+    written = second["flushed"]["entry"]
+    if elements == BLOB:
+        assert {k: v for k, v in written.items() if k != "seconds"} == {
+            k: v for k, v in first["entry"].items() if k != "seconds"
+        }
+    else:
+        assert written is None
+    assert second["entry"]["bytes_reused"] == elements * 8  # v is linked from epoch 1
+    last = FlushFinish()(state)["flushed"]
+    assert (last["save_id"], last["error"]) == ("s2", None)
     assert FlushFinish()(state) == {"flushed": None}
+    assert store.read_node("n", 1, first["entry"])["w"][0] == 0.0
     assert store.read_node("n", 2, second["entry"])["w"][0] == 2.0
 
 
-def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path):
+@pytest.mark.parametrize("elements", [BLOB, 1 << 18], ids=["written-later", "flushed-later"])
+def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, elements):
+    """Epoch 1's group cannot be made durable (its folder is replaced by a file daskjobs did not
+    write before the background thread gets to it): the next hook reports the error and writes
+    epoch 2 whole."""
     store = CheckpointStore(tmp_path / "ckpt")
-    state = make_state({"w": np.zeros(BLOB)})
+    state = make_state({"w": np.zeros(elements)})
     release = str(tmp_path / "release")
     hold_flushes(release)
     first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
-    shutil.rmtree(tmp_path / "ckpt" / "n.1")  # before its flush ran
+    shutil.rmtree(tmp_path / "ckpt" / "n.1", ignore_errors=True)
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    (tmp_path / "ckpt" / "n.1").write_text("not daskjobs'")
     open(release, "w").close()
     second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
     assert second["flushed"]["save_id"] == "s1"
     assert isinstance(second["flushed"]["error"], CheckpointWriteError)
     assert "epoch 1" in str(second["flushed"]["error"])
-    assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (BLOB * 8, 0)
+    assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (elements * 8, 0)
     FlushFinish()(state)
     assert store.read_node("n", 2, second["entry"])["w"].sum() == 0.0
+    assert (tmp_path / "ckpt" / "n.1").read_text() == "not daskjobs'"
 
 
 # -- the driver's bookkeeping ----------------------------------------------------------------------
@@ -148,9 +168,10 @@ NODES = ("ps", "trainer_0")
 
 
 def make_job(hold_at: int | None = None, lose: tuple[str, int] | None = None) -> dj.Job:
-    """Blob ``a`` changes every epoch, ``b`` never. ``hold_at``: the nodes' flushes of that
-    epoch wait until the next epoch's step released them; ``lose=(prefix, epoch)``: before
-    releasing, that step deletes node ``ps``'s group of ``epoch`` (its flush then fails)."""
+    """Blob ``a`` changes every epoch, ``b`` never. ``hold_at``: the nodes' background writes and
+    flushes of that epoch wait until the next epoch's step released them; ``lose=(prefix, epoch)``:
+    before releasing, that step puts a file of its own where node ``ps``'s group of ``epoch``
+    goes (its background write then fails)."""
 
     def update(ws):
         ws["a"] = ws["a"] + 1.0
@@ -158,7 +179,10 @@ def make_job(hold_at: int | None = None, lose: tuple[str, int] | None = None) ->
             hold_flushes(f"{lose[0]}.release-{ws.node}")
         if lose is not None and ws.epoch == lose[1] + 1:
             if ws.node == "ps":
-                shutil.rmtree(os.path.join(lose[0], f"ps.{lose[1]}"), ignore_errors=True)
+                group = os.path.join(lose[0], f"ps.{lose[1]}")
+                shutil.rmtree(group, ignore_errors=True)
+                with open(group, "w") as obstacle:
+                    obstacle.write("not daskjobs'")
             open(f"{lose[0]}.release-{ws.node}", "w").close()
 
     with dj.Cluster(), dj.Job(name="flush") as job:
@@ -195,13 +219,14 @@ def test_a_run_on_a_cluster_commits_every_epoch_after_its_flush(cluster_session,
 
 @pytest.mark.cluster
 def test_a_flush_that_fails_on_a_cluster_fails_its_epoch(cluster_session, prefix):
-    """Epoch 3's group on node ps vanishes before its background flush: saving epoch 3 fails
-    (CheckpointWriteError naming it), the commits before it stay, and a re-run resumes there."""
+    """Node ps's group of epoch 3 cannot be made durable (a file is where it goes): saving epoch 3
+    fails (CheckpointWriteError naming it), the commits before it stay, and a re-run resumes there."""
     job = make_job(hold_at=3, lose=(prefix, 3))
     with pytest.raises(CheckpointWriteError, match="epoch 3"):
         dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False).train(cluster_session)
     assert committed(prefix) == [0, 1, 2]
     assert dj.open_checkpoint(prefix, 2).verify() > 0
+    os.remove(os.path.join(prefix, "ps.3"))
     runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False)
     assert runner.train(cluster_session) == 6
     assert [r.epoch for r in runner.history] == [3, 4, 5, 6]
@@ -234,3 +259,28 @@ def test_in_process_sessions_flush_at_once(prefix):
     assert committed(prefix) == [0, 1, 2]
     assert all(FLUSH not in state.services for state in session._states.states.values())
     session.close()
+
+
+WORKSPACES = {
+    "arrays": {"w": np.arange(12.0).reshape(3, 4), "i": np.arange(5, dtype="<i2"), "zero_d": np.array(1.5)},
+    "empty-and-strings": {"e": np.zeros((0, 3)), "u": np.array(["a", "bc"]), "s": np.array([b"x", b"yz"])},
+    "json": {"cfg": {"lr": 0.1, "layers": [1, 2]}, "name": "model", "none": None},
+}
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("case", list(WORKSPACES))
+def test_the_described_entry_is_the_written_one(tmp_path, case, compression):
+    """What a hook returns for a background write (``describe_node``) equals what the write
+    returns, also for a delta against the epoch before, so a commit never depends on the guess."""
+    store = CheckpointStore(tmp_path / "ckpt", compression=compression)
+    blobs = WORKSPACES[case]
+    first = store.write_node("n", 1, blobs, save_id="s1")
+    changed = {**blobs, "extra": np.ones(3)}
+    for epoch, previous in ((2, None), (3, first)):
+        described = store.describe_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
+        written = store.write_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
+        assert {k: v for k, v in described.items() if k != "seconds"} == {
+            k: v for k, v in written.items() if k != "seconds"
+        }
+    assert written["bytes_reused"] > 0

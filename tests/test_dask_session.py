@@ -40,9 +40,14 @@ def dask_session(client):
 
 
 def worker_pids(client: Client) -> dict[str, int]:
-    """Worker name -> pid of its process."""
-    names = {addr: info["name"] for addr, info in client.scheduler_info(n_workers=-1)["workers"].items()}
-    return {names[addr]: pid for addr, pid in client.run(os.getpid).items()}
+    """Worker name -> pid of its process (asked again while a worker an earlier test killed restarts)."""
+    deadline = time.monotonic() + 30
+    while True:
+        names = {addr: info["name"] for addr, info in client.scheduler_info(n_workers=-1)["workers"].items()}
+        pids = client.run(os.getpid)
+        if set(pids) == set(names) or time.monotonic() > deadline:
+            return {names[addr]: pid for addr, pid in pids.items()}
+        time.sleep(0.1)
 
 
 def record_where(ws: dj.Workspace) -> None:

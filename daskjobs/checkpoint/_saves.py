@@ -97,8 +97,9 @@ class Saves:
         return epoch in self.entries and not self.unflushed.get(epoch)
 
     def note_flushes(self, results: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> None:
-        """Take the flush outcomes nodes reported (``results[node]["flushed"]``); an epoch whose
-        flush failed, or whose flush a node no longer has, fails (in ``failed``) and is forgotten."""
+        """Take the flush outcomes nodes reported (``results[node]["flushed"]``), with the entry a
+        background write returned; an epoch whose flush failed, or whose flush a node no longer
+        has, fails (in ``failed``) and is forgotten."""
         epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
         bad: dict[int, dict[str, Any]] = {}
         for node, result in results.items():
@@ -115,6 +116,8 @@ class Saves:
                     bad.setdefault(epoch, {})[node] = outcome["error"]
                 else:
                     nodes.discard(node)
+                    if isinstance(outcome.get("entry"), dict) and epoch in self.entries:
+                        self.entries[epoch][node] = outcome["entry"]  # the write's own (a hard link may have failed)
         for epoch, errors in bad.items():
             self.forget(epoch)
             failed[epoch] = write_error(epoch, errors)

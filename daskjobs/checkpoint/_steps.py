@@ -75,24 +75,35 @@ def _outcome(write: Any) -> dict[str, Any]:
         return {"error": exc}
 
 
+WRITE_LATER_UP_TO = 1 << 20
+"""A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
+the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
+
+
 @dataclass(frozen=True)
 class PendingFlush:
-    """A node's group written by a synchronous save whose fsync runs in the background."""
+    """A node's synchronous save whose fsync (or whole write) runs in the background; ``done``
+    gives the group's entry when the background thread wrote it, else ``None``."""
 
     save_id: str
-    done: Future[None]
+    done: Future[dict[str, Any] | None]
 
 
 def settle_flush(state: NodeState) -> dict[str, Any] | None:
-    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception}``."""
+    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
+    "entry": the entry the background write returned, or None}``."""
     pending = state.services.pop(FLUSH, None)
     if not isinstance(pending, PendingFlush):
         return None
     try:
-        pending.done.result()
+        entry = pending.done.result()
     except Exception as exc:
-        return {"save_id": pending.save_id, "error": exc}
-    return {"save_id": pending.save_id, "error": None}
+        return {"save_id": pending.save_id, "error": exc, "entry": None}
+    return {"save_id": pending.save_id, "error": None, "entry": entry}
+
+
+def _small(blobs: dict[str, Any]) -> bool:
+    return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
 
 class BackgroundSave:
@@ -295,9 +306,12 @@ class SaveFinish:
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
     entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
-    outcome. Whatever the mode, a node first waits for its previous flush, and never hard-links
-    chunks of a group whose flush failed. ``doomed``: the node's groups of epochs retention
-    un-committed, deleted in the background before that flush.
+    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole:
+    the hook returns its entry as :meth:`CheckpointStore.describe_node` computes it, and the
+    report brings the entry the write returned. Whatever the mode, a node first waits for its
+    previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
+    group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
+    deleted in the background before that flush.
     """
 
     store: CheckpointStore
@@ -312,18 +326,37 @@ class SaveFinish:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
-        previous = self.previous if flushed is None or flushed["error"] is None else None
+        previous = self.previous
+        if flushed is not None and flushed["error"] is not None:
+            previous = None
+        elif (
+            flushed is not None
+            and flushed["entry"] is not None
+            and (previous or {}).get("save_id") == flushed["save_id"]
+        ):
+            previous = flushed["entry"]
         if self.doomed:
             in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
+        store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
         def write() -> dict[str, Any]:
             if not self.flush_later:
-                return self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
-            entry, flush = self.store.write_node_unsynced(
-                self.node, self.epoch, blobs, save_id=self.save_id, previous=previous
-            )
+                return store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
+            if store.defers_flush and _small(blobs):
+                copies = snapshot(blobs, {})
+                entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
+
+                def write_and_flush() -> dict[str, Any]:
+                    written, flush = store.write_node_unsynced(node, epoch, copies, save_id=save_id, previous=previous)
+                    if flush is not None:
+                        flush()
+                    return written
+
+                state.services[FLUSH] = PendingFlush(save_id, in_background(write_and_flush))
+                return entry
+            entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
             if flush is not None:
-                state.services[FLUSH] = PendingFlush(self.save_id, in_background(flush))
+                state.services[FLUSH] = PendingFlush(save_id, in_background(flush))
             return entry
 
         outcome = _outcome(write)

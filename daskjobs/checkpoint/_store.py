@@ -42,7 +42,7 @@ from ._format import (
 )
 from ._prefix import OWN, Prefix
 from ._reader import GroupReader, read_group, read_group_entry
-from ._zarr import COMPRESSIONS, Location, write_group
+from ._zarr import COMPRESSIONS, Location, describe_group, write_group
 
 logger = logging.getLogger("daskjobs")
 
@@ -191,6 +191,30 @@ class CheckpointStore(Prefix):
         reuse its chunks. It raises :class:`CheckpointWriteError` when the flush fails.
         """
         return self._write_node(node, epoch, blobs, save_id, previous, sync=False)
+
+    def describe_node(
+        self,
+        node: str,
+        epoch: int,
+        blobs: Mapping[str, Any],
+        *,
+        save_id: str,
+        previous: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The entry :meth:`write_node` would return, computed without touching storage (see
+        :func:`._zarr.describe_group`): a node hands the write itself to its background thread.
+
+        Raises
+        ------
+        JobDefinitionError, BlobTypeError
+            As :meth:`write_node`, before anything is written.
+        """
+        validate_name(node, "node")
+        if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
+            raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        return describe_group(
+            node, check_epoch(epoch), blobs, save_id=save_id, compression=self.compression, previous=previous
+        )
 
     def _write_node(
         self,

@@ -264,16 +264,8 @@ def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict
     return dict(blobs) if isinstance(blobs, dict) else {}
 
 
-def _write_blob(
-    files: LocalFiles | RemoteFiles,
-    path: str,
-    kind: str,
-    array: np.ndarray,
-    codec: str | None,
-    before: Mapping[str, Any] | None,
-    old_path: str,
-) -> tuple[dict[str, Any], int, int]:
-    """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused."""
+def _layout(kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """One array's blob entry without digests, its chunk spans and each chunk's stored parts."""
     chunks = chunk_rows(array.shape, array.itemsize)
     meta: dict[str, Any] = {
         "kind": kind,
@@ -289,12 +281,79 @@ def _write_blob(
         stored = [(data[start:stop], bytes(pad)) for start, stop, pad in spans]
     else:
         stored = [(part, b"") for part in _encode(array, chunks, kind, codec)]
-    same = (
+    return meta, spans, stored
+
+
+def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chunk_count: int) -> bool:
+    """Whether ``before`` (the previous epoch's blob entry) has this layout: its files may be reused."""
+    return (
         isinstance(before, dict)
         and all(before.get(k) == v for k, v in meta.items() if k != "nbytes")
         and isinstance(before.get("hashes"), list)
-        and len(before["hashes"]) == len(spans)
+        and len(before["hashes"]) == chunk_count
     )
+
+
+def _finish_meta(meta: dict[str, Any], hashes: list[str], codec: str | None, stored: list[Any]) -> dict[str, Any]:
+    meta["hashes"] = hashes
+    if codec is not None:
+        meta["sizes"] = [len(p) for p, _ in stored]
+    return meta
+
+
+def describe_group(
+    node: str,
+    epoch: int,
+    blobs: Mapping[str, Any],
+    *,
+    save_id: str,
+    compression: str | None,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The entry :func:`write_group` would return for ``blobs``, computed without writing anything.
+
+    Digests and layout are exact; ``bytes_written``/``bytes_reused`` assume every chunk whose
+    digest equals the previous epoch's is reused (a failed hard link writes it instead).
+    """
+    started = time.perf_counter()
+    stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
+    reuse_from = _reusable(previous, node, epoch)
+    described, written, reused = {}, 0, 0
+    for name, (kind, array) in stored.items():
+        meta, spans, parts = _layout(kind, array, compression)
+        before = reuse_from.get(name)
+        same = _same_layout(before, meta, len(spans))
+        hashes = [digest(*chunk) for chunk in parts]
+        for index, (start, stop, _pad) in enumerate(spans):
+            if same and before["hashes"][index] == hashes[index]:
+                reused += stop - start
+            else:
+                written += stop - start
+        described[name] = _finish_meta(meta, hashes, compression, parts)
+    return {
+        "node": node,
+        "epoch": epoch,
+        "save_id": save_id,
+        "blobs": described,
+        "bytes": sum(array.nbytes for _, array in stored.values()),
+        "bytes_written": written,
+        "bytes_reused": reused,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _write_blob(
+    files: LocalFiles | RemoteFiles,
+    path: str,
+    kind: str,
+    array: np.ndarray,
+    codec: str | None,
+    before: Mapping[str, Any] | None,
+    old_path: str,
+) -> tuple[dict[str, Any], int, int]:
+    """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused."""
+    meta, spans, stored = _layout(kind, array, codec)
+    same = _same_layout(before, meta, len(spans))
     files.mkdir(path)
     metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
     if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata))):
@@ -308,7 +367,4 @@ def _write_blob(
         else:
             files.put(f"{path}/{key}", *parts)
             written += stop - start
-    meta["hashes"] = hashes
-    if codec is not None:
-        meta["sizes"] = [len(p) for p, _ in stored]
-    return meta, written, reused
+    return _finish_meta(meta, hashes, codec, stored), written, reused
