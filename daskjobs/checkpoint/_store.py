@@ -58,6 +58,13 @@ class RetiredEpoch:
     entries: dict[str, Mapping[str, Any] | None]
 
 
+def _check_save(node: str, save_id: str) -> None:
+    """Refuse a bad node name or save id before anything is written."""
+    validate_name(node, "node")
+    if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
+        raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+
+
 class CheckpointStore(Prefix):
     """One checkpoint prefix: a local path or an fsspec URL. Picklable (shipped to Dask workers).
 
@@ -209,9 +216,7 @@ class CheckpointStore(Prefix):
         JobDefinitionError, BlobTypeError
             As :meth:`write_node`, before anything is written.
         """
-        validate_name(node, "node")
-        if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
-            raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        _check_save(node, save_id)
         return describe_group(
             node, check_epoch(epoch), blobs, save_id=save_id, compression=self.compression, previous=previous
         )
@@ -226,9 +231,7 @@ class CheckpointStore(Prefix):
         *,
         sync: bool,
     ) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        validate_name(node, "node")
-        if not isinstance(save_id, str) or not SAVE_ID_RE.fullmatch(save_id):
-            raise JobDefinitionError(f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {save_id!r}")
+        _check_save(node, save_id)
         url = self.db_name(node, epoch)
         self.check_not_taken()
         try:  # an earlier attempt of ours goes; anything daskjobs did not write stays, and nothing is written
