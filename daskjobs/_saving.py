@@ -139,9 +139,9 @@ class EpochSaver:
             call()
 
     def _give_up(self, epoch: int, error: BaseException | None) -> None:
-        """A waiting epoch whose save failed after all (its background flush): by policy, as :meth:`failed`."""
+        """A waiting epoch whose save failed after all (its background flush; the manager forgot it
+        already): by policy, as :meth:`failed`."""
         self._waiting = [w for w in self._waiting if w[0] != epoch]
-        self.manager.forget_save(epoch)
         self.failed(epoch, error)
         self._call_then(epoch)
 

@@ -1,7 +1,7 @@
 """Durability on local disks: fsync of paths, several at once, or one ``syncfs`` for many.
 
-The fsync threads are one pool per process, and one more thread makes groups durable in the
-background (:func:`in_background`); both are made again in a forked child (a snapshot writer),
+The fsync threads are one pool per process, and one more thread writes groups and makes them
+durable in the background (:func:`in_background`); both are made again in a forked child (a snapshot writer),
 whose parent's threads are gone.
 """
 
@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 FSYNC_EACH_UP_TO = 64
 """Up to this many paths are fsynced each (only our own data); more are flushed with one ``syncfs``."""
@@ -54,17 +56,18 @@ def _fsync_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
-def in_background(flush: Callable[[], None]) -> Future[None]:
-    """Run ``flush`` (making a written group durable) in this process's one background flush thread.
+def in_background(job: Callable[[], T]) -> Future[T]:
+    """Run ``job`` (writing a group, making one durable, deleting retired ones) in this process's
+    one background thread.
 
-    Flushes run one after the other, in the order given: a group is durable only after every
-    group submitted before it (whose files a later group may hard-link) is.
+    Jobs run one after the other, in the order given: a group is durable only after every group
+    submitted before it (whose files a later group may hard-link) is.
     """
     global _background
     with _pool_lock:
         if _background is None or _background[0] != os.getpid():
             _background = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="daskjobs-flush"))
-        return _background[1].submit(flush)
+        return _background[1].submit(job)
 
 
 def fsync_path(path: str) -> None:

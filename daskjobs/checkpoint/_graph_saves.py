@@ -46,7 +46,8 @@ class GraphSaves:
         the results to :meth:`accept_finished`: the save then costs no round trip of its own.
         With ``async_save`` each hook first waits, on its node, for the save in flight.
         ``flush_later`` (while :attr:`may_defer_commit`, on a local disk): the nodes fsync their
-        groups in the background; the epoch is ready for its commit once :meth:`flushed` says so.
+        groups in the background (and write them there, for a small workspace, see
+        :class:`SaveFinish`); the epoch is ready for its commit once :meth:`flushed` says so.
         They also delete their groups of the epochs retention un-committed, in the background.
         """
         pending = self._saves.pending_epoch()

@@ -102,6 +102,18 @@ def settle_flush(state: NodeState) -> dict[str, Any] | None:
     return {"save_id": pending.save_id, "error": None, "entry": entry}
 
 
+def reuse_from(previous: dict[str, Any] | None, flushed: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
+    ``flushed``: none after a failed flush, the written entry of a background write of ``previous``."""
+    if flushed is None:
+        return previous
+    if flushed["error"] is not None:
+        return None
+    if flushed["entry"] is not None and (previous or {}).get("save_id") == flushed["save_id"]:
+        return flushed["entry"]
+    return previous
+
+
 def _small(blobs: dict[str, Any]) -> bool:
     return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
@@ -258,8 +270,7 @@ class SaveStep:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        flushed = settle_flush(state)
-        previous = self.previous if flushed is None or flushed["error"] is None else None
+        previous = reuse_from(self.previous, settle_flush(state))
         entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
         ws[ENTRY_BLOB] = entry_array(entry)
 
@@ -326,15 +337,7 @@ class SaveFinish:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
-        previous = self.previous
-        if flushed is not None and flushed["error"] is not None:
-            previous = None
-        elif (
-            flushed is not None
-            and flushed["entry"] is not None
-            and (previous or {}).get("save_id") == flushed["save_id"]
-        ):
-            previous = flushed["entry"]
+        previous = reuse_from(self.previous, flushed)
         if self.doomed:
             in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
@@ -345,14 +348,10 @@ class SaveFinish:
             if store.defers_flush and _small(blobs):
                 copies = snapshot(blobs, {})
                 entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-
-                def write_and_flush() -> dict[str, Any]:
-                    written, flush = store.write_node_unsynced(node, epoch, copies, save_id=save_id, previous=previous)
-                    if flush is not None:
-                        flush()
-                    return written
-
-                state.services[FLUSH] = PendingFlush(save_id, in_background(write_and_flush))
+                write_there = functools.partial(
+                    store.write_node, node, epoch, copies, save_id=save_id, previous=previous
+                )
+                state.services[FLUSH] = PendingFlush(save_id, in_background(write_there))
                 return entry
             entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
             if flush is not None:

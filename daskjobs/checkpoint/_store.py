@@ -14,6 +14,7 @@ nothing of daskjobs' own can collide with a node's group. File access goes throu
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -253,19 +254,22 @@ class CheckpointStore(Prefix):
             previous=previous,
             sync=sync,
         )
-        files = where.files
-        if sync or not isinstance(files, LocalFiles) or not self.fsync:
+        if sync or not self.defers_flush:
             return entry, None
+        return entry, functools.partial(self._flush_group, where.files, node, epoch)
 
-        def flush() -> None:
-            try:
-                files.flush()
-            except OSError as exc:
-                raise CheckpointWriteError(
-                    f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at {url}: {exc}"
-                ) from exc
-
-        return entry, flush
+    def _flush_group(self, files: LocalFiles, node: str, epoch: int, *, whole_tree: bool = False) -> None:
+        """fsync what ``files`` wrote of ``node``'s group of ``epoch`` (``whole_tree``: every file and
+        folder of the group, whoever wrote it); a failure is a :class:`CheckpointWriteError`."""
+        try:
+            if whole_tree:
+                files.track_tree(self._path(f"{node}.{epoch}"))
+            files.flush()
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
+                f"{self.db_name(node, epoch)}: {exc}"
+            ) from exc
 
     def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> None:
         """Make ``node``'s group of ``epoch`` durable from this process, for a node that wrote it and
@@ -281,17 +285,10 @@ class CheckpointStore(Prefix):
         CheckpointWriteError
             The flush failed.
         """
-        read_group(self._group(node, epoch), node, check_epoch(epoch), entry)
-        files = self._files()
-        if isinstance(files, LocalFiles) and self.fsync:
-            try:
-                files.track_tree(self._path(f"{node}.{epoch}"))
-                files.flush()
-            except OSError as exc:
-                raise CheckpointWriteError(
-                    f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
-                    f"{self.db_name(node, epoch)}: {exc}"
-                ) from exc
+        where = self._group(node, epoch)
+        read_group(where, node, check_epoch(epoch), entry)
+        if self.defers_flush:
+            self._flush_group(where.files, node, epoch, whole_tree=True)
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
         """The entry ``node`` wrote for ``epoch`` (validated), whether committed or not.
