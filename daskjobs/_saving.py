@@ -48,17 +48,25 @@ class EpochSaver:
         self._written: tuple[int, int] | None = None
         self._then: list[tuple[int, Callable[[], object]]] = []
 
-    def hooks(self, epoch: int, used_nodes: list[str], session: Session) -> dict[str, Callable[[Any], Any]] | None:
-        """The ``finish`` hooks saving ``epoch`` inside the epoch's graph; ``None`` when a
-        checkpointed node does not run in it (then :meth:`save` saves as a group of its own);
-        ``{}`` when the storage is not accessible (the save is skipped, with a warning)."""
+    def hooks(
+        self, epoch: int, used_nodes: list[str], session: Session, *, last: bool = False
+    ) -> dict[str, Callable[[Any], Any]] | None:
+        """The ``finish`` hooks saving ``epoch`` inside the graph of the group that runs it (the
+        epoch group, or the init group for epoch 0); ``None`` when a checkpointed node does not
+        run in it (then :meth:`save` saves as a group of its own); ``{}`` when the storage is not
+        accessible (the save is skipped, with a warning).
+
+        ``last``: the run is expected to end with this epoch. Its nodes then fsync inside the
+        graph instead of in the background, so that ending the run needs no round trip to ask
+        for the flushes (a wrong guess costs time, never safety).
+        """
         manager = self.manager
         if not set(manager.nodes()) <= set(used_nodes):
             return None
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return {}
-        return manager.finish_hooks(epoch, flush_later=session.background_flushes)
+        return manager.finish_hooks(epoch, flush_later=session.background_flushes and not last)
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:
         """Save ``epoch`` as a group run of its own and commit it; returns the seconds it took."""

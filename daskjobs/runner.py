@@ -354,7 +354,8 @@ class JobRunner:
         job = self.job
         started = time.perf_counter()
         saver = self._saver
-        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes(), session)
+        last = self._reached_max(epoch) or epoch == job.epoch_limit
+        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes(), session, last=last)
         finished: dict[str, Any] = {}
         try:
             sums = session.run_group(
@@ -391,10 +392,19 @@ class JobRunner:
         job = self.job
         nodes = job.nodes_to_checkpoint()
         if resume is None:
-            session.run_group(job.init_group, job=job.name, attempt=failures)
-            if manager is not None and self._saver is not None:
+            saver = self._saver
+            hooks = None if saver is None else saver.hooks(0, job.init_group.used_nodes(), session)
+            finished: dict[str, Any] = {}
+            session.run_group(job.init_group, job=job.name, attempt=failures, finish=hooks or None, finished=finished)
+            if saver is not None and hooks:
+                # Epoch 0 was saved at the end of the init group's own graph. The driver checked the
+                # prefix before anything ran (see _prepare); on the nodes, the save's write is the check.
+                saver.manager.init(nodes)
+                saver.accept(0, session, finished, {}, {})
+            elif manager is not None and saver is not None:
                 session.run_group(manager.init(nodes), job=job.name, attempt=failures)
-                self._saver.save(0, session, {}, {})
+                if hooks is None:
+                    saver.save(0, session, {}, {})
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)

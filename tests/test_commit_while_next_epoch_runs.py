@@ -148,3 +148,43 @@ def test_a_failed_commit_can_be_tried_again(prefix):
         manager.write_checkpoint_metadata(0)
     assert committed(prefix) == [0]
     np.testing.assert_array_equal(dj.open_checkpoint(prefix, 0)["n"]["w"], np.arange(4.0))
+
+
+@pytest.mark.parametrize("limit", ["max_epochs", "epoch_limiter"])
+def test_a_checkpointed_run_runs_no_more_groups_than_a_plain_one(session, prefix, monkeypatch, limit):
+    """Epoch 0 is saved at the end of the init group's graph and every epoch in its own; the last
+    epoch (known in advance here) is made durable in its graph, so ending the run asks nothing more."""
+    labels: list[str] = []
+    run_group = session.run_group
+
+    def counted(group, **kwargs):
+        labels.append(group.label)
+        return run_group(group, **kwargs)
+
+    monkeypatch.setattr(session, "run_group", counted)
+
+    def train(manager):
+        job = make_job()
+        if limit == "epoch_limiter":
+            dj.epoch_limiter(job, 4)
+        labels.clear()
+        dj.JobRunner(job, manager, max_epochs=4 if limit == "max_epochs" else None, progress=False).train(session)
+        return list(labels)
+
+    plain = train(None)
+    assert train(dj.MultiNodeCheckpointManager(prefix)) == plain
+    assert committed(prefix) == [0, 1, 2, 3, 4]
+    for epoch in range(5):
+        check_epoch(prefix, epoch)
+
+
+def test_a_run_ended_by_its_stop_condition_commits_every_epoch(session, prefix):
+    """The last epoch was not known in advance: ending the run waits for its flush and commits it."""
+    job = make_job()
+    with job, dj.Node("ps"):
+        stop = dj.Task(lambda ws: ws.__setitem__("stop", np.bool_(ws.epoch >= 3)), outputs=["stop"], name="stop")
+    job.add_stop_condition(stop.outputs()[0])
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False)
+    assert runner.train(session) == 3
+    assert committed(prefix) == [0, 1, 2, 3]
+    check_epoch(prefix, 3)
