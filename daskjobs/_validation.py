@@ -14,12 +14,13 @@ A blob value is one of two kinds, told apart by ``isinstance(value, np.ndarray)`
 from __future__ import annotations
 
 import math
+import operator
 import re
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from .errors import BlobTypeError, DefinitionTypeError, JobDefinitionError
+from .errors import BlobTypeError, DefinitionTypeError, JobDefinitionError, StopConditionError
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,128}")
 ALLOWED_DTYPE_KINDS = frozenset("biufcUS")
@@ -315,3 +316,28 @@ def _refused(value: object, blob: str, path: str) -> BlobTypeError:
         )
     what = f"a {module}.{name}" if module not in ("builtins", "") and not module.startswith("numpy") else f"a {name}"
     return BlobTypeError(f"blob {blob!r}{_where(path)}: cannot store {what}; {hint}")
+
+
+def resume_epoch(value: object) -> int | None:
+    """``resume_from_epoch`` checked: ``None`` or a non-negative int (numpy integers accepted)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise DefinitionTypeError(
+            f"resume_from_epoch must be a non-negative int naming a committed epoch (or None), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    epoch = operator.index(value)
+    if epoch < 0:
+        raise DefinitionTypeError(f"resume_from_epoch must be a non-negative int, got {epoch}")
+    return epoch
+
+
+def stop_value(name: str, value: Any) -> bool:
+    """Check that the stop condition ``name`` produced one boolean and return it."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray) and value.dtype == np.bool_ and value.size == 1:
+        return bool(value.reshape(()))
+    kind = f"array of dtype {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else type(value)
+    raise StopConditionError(f"stop condition {name!r} must be a bool or a one-element bool array, got {kind}")

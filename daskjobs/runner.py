@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import logging
-import operator
 import signal
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
 
 from ._interrupt import GracefulStop, interruption
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver
+from ._validation import resume_epoch, stop_value
 from .checkpoint._lock import local_holder
 from .data import epochs_until_finished
 from .errors import (
@@ -24,7 +22,6 @@ from .errors import (
     JobInterruptedError,
     NodeLostError,
     SessionLostError,
-    StopConditionError,
 )
 from .history import EpochRecord, history_frame, history_html, means, plot_history
 from .session import LocalSession, Session
@@ -33,7 +30,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._model.group import TaskGroup
-    from ._model.task import TaskOutput
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
@@ -48,36 +44,6 @@ def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
     from .session import as_session
 
     return True, as_session(session)
-
-
-class ResumeArgumentError(JobDefinitionError, TypeError):
-    """``resume_from_epoch`` is not a non-negative int (a ``ValueError`` and a ``TypeError``)."""
-
-
-def _resume_epoch(value: object) -> int | None:
-    """``resume_from_epoch`` checked: ``None`` or a non-negative int (numpy integers accepted)."""
-    if value is None:
-        return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise ResumeArgumentError(
-            f"resume_from_epoch must be a non-negative int naming a committed epoch (or None), "
-            f"got {type(value).__name__} {value!r}"
-        )
-    epoch = operator.index(value)
-    if epoch < 0:
-        raise ResumeArgumentError(f"resume_from_epoch must be a non-negative int, got {epoch}")
-    return epoch
-
-
-def stop_value(output: TaskOutput, value: Any) -> bool:
-    """Check that a stop condition produced one boolean and return it."""
-    name = output.names[0]
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    if isinstance(value, np.ndarray) and value.dtype == np.bool_ and value.size == 1:
-        return bool(value.reshape(()))
-    kind = f"array of dtype {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else type(value)
-    raise StopConditionError(f"stop condition {name!r} must be a bool or a one-element bool array, got {kind}")
 
 
 class JobRunner:
@@ -163,7 +129,7 @@ class JobRunner:
             raise JobDefinitionError(f"max_failures must be an int >= 0, got {max_failures!r}")
         self.job = job
         self.checkpoint_manager = checkpoint_manager
-        self.resume_from_epoch = _resume_epoch(resume_from_epoch)
+        self.resume_from_epoch = resume_epoch(resume_from_epoch)
         self.upload_task_group_builder = upload_task_group_builder
         self.max_epochs = max_epochs
         self.max_failures = max_failures
@@ -437,7 +403,7 @@ class JobRunner:
         values: dict[str, bool] = {}
         for i, output in enumerate(self.job.stop_conditions):
             key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
-            values[key] = stop_value(output, output.fetch())
+            values[key] = stop_value(output.names[0], output.fetch())
         return values
 
     def _restore(
