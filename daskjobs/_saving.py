@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from .checkpoint import MultiNodeCheckpointManager
 from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
 
 if TYPE_CHECKING:
-    from .checkpoint import MultiNodeCheckpointManager
     from .session import Session
 
 logger = logging.getLogger("daskjobs")
@@ -61,7 +61,7 @@ class EpochSaver:
         for the flushes (a wrong guess costs time, never safety).
         """
         manager = self.manager
-        if not set(manager.nodes()) <= set(used_nodes):
+        if not set(manager.nodes()) <= set(used_nodes) or _overrides_save(manager):
             return None
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
@@ -275,3 +275,8 @@ class EpochSaver:
         if give_up is not None:
             give_up()
         self.failed(epoch, error)
+
+
+def _overrides_save(manager: MultiNodeCheckpointManager) -> bool:
+    """Whether ``manager``'s class overrides ``save()``: its saves then run as that group, as in Caffe2."""
+    return type(manager).save is not MultiNodeCheckpointManager.save
