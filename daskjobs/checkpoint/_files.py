@@ -67,7 +67,8 @@ def open_regular(path: str) -> tuple[int, int]:
     Raises
     ------
     UnsafeFileError
-        ``path`` is a symbolic link, FIFO, device, socket or directory.
+        ``path`` is a symbolic link, FIFO, device, socket or directory (a socket cannot be
+        opened: an open that fails for another reason than a missing file looks at what is there).
     FileNotFoundError
         It does not exist.
     """
@@ -76,12 +77,24 @@ def open_regular(path: str) -> tuple[int, int]:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeFileError(f"{path} is a symbolic link, not a regular file; daskjobs does not read it") from None
+        if exc.errno != errno.ENOENT:  # a socket cannot be opened at all (ENXIO): say what is there instead
+            _refuse_special(path)
         raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise _unsafe(path, info.st_mode, "a regular file")
     return fd, info.st_size
+
+
+def _refuse_special(path: str) -> None:
+    """Raise :class:`UnsafeFileError` if ``path`` exists and is not a regular file (``lstat``: links not followed)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise _unsafe(path, info.st_mode, "a regular file") from None
 
 
 def check_directory(path: str) -> None:

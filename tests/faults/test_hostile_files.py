@@ -1,6 +1,6 @@
 """Hostile files in place of checkpoint files x every read path: refused in bounded time and memory.
 
-A FIFO, a symlink to ``/dev/zero``, a symlink leading outside the prefix, a directory, an oversized
+A FIFO, a UNIX socket, a symlink to ``/dev/zero``, a symlink leading outside the prefix, a directory, an oversized
 (sparse) and a truncated file take the place of a chunk, an array's ``zarr.json``, the group's
 ``zarr.json`` or the commit record of epoch 2. Every read path must raise the exact error within a
 deadline (a FIFO must not block, ``/dev/zero`` must not be read to exhaustion) and leave every
@@ -9,7 +9,9 @@ committed byte unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable
 
@@ -35,6 +37,15 @@ def replace_with(path: str, make: Callable[[str], None]) -> None:
     make(path)
 
 
+def bind_socket(path: str) -> None:
+    """A UNIX socket at ``path``: ``open()`` fails on it with ENXIO before anything can be checked.
+
+    Bound by a relative name: a socket's address has at most 107 bytes, less than ``tmp_path`` paths may need.
+    """
+    with contextlib.chdir(os.path.dirname(path)), socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(os.path.basename(path))
+
+
 def outside(path: str) -> None:
     target = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))), "outside.bin")
     with open(target, "wb") as file:
@@ -54,13 +65,14 @@ def resize(delta: int) -> Callable[[str], None]:
 
 HOSTILE: dict[str, Callable[[str], None]] = {
     "fifo": lambda p: replace_with(p, os.mkfifo),
+    "socket": lambda p: replace_with(p, bind_socket),
     "symlink_dev_zero": lambda p: replace_with(p, lambda q: os.symlink("/dev/zero", q)),
     "symlink_outside": lambda p: replace_with(p, outside),
     "directory": lambda p: replace_with(p, os.mkdir),
     "oversized": resize(1 << 20),
     "truncated": resize(-1),
 }
-SPECIAL = ("fifo", "symlink_dev_zero", "symlink_outside", "directory")
+SPECIAL = ("fifo", "socket", "symlink_dev_zero", "symlink_outside", "directory")
 
 
 def expected(location: str, hostile: str) -> type[Exception]:
@@ -106,5 +118,7 @@ def test_hostile_file_is_refused(committed, location, hostile, path):  # noqa: F
     error = within_deadline(lambda: READ_PATHS[path](committed))
     assert type(error) is expected(location, hostile), repr(error)
     assert "epoch 2" in str(error)
+    if location in ("chunk", "array_metadata"):
+        assert f"node '{NODE}', blob 'w'" in str(error)
     assert snapshot(committed) == before
     assert dj.list_checkpoints(committed) == listed
