@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
-from .._validation import validate_name
+from .._validation import check_count, validate_name
 from ..errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -195,8 +195,24 @@ class MultiNodeCheckpointManager(GraphSaves):
 
     # -- handler pass-throughs --------------------------------------------------------------
     def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from (the handler's answer), after checking the prefix holds this job."""
-        check_same_job(self.store, self._job_name, self._nodes)
+        """The epoch to resume from (the handler's answer), after checking the prefix holds this job.
+
+        The job's name and nodes are checked against the commit record of ``user_epoch`` when it
+        is given (newer records are not read: one of them may be the unreadable commit the user
+        skips), else against the latest commit.
+
+        Raises
+        ------
+        DefinitionTypeError, JobDefinitionError
+            ``user_epoch`` is not a non-negative int; nothing was read.
+        CheckpointError
+            The checked commit is another job's or has other nodes.
+        CheckpointCorruptError, CheckpointFormatError
+            The checked commit record cannot be read.
+        """
+        if user_epoch is not None:
+            user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
+        check_same_job(self.store, self._job_name, self._nodes, user_epoch)
         return self._handler.last_epoch(user_epoch=user_epoch)
 
     def cp_accessible(self, epoch: int | None = None) -> bool:

@@ -14,22 +14,40 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-def check_same_job(store: CheckpointStore, job: str, nodes: list[str] | None) -> None:
-    """Refuse to resume ``job`` (with ``nodes``; ``None``: not known yet) from a prefix whose latest
-    commit is another job's or has other nodes.
+def check_same_job(store: CheckpointStore, job: str, nodes: list[str] | None, epoch: int | None = None) -> None:
+    """Refuse to resume ``job`` (with ``nodes``; ``None``: not known yet) from a prefix holding
+    another job's checkpoints, or checkpoints of other nodes.
+
+    Parameters
+    ----------
+    epoch
+        The epoch the user asked to resume from: its commit record is checked (an epoch that is
+        not committed passes; the metadata handler reports it). ``None``: the latest commit.
 
     Raises
     ------
     CheckpointError
-        Naming both jobs, their nodes and the latest epoch.
+        Naming both jobs, their nodes and the epoch checked.
+    CheckpointCorruptError, CheckpointFormatError
+        The record to check cannot be read; for the latest, the message names the
+        ``resume_from_epoch`` that skips it.
     """
-    latest = store.latest_commit()
-    if latest is None or nodes is None:
+    if nodes is None:
         return
-    if latest["job"] != job or sorted(latest["nodes"]) != sorted(nodes):
+    if epoch is None:
+        record = store.latest_commit()
+    else:
+        try:
+            record = store.read_commit(epoch)
+        except CheckpointNotFoundError:
+            return
+    if record is None:
+        return
+    if record["job"] != job or sorted(record["nodes"]) != sorted(nodes):
+        which = "latest epoch" if epoch is None else "epoch"
         raise CheckpointError(
-            f"{store.url} holds checkpoints of job {latest['job']!r} with nodes {latest['nodes']} "
-            f"(latest epoch {latest['epoch']}), but this job is {job!r} with nodes {nodes}; "
+            f"{store.url} holds checkpoints of job {record['job']!r} with nodes {record['nodes']} "
+            f"({which} {record['epoch']}), but this job is {job!r} with nodes {nodes}; "
             "use another db_prefix or delete the old checkpoints"
         )
 

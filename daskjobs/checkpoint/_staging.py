@@ -14,8 +14,9 @@ import os
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from ..errors import CheckpointCorruptError, CheckpointFormatError
 from ._durable import fsync_path
-from ._store import CheckpointStore
+from ._store import CheckpointStore, RetiredEpoch
 
 logger = logging.getLogger("daskjobs")
 
@@ -53,16 +54,26 @@ class Staging:
     def before_commit(self, store: CheckpointStore, epoch: int, nodes: list[str]) -> None:
         """Right before ``epoch``'s commit record is written: retire the newer commits, adopt staged groups."""
         if self.retire:
-            self.retire_newer(store, epoch)
+            self.retire_newer(store, epoch, nodes)
         if epoch in self.staged:
             self.staged.discard(epoch)
             adopt_staged(store, epoch, nodes)
 
-    def retire_newer(self, store: CheckpointStore, epoch: int) -> None:
-        """Delete the commits newer than the resumed epoch, newest first, right before ``epoch`` commits."""
+    def retire_newer(self, store: CheckpointStore, epoch: int, nodes: list[str]) -> None:
+        """Delete the commits newer than the resumed epoch, newest first, right before ``epoch`` commits.
+
+        A newer commit whose record cannot be read (the one a resume from an older epoch skips)
+        is retired too: its record goes, and of the groups of ``nodes`` (this job's) only
+        daskjobs' own files.
+        """
         retired = sorted(self.retire, reverse=True)
         for old in retired:
-            record = store.read_commit(old)
+            try:
+                record = store.read_commit(old)
+            except (CheckpointCorruptError, CheckpointFormatError):
+                store.uncommit(old)
+                store.remove_retired(RetiredEpoch(old, dict.fromkeys(nodes)))
+                continue
             store.delete_epoch(old, record["nodes"])
         logger.warning(
             "resumed from an older epoch: retired the newer committed epochs %s under %s now that epoch %d commits",

@@ -1,0 +1,117 @@
+"""An unreadable commit record: resume names it and the epoch that skips it, and following that
+hint works; ``checkpoints prune`` refuses before it deletes anything.
+
+Every case asserts the exact error and that nothing committed changed where nothing should.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+from daskjobs.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
+
+DAMAGE = {
+    "empty": (lambda data: b"", CheckpointCorruptError),
+    "garbage": (lambda data: b"\xff\x00{", CheckpointCorruptError),
+    "format_v9": (lambda data: data.replace(b'"format_version":2', b'"format_version":9'), CheckpointFormatError),
+}
+
+
+def define(name: str = "records", node: str = "a") -> dj.Job:
+    """One node counting epochs in ``n`` and adding the epoch to a 300-element array ``w``."""
+    with dj.Cluster(), dj.Job(name=name) as job, dj.Node(node):
+        with job.init_group:
+            dj.Task(lambda ws: ws.update(n=np.int64(0), w=np.zeros(300)))
+
+        def step(ws):
+            ws["n"] = ws["n"] + 1
+            ws["w"] = ws["w"] + ws.epoch
+
+        dj.Task(step)
+    return job
+
+
+def train(prefix: str, job: dj.Job | None = None, **kwargs) -> tuple[int, dj.JobRunner, int]:
+    """Train on a fresh LocalSession; return (last epoch, runner, final n)."""
+    manager = kwargs.pop("manager", None) or dj.MultiNodeCheckpointManager(prefix)
+    runner = dj.JobRunner(job or define(), manager, progress=False, **kwargs)
+    with dj.LocalSession() as session:
+        last = runner.train(session)
+        return last, runner, int(session.fetch("n", "a"))
+
+
+def record_path(prefix: str, epoch: int) -> Path:
+    return Path(prefix) / "__daskjobs__" / "commits" / f"epoch-{epoch:012d}.json"
+
+
+def damage(prefix: str, epoch: int, kind: str) -> None:
+    path = record_path(prefix, epoch)
+    path.write_bytes(DAMAGE[kind][0](path.read_bytes()))
+
+
+def files(prefix: str) -> dict[str, bytes]:
+    """Every file under the prefix but the lock, by relative path."""
+    root = Path(prefix)
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "lock.json"
+    }
+
+
+def epoch_files(prefix: str, epochs: range) -> dict[str, bytes]:
+    """The files of the groups and commit records of ``epochs``."""
+    names = {f"a.{e}" for e in epochs} | {f"epoch-{e:012d}.json" for e in epochs}
+    return {k: v for k, v in files(prefix).items() if names & set(k.split("/"))}
+
+
+# -- resume: the hint works ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_following_the_hint_of_an_unreadable_latest_record_resumes(prefix, kind, caplog):
+    """Latest record unreadable: resume names it and resume_from_epoch=2; passing that resumes, retiring epoch 3."""
+    train(prefix, max_epochs=3)
+    damage(prefix, 3, kind)
+    before = files(prefix)
+    with pytest.raises(DAMAGE[kind][1], match=r"epoch-000000000003\.json.*resume_from_epoch=2"):
+        train(prefix, max_epochs=5)
+    assert files(prefix) == before
+    kept = epoch_files(prefix, range(3))
+    with caplog.at_level(logging.WARNING, logger="daskjobs"):
+        last, runner, n = train(prefix, max_epochs=5, resume_from_epoch=2)
+    assert (last, [r.epoch for r in runner.history], n) == (5, [3, 4, 5], 5)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3, 4, 5]
+    assert epoch_files(prefix, range(3)) == kept
+    retired = [r.getMessage() for r in caplog.records if "retired" in r.getMessage()]
+    assert len(retired) == 1
+    assert "[3]" in retired[0]
+    view = dj.open_checkpoint(prefix, 3)
+    assert view.verify() > 0
+    assert int(view["a"]["n"]) == 3
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_resuming_from_an_epoch_with_an_unreadable_record_names_it(prefix, kind):
+    """resume_from_epoch naming the unreadable record: its error, naming the file; nothing changes."""
+    train(prefix, max_epochs=3)
+    damage(prefix, 1, kind)
+    before = files(prefix)
+    with pytest.raises(DAMAGE[kind][1], match=r"epoch-000000000001\.json"):
+        train(prefix, max_epochs=5, resume_from_epoch=1)
+    assert files(prefix) == before
+
+
+def test_an_explicit_epoch_of_another_job_is_refused_by_its_own_record(prefix):
+    """The job check of a resume from epoch k reads k's record: another job's epoch is named and refused."""
+    train(prefix, max_epochs=3)
+    damage(prefix, 3, "empty")
+    before = files(prefix)
+    with pytest.raises(CheckpointError, match=r"job 'records'.*\(epoch 2\).*this job is 'other'"):
+        train(prefix, define(name="other"), max_epochs=5, resume_from_epoch=2)
+    assert files(prefix) == before
