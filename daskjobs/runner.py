@@ -143,6 +143,8 @@ class JobRunner:
         """The Dask dashboard of the last session trained on, when it has one."""
         self._signals = GracefulStop(lambda signum: self._interruption(signum, abandoned=True))
         self._saver: EpochSaver | None = None
+        self._resume: int | None = None
+        """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, in :meth:`_prepare`)."""
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -194,13 +196,15 @@ class JobRunner:
     __call__ = train
 
     def _prepare(self, manager: MultiNodeCheckpointManager | None) -> MultiNodeCheckpointManager | None:
-        """Check the prefix before anything runs: the epoch to resume from (read only), then that
-        it is writable. Returns the manager to use (``None``: run without checkpoints)."""
+        """Check the prefix before anything runs: the epoch to resume from (read only; the
+        handler's answer is kept for :meth:`_train`), then that it is writable. Returns the
+        manager to use (``None``: run without checkpoints)."""
         if manager is None:
             return None
         manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
+        self._resume = None
         if self.resume_from_epoch is not None:
-            manager.get_resume_from_epoch_id(self.resume_from_epoch)
+            self._resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)
             manager.store.read_commit(self.resume_from_epoch)
         try:
             manager.store.check_writable()
@@ -240,7 +244,12 @@ class JobRunner:
     def _train(self, session: Session, manager: MultiNodeCheckpointManager | None) -> int:
         """Start (or resume), loop, finish; a lost node sends the run back to the last commit."""
         job = self.job
-        resume = manager.get_resume_from_epoch_id(self.resume_from_epoch) if manager else self.resume_from_epoch
+        if manager is None:
+            resume = self.resume_from_epoch
+        elif self.resume_from_epoch is not None:
+            resume = self._resume  # the handler answered in _prepare
+        else:
+            resume = manager.get_resume_from_epoch_id()
         if manager is not None:
             self._saver = EpochSaver(
                 manager,

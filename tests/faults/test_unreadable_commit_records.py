@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
+from daskjobs.checkpoint import CommitRecordHandler
 from daskjobs.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 DAMAGE = {
@@ -115,3 +116,30 @@ def test_an_explicit_epoch_of_another_job_is_refused_by_its_own_record(prefix):
     with pytest.raises(CheckpointError, match=r"job 'records'.*\(epoch 2\).*this job is 'other'"):
         train(prefix, define(name="other"), max_epochs=5, resume_from_epoch=2)
     assert files(prefix) == before
+
+
+# -- the handler is asked once ---------------------------------------------------------------------------
+
+
+class CountingHandler(CommitRecordHandler):
+    """The built-in handler, counting its ``last_epoch`` calls."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.asked: list[int | None] = []
+
+    def last_epoch(self, user_epoch=None):
+        self.asked.append(user_epoch)
+        return super().last_epoch(user_epoch)
+
+
+@pytest.mark.parametrize("resume_from_epoch", [None, 1])
+def test_the_handler_is_asked_for_the_epoch_to_resume_once(prefix, resume_from_epoch):
+    """One ``last_epoch`` call per train(), with or without resume_from_epoch."""
+    train(prefix, max_epochs=2)
+    handler = CountingHandler(dj.MultiNodeCheckpointManager(prefix).store)
+    manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=handler)
+    last, runner, _ = train(prefix, manager=manager, max_epochs=3, resume_from_epoch=resume_from_epoch)
+    assert last == 3
+    assert handler.asked == [resume_from_epoch]
+    assert runner.history[0].epoch == (3 if resume_from_epoch is None else 2)
