@@ -43,6 +43,7 @@ _SYNC_EARLY_FROM = 4 << 20
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {
+    stat.S_IFREG: "a regular file",
     stat.S_IFDIR: "a directory",
     stat.S_IFIFO: "a FIFO",
     stat.S_IFCHR: "a character device",
@@ -56,9 +57,9 @@ class UnsafeFileError(OSError):
     """A checkpoint path that is not what daskjobs writes there (a FIFO, device, socket, symlink …)."""
 
 
-def _unsafe(path: str, mode: int, expected: str) -> UnsafeFileError:
-    found = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-    return UnsafeFileError(f"{path} is {found}, not {expected}; daskjobs does not read it")
+def _unsafe(path: str, mode: int, expected: str, refusal: str = "daskjobs does not read it") -> UnsafeFileError:
+    found = _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
+    return UnsafeFileError(f"{path} is {found}, not {expected}; {refusal}")
 
 
 def open_regular(path: str) -> tuple[int, int]:
@@ -101,7 +102,7 @@ def check_directory(path: str) -> None:
     """Raise :class:`UnsafeFileError` unless ``path`` is a real directory (not a symlink); or ``FileNotFoundError``."""
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
-        raise _unsafe(path, info.st_mode, "a directory")
+        raise _unsafe(path, info.st_mode, "a directory", "daskjobs neither reads nor writes through it")
 
 
 FILE_MODE = 0o644

@@ -15,9 +15,9 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import CheckpointLockedError, CheckpointWriteError
+from ..errors import CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 from . import _lock
-from ._files import LocalFiles, RemoteFiles, files_for
+from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
 from ._format import MAX_JSON_BYTES
 from ._lock import LOCK_NAME
 
@@ -81,6 +81,33 @@ class Prefix:
     def _read(self, path: str) -> bytes | OSError:
         return self._files().read_small([path], MAX_JSON_BYTES)[0]
 
+    def own_folder(self, *parts: str) -> str:
+        """The path of daskjobs' own folder ``__daskjobs__`` (or of the folder ``parts`` inside it),
+        checked first: nothing is read or written through a symlink there.
+
+        Folders that do not exist yet are fine (they are created when written to). Object stores
+        have no symlinks; there is nothing to check.
+
+        Raises
+        ------
+        CheckpointFormatError
+            ``__daskjobs__`` or a folder of ``parts`` is a symbolic link (which could lead outside
+            the prefix), a file or anything else but a real directory.
+        """
+        files = self._files()
+        folders = [self._path(OWN, *parts[:depth]) for depth in range(len(parts) + 1)]
+        for folder in folders:
+            try:
+                files.check_directory(folder)
+            except (FileNotFoundError, NotADirectoryError):  # nothing there yet: writing it fails or creates it
+                break
+            except UnsafeFileError as exc:
+                raise CheckpointFormatError(
+                    f"checkpoint prefix {self.url}: {exc}; commit records and the lock must be in real "
+                    "folders inside the prefix: replace the link by the folder it leads to"
+                ) from None
+        return folders[-1]
+
     # -- writability and the writer lock ------------------------------------------------------
     def check_writable(self) -> None:
         """Create a missing local prefix, then write, read back and delete a probe under ``__daskjobs__/``.
@@ -92,8 +119,10 @@ class Prefix:
         ------
         CheckpointWriteError
             Naming the prefix and the underlying error.
+        CheckpointFormatError
+            ``__daskjobs__`` is a symlink or not a directory (see :meth:`own_folder`).
         """
-        probe = self._path(OWN, f"probe.tmp-{uuid.uuid4().hex}")
+        probe = f"{self.own_folder()}/probe.tmp-{uuid.uuid4().hex}"
         data = uuid.uuid4().hex.encode()
         files = self._files()
         try:
@@ -110,10 +139,10 @@ class Prefix:
         self.anchor = self._root
 
     def _own_path(self) -> str:
-        return self._path(OWN)
+        return self.own_folder()
 
     def _lock_file(self) -> str:
-        return self._path(OWN, LOCK_NAME)
+        return f"{self.own_folder()}/{LOCK_NAME}"
 
     def acquire_lock(self, holder: Mapping[str, Any], *, break_lock: bool = False) -> None:
         """Become the one writer of the prefix, taking over a provably stale lock atomically.
@@ -136,6 +165,8 @@ class Prefix:
             Another holder has the lock; the message names it.
         CheckpointWriteError
             The lock could not be written.
+        CheckpointFormatError
+            ``__daskjobs__`` is a symlink or not a directory (see :meth:`own_folder`).
 
         Examples
         --------
@@ -158,7 +189,11 @@ class Prefix:
         """
         if self._lock_token is None:
             raise CheckpointLockedError(f"this store does not hold the writer lock of {self.url}")
-        _lock.check(self._files(), self._lock_file(), self.url, self._lock_token)
+        try:
+            path = self._lock_file()
+        except CheckpointFormatError as exc:
+            raise CheckpointLockedError(f"the writer lock of {self.url} is no longer in the prefix: {exc}") from None
+        _lock.check(self._files(), path, self.url, self._lock_token)
 
     def check_not_taken(self) -> None:
         """Before writing on after a failure, or a node's save: raise :class:`CheckpointLockedError`
@@ -184,5 +219,10 @@ class Prefix:
         _lock.release(self._files(), self._lock_file(), self.url, mine)
 
     def read_lock(self) -> dict[str, Any] | None:
-        """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file."""
-        return _lock.read(self._files(), self._lock_file())
+        """The lock holder, ``None`` if unlocked, or ``{"unreadable": reason}`` for a damaged lock file
+        (or one that would be read through a symlink, see :meth:`own_folder`)."""
+        try:
+            path = self._lock_file()
+        except CheckpointFormatError as exc:
+            return {"unreadable": str(exc)}
+        return _lock.read(self._files(), path)

@@ -121,7 +121,9 @@ class CheckpointStore(Prefix):
         return Location(self._files(), self._path(f"{node}.{epoch}"), url, self.anchor)
 
     def _commit_file(self, epoch: int) -> str:
-        return self._path(OWN, "commits", f"epoch-{check_epoch(epoch):012d}.json")
+        """The commit record's path; raises :class:`CheckpointFormatError` if its folder is a symlink (see
+        :meth:`~._prefix.Prefix.own_folder`)."""
+        return f"{self.own_folder('commits')}/epoch-{check_epoch(epoch):012d}.json"
 
     # -- node side --------------------------------------------------------------------------
     def write_node(
@@ -342,22 +344,32 @@ class CheckpointStore(Prefix):
         ------
         CheckpointLockedError
             This store's lock vanished or changed hands; nothing was written.
+        CheckpointFormatError
+            The folder of commit records is a symbolic link or not a directory; nothing was written.
         CheckpointWriteError
             Storage failed.
         """
         epoch = check_epoch(record.get("epoch"))
         data = dumps(validate_commit_record(dict(record), epoch))
         self._check_held()
+        path = self._commit_file(epoch)
         try:
-            self._files().replace(self._commit_file(epoch), data, sync_folder=sync_folder)
+            self._files().replace(path, data, sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(
                 f"could not write the commit record of epoch {epoch} under {self.url}: {exc}"
             ) from exc
 
     def committed_epochs(self) -> list[int]:
-        """The committed epochs, ascending, listed afresh from the commit records (never cached)."""
-        names = self._files().listdir(self._path(OWN, "commits"))
+        """The committed epochs, ascending, listed afresh from the commit records (never cached).
+
+        Raises
+        ------
+        CheckpointFormatError
+            ``__daskjobs__`` or its ``commits`` folder is a symbolic link or not a directory:
+            nothing outside the prefix is listed (see :meth:`~._prefix.Prefix.own_folder`).
+        """
+        names = self._files().listdir(self.own_folder("commits"))
         return sorted(int(m.group(1)) for name in names if (m := _COMMIT_RE.fullmatch(name)))
 
     def read_commit(self, epoch: int) -> dict[str, Any]:
@@ -371,11 +383,15 @@ class CheckpointStore(Prefix):
             The record is empty, truncated, not JSON, or has missing or invalid fields; the
             message names the file.
         CheckpointFormatError
-            The record has another ``format_version``, is not a daskjobs record, or is not a
-            regular file.
+            The record has another ``format_version``, is not a daskjobs record, is not a
+            regular file, or its folder is a symbolic link.
         """
         url = self.commit_path(epoch)
-        data = self._read(self._commit_file(epoch))
+        try:
+            path = self._commit_file(epoch)
+        except CheckpointFormatError as exc:
+            raise CheckpointFormatError(f"commit record of epoch {epoch} ({url}): {exc}") from None
+        data = self._read(path)
         if isinstance(data, FileNotFoundError):
             raise CheckpointNotFoundError(f"epoch {epoch} is not committed under {self.url}")
         if isinstance(data, UnsafeFileError):
@@ -429,15 +445,17 @@ class CheckpointStore(Prefix):
 
         ``sync_folder=False`` leaves making that durable to :meth:`sync_commits`.
         """
+        path = self._commit_file(epoch)
         try:
-            self._files().remove(self._commit_file(epoch), sync_folder=sync_folder)
+            self._files().remove(path, sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(f"could not un-commit epoch {epoch} under {self.url}: {exc}") from exc
 
     def sync_commits(self) -> None:
         """Make commits and un-commits written with ``sync_folder=False`` durable."""
+        folder = self.own_folder("commits")
         try:
-            self._files().sync_folder(self._path(OWN, "commits"))
+            self._files().sync_folder(folder)
         except FileNotFoundError:
             return
         except OSError as exc:

@@ -18,9 +18,10 @@ from collections.abc import Callable
 import pytest
 
 import daskjobs as dj
+from daskjobs.checkpoint import CheckpointStore
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
-from .test_corruption import NODE, READ_PATHS, commit_record, committed, group, snapshot  # noqa: F401
+from .test_corruption import NODE, READ_PATHS, build_job, commit_record, committed, group, snapshot  # noqa: F401
 
 DEADLINE = 30.0
 
@@ -122,3 +123,85 @@ def test_hostile_file_is_refused(committed, location, hostile, path):  # noqa: F
         assert f"node '{NODE}', blob 'w'" in str(error)
     assert snapshot(committed) == before
     assert dj.list_checkpoints(committed) == listed
+
+
+# -- daskjobs' own folders replaced by symlinks ----------------------------------------------------
+
+
+def tree(folder: str) -> dict[str, bytes]:
+    """Every file under ``folder`` (symlinks not followed), by relative path."""
+    files = {}
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as file:
+                files[os.path.relpath(os.path.join(root, name), folder)] = file.read()
+    return files
+
+
+def move_outside(prefix: str, folder: str) -> str:
+    """Move ``prefix/folder`` out of the prefix and leave a symlink to it in its place; return where it went."""
+    target = os.path.join(os.path.dirname(prefix), "outside")
+    os.rename(os.path.join(prefix, folder), target)
+    os.symlink(target, os.path.join(prefix, folder))
+    return target
+
+
+def train_more(prefix: str) -> object:
+    manager = dj.MultiNodeCheckpointManager(prefix)
+    with dj.LocalSession() as session:
+        return dj.JobRunner(build_job(), manager, resume_from_epoch=2, max_epochs=4, progress=False).train(session)
+
+
+def take_lock(prefix: str) -> object:
+    store = CheckpointStore(prefix)
+    store.acquire_lock({"host": "here", "pid": 1, "job": "faults"})
+    return store.release_lock()
+
+
+def commit_again(prefix: str) -> object:
+    store = CheckpointStore(prefix)
+    return store.commit(store.read_commit(1) | {"epoch": 3})
+
+
+OWN_FOLDER_USES: dict[str, Callable[[str], object]] = {
+    **READ_PATHS,
+    "list": dj.list_checkpoints,
+    "resume_from_epoch": train_more,
+    "lock": take_lock,
+    "commit": commit_again,
+}
+
+
+OWN_FOLDER_CASES = [
+    pytest.param(folder, use, id=f"{folder}-{use}")
+    for folder in ("__daskjobs__", "__daskjobs__/commits")
+    for use in sorted(OWN_FOLDER_USES)
+    if not (use == "lock" and folder.endswith("commits"))  # the lock lives outside the commits folder
+]
+
+
+@pytest.mark.parametrize(("folder", "use"), OWN_FOLDER_CASES)
+def test_symlinked_own_folder_is_neither_read_nor_written(committed, folder, use):  # noqa: F811
+    """A symlink in place of ``__daskjobs__`` or its ``commits`` folder is refused with CheckpointFormatError
+    naming it, by every read and write path; nothing is read, written or deleted through it."""
+    target = move_outside(committed, folder)
+    before, outside_before = snapshot(committed), tree(target)
+    with pytest.raises(CheckpointFormatError) as caught:
+        OWN_FOLDER_USES[use](committed)
+    assert f"{os.path.join(committed, folder)} is a symbolic link, not a directory" in str(caught.value)
+    assert "replace the link" in str(caught.value)
+    assert snapshot(committed) == before
+    assert tree(target) == outside_before
+
+
+def test_symlinked_own_folder_of_a_new_prefix_gets_nothing(prefix, tmp_path):
+    """A run on a prefix whose empty ``__daskjobs__`` is a symlink refuses to start; nothing is written through it."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.makedirs(prefix)
+    os.symlink(target, os.path.join(prefix, "__daskjobs__"))
+    runner = dj.JobRunner(build_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=1, progress=False)
+    with pytest.raises(CheckpointFormatError, match="__daskjobs__ is a symbolic link"):
+        runner.train(dj.LocalSession())
+    assert os.listdir(target) == []
+    assert os.listdir(prefix) == ["__daskjobs__"]
