@@ -248,7 +248,24 @@ def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
 
 
 def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
-    epochs = store.committed_epochs()
+    """Delete what the retention options do not keep, after every commit record was read.
+
+    Raises
+    ------
+    CheckFailed
+        A commit record cannot be read: nothing was deleted (retention could keep or delete the
+        wrong epochs, and a prune must not stop midway).
+    """
+    records = dict(scan_commits(store))
+    broken = {epoch: error for epoch, error in records.items() if isinstance(error, Exception)}
+    if broken:
+        raise CheckFailed(
+            f"refusing to prune {store.url}: {len(broken)} commit record(s) cannot be read, so nothing was "
+            f"deleted: " + "; ".join(f"epoch {epoch}: {error}" for epoch, error in broken.items()) + ". "
+            f"Check them with 'daskjobs checkpoints verify {store.url}', then repair each such record or "
+            "delete it by hand (its epoch is then uncommitted, and the next prune removes its files)"
+        )
+    epochs = sorted(records)
     if args.keep_last is None and args.keep_every is None:
         keep = set(epochs)
     else:
@@ -256,7 +273,7 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
     for epoch in [e for e in epochs if e not in keep]:
         print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
         if not args.dry_run:
-            store.delete_epoch(epoch, store.read_commit(epoch)["nodes"])
+            store.delete_epoch(epoch, records[epoch]["nodes"])
     if not args.dry_run:
         for path in store.cleanup_uncommitted():
             print(f"removed uncommitted {path}")

@@ -14,6 +14,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CommitRecordHandler
+from daskjobs.cli import main
 from daskjobs.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 DAMAGE = {
@@ -116,6 +117,50 @@ def test_an_explicit_epoch_of_another_job_is_refused_by_its_own_record(prefix):
     with pytest.raises(CheckpointError, match=r"job 'records'.*\(epoch 2\).*this job is 'other'"):
         train(prefix, define(name="other"), max_epochs=5, resume_from_epoch=2)
     assert files(prefix) == before
+
+
+# -- prune refuses before it deletes anything ------------------------------------------------------------
+
+
+def prune(*args: str, capsys) -> tuple[int, str, str]:
+    """``daskjobs checkpoints prune ARGS`` in this process: (exit code, stdout, stderr)."""
+    code = main(["checkpoints", "prune", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize(("epoch", "kind"), [(3, "empty"), (1, "garbage"), (3, "format_v9")])
+def test_prune_with_an_unreadable_record_deletes_nothing(prefix, epoch, kind, dry_run, capsys):
+    """Exit 1 naming the record and what to do; every file (records, groups, leftovers) stays."""
+    train(prefix, max_epochs=3)
+    damage(prefix, epoch, kind)
+    (Path(prefix) / "a.7").mkdir()  # an uncommitted leftover a prune would remove
+    before = files(prefix)
+    code, out, err = prune(prefix, "--keep-last", "1", *(["--dry-run"] if dry_run else []), capsys=capsys)
+    assert code == 1
+    assert "deleting" not in out
+    assert f"refusing to prune {prefix}" in err
+    assert f"epoch-{epoch:012d}.json" in err
+    assert "nothing was deleted" in err
+    assert "daskjobs checkpoints verify" in err
+    assert "delete it by hand" in err
+    assert files(prefix) == before
+    assert (Path(prefix) / "a.7").is_dir()
+    assert not (Path(prefix) / "__daskjobs__" / "lock.json").exists()
+
+
+def test_prune_works_again_once_the_unreadable_record_is_deleted(prefix, capsys):
+    """The way out the error names: delete the record by hand; the next prune removes that epoch's files."""
+    train(prefix, max_epochs=3)
+    damage(prefix, 3, "empty")
+    record_path(prefix, 3).unlink()
+    code, out, _ = prune(prefix, "--keep-last", "1", capsys=capsys)
+    assert code == 0
+    assert "kept epochs 2" in out
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [2]
+    assert not (Path(prefix) / "a.3").exists()
+    assert int(dj.open_checkpoint(prefix)["a"]["n"]) == 2
 
 
 # -- the handler is asked once ---------------------------------------------------------------------------
