@@ -57,6 +57,11 @@ class UnsafeFileError(OSError):
     """A checkpoint path that is not what daskjobs writes there (a FIFO, device, socket, symlink …)."""
 
 
+SizeProblem = str | UnsafeFileError | None
+"""What checking a chunk file's size found: ``None`` (as expected), a problem as in :data:`ChunkResult`, or
+an :class:`UnsafeFileError` (not a regular file)."""
+
+
 def _unsafe(path: str, mode: int, expected: str, refusal: str = "daskjobs does not read it") -> UnsafeFileError:
     found = _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
     return UnsafeFileError(f"{path} is {found}, not {expected}; {refusal}")
@@ -172,6 +177,17 @@ def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:
             return None, "changed size while being read"
         hasher.update(rest)
     return hasher.hexdigest(), None
+
+
+def size_problem(path: str, size: int) -> SizeProblem:
+    """Whether ``path`` is a regular file of ``size`` bytes, looked at with ``lstat`` only (see :data:`SizeProblem`)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return _unsafe(path, info.st_mode, "a regular file")
+    return None if info.st_size == size else f"has {info.st_size} bytes, expected {size}"
 
 
 class LocalFiles:
@@ -318,6 +334,10 @@ class LocalFiles:
         except (FileNotFoundError, NotADirectoryError):
             return {}
 
+    def check_sizes(self, files: Sequence[tuple[str, int]]) -> list[SizeProblem]:
+        """Whether each ``(path, size)`` is a regular file of that size (one ``lstat`` each; nothing is opened)."""
+        return [size_problem(path, size) for path, size in files]
+
     def list_tree(self, path: str) -> set[str]:
         """Paths of the files under ``path``, relative to it, with ``/`` separators."""
         found = set()
@@ -423,6 +443,26 @@ class RemoteFiles:
             }
         except (FileNotFoundError, NotADirectoryError):
             return {}
+
+    def check_sizes(self, files: Sequence[tuple[str, int]]) -> list[SizeProblem]:
+        """Whether each ``(path, size)`` is an object of that size (one listing per folder; nothing is fetched)."""
+        listed: dict[str, dict[str, Any]] = {}
+        problems: list[SizeProblem] = []
+        for path, size in files:
+            folder, name = path.rsplit("/", 1)
+            if folder not in listed:
+                self._fs.invalidate_cache(folder)
+                try:
+                    found = self._fs.ls(folder, detail=True)
+                except (FileNotFoundError, NotADirectoryError):
+                    found = []
+                listed[folder] = {f["name"].rstrip("/").rsplit("/", 1)[-1]: f.get("size") for f in found}
+            actual = listed[folder].get(name, -1)
+            if actual == -1:
+                problems.append("is missing")
+            else:
+                problems.append(None if actual in (size, None) else f"has {actual} bytes, expected {size}")
+        return problems
 
     def list_tree(self, path: str) -> set[str]:
         """Paths of the objects under ``path``, relative to it."""

@@ -228,6 +228,13 @@ def _validate_blob(meta: Any, where: str) -> None:
         raise _fail(where, f"shape {shape} of {dtype} is {nbytes} bytes, more than the limit {MAX_BLOB_BYTES}")
     if _int(meta["nbytes"], where, "nbytes") != nbytes:
         raise _fail(where, f"nbytes {meta['nbytes']} does not match shape {shape} and dtype {dtype}")
+    if any(c > max(1, s) for s, c in zip(shape, chunks, strict=True)):
+        raise _fail(where, f"chunks {chunks} are larger than shape {shape}; daskjobs never writes such chunks")
+    if math.prod(shape) and chunks[1:] != shape[1:]:
+        raise CheckpointFormatError(
+            f"{where}: chunks {chunks} split axes other than the first of shape {shape}; daskjobs did not write "
+            "this, nothing was decoded"
+        )
     count = math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
     if count > MAX_CHUNKS:
         raise _fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
@@ -241,8 +248,30 @@ def _validate_blob(meta: Any, where: str) -> None:
         sizes = meta.get("sizes")
         if not isinstance(sizes, list) or len(sizes) != count:
             raise _fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
+        raw = math.prod(chunks) * np.dtype(dtype).itemsize
+        bound = max_stored_size(codec, raw)
         for size in sizes:
-            _int(size, where, "sizes", 0, MAX_BLOB_BYTES + (1 << 20))
+            if type(size) is not int or not 0 <= size <= bound:
+                raise _fail(
+                    where,
+                    f"sizes holds {size!r}; a {codec} chunk of {raw} bytes (chunks {chunks} of {dtype}) is stored "
+                    f"in at most {bound} bytes",
+                )
+
+
+def max_stored_size(codec: str, raw: int) -> int:
+    """The most bytes a chunk of ``raw`` bytes can take once compressed with ``codec`` (its worst case:
+    incompressible data), so that a commit record claiming more is refused before anything is allocated.
+
+    zstd: ``ZSTD_compressBound`` plus room for the frame header and checksum; gzip: zlib's
+    ``deflateBound`` for any settings plus the gzip header and trailer; blosc: the most it adds
+    (16 bytes in c-blosc 1, 32 in c-blosc 2).
+    """
+    if codec == "zstd":
+        return raw + (raw >> 8) + (((128 << 10) - raw) >> 11 if raw < 128 << 10 else 0) + 32
+    if codec == "gzip":
+        return raw + ((raw + 7) >> 3) + ((raw + 63) >> 6) + 5 + 18
+    return raw + 32
 
 
 def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = None) -> dict[str, Any]:

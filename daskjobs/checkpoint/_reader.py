@@ -9,18 +9,19 @@ and chunk; anything daskjobs does not understand raises :class:`CheckpointFormat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
-from ._chunks import chunk_key, chunk_spans, empty_aligned, flat_bytes
-from ._files import ChunkRead, ChunkResult, RemoteFiles, UnsafeFileError, read_chunk_file
+from ._chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
+from ._files import ChunkRead, ChunkResult, RemoteFiles, SizeProblem, UnsafeFileError, read_chunk_file
 from ._format import MAX_JSON_BYTES, loads, validate_node_entry
 from ._zarr import COMPRESSIONS, ENTRY_KEY, Location, decode, expected_metadata
 
@@ -34,6 +35,10 @@ _KNOWN_CODECS = frozenset(["bytes", *COMPRESSIONS])
 _PARALLEL_FROM = 32 << 20
 """Local reads of at least this many bytes run chunk by chunk in a thread pool."""
 _META_LIMIT = 1 << 20
+_TRUSTED_BYTES = 64 << 20
+"""Memory one read allocates on the commit record's word alone. Beyond it, the chunk files of the
+largest blobs are checked first (one ``lstat`` each; one listing per blob on object stores): a
+record claiming more bytes than the files hold is refused before anything is allocated."""
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 """Reader threads, one per core: copying from the page cache releases the GIL, so while one thread
 hashes a block (from the cache, see :data:`._files._READ_BLOCK`) another copies the next
@@ -157,29 +162,70 @@ class GroupReader:
         spans = list(chunk_spans(out.nbytes, out.shape, meta["chunks"]))
         data = flat_bytes(out) if out.size else memoryview(b"")
         plan = []
-        for index, (start, stop, pad) in enumerate(spans):
-            path = f"{self.where.path}/{name}/{chunk_key(index, out.ndim)}"
+        for index, (start, stop, _pad) in enumerate(spans):
+            path, size = self._chunk_file(name, index)
             if meta["codec"] is None:
-                plan.append(((path, data[start:stop], stop - start + pad), index))
+                plan.append(((path, data[start:stop], size), index))
             else:
-                size = meta["sizes"][index]
-                plan.append(((path, memoryview(bytearray(size)), size), index))
+                with self._allocating(name, size):
+                    plan.append(((path, memoryview(bytearray(size)), size), index))
         return plan
+
+    def _chunk_file(self, name: str, index: int) -> tuple[str, int]:
+        """The path of chunk ``index`` of ``name`` and the size the entry says its file has."""
+        meta = self.blobs[name]
+        shape = meta["shape"]
+        path = f"{self.where.path}/{name}/{chunk_key(index, len(shape))}"
+        if meta["codec"] is not None:
+            return path, meta["sizes"][index]
+        return path, np.dtype(meta["dtype"]).itemsize * math.prod(meta["chunks"])
+
+    def _count(self, name: str) -> int:
+        return chunk_count(self.blobs[name]["shape"], self.blobs[name]["chunks"])
+
+    def _claimed(self, name: str) -> int:
+        """The bytes reading ``name`` allocates: the array, and the compressed chunks if any."""
+        meta = self.blobs[name]
+        return meta["nbytes"] + (sum(meta["sizes"]) if meta["codec"] is not None else 0)
+
+    def _check_sizes(self, claims: list[tuple[str, list[int], int]]) -> None:
+        """Check the chunk files of the largest ``(blob, chunk indices, bytes claimed)`` before allocating, so
+        that at most :data:`_TRUSTED_BYTES` are allocated on the commit record's word alone."""
+        trusted, checked = 0, []
+        for name, indices, claimed in sorted(claims, key=lambda claim: claim[2]):
+            trusted += claimed
+            if trusted > _TRUSTED_BYTES:
+                checked += [(name, index) for index in indices]
+        if not checked:
+            return
+        try:
+            problems = self.where.files.check_sizes([self._chunk_file(name, index) for name, index in checked])
+        except OSError as exc:
+            raise CheckpointError(f"{self.context}: reading {self.where.url} failed: {exc}") from exc
+        for (name, index), problem in zip(checked, problems, strict=True):
+            if problem is not None:
+                self._verify(name, index, problem)
+
+    @contextlib.contextmanager
+    def _allocating(self, name: str, nbytes: int) -> Iterator[None]:
+        """Add a note naming the blob to a :class:`MemoryError` (its chunk files do hold that much)."""
+        try:
+            yield
+        except MemoryError as exc:
+            exc.add_note(f"{self._label(name)}: reading it needs {nbytes} bytes, as the commit record says")
+            raise
 
     def _allocate(self, name: str) -> np.ndarray:
         meta = self.blobs[name]
-        shape, chunks = meta["shape"], meta["chunks"]
-        if shape and math.prod(shape) and chunks[1:] != shape[1:]:
-            raise CheckpointFormatError(
-                f"{self._label(name)}: chunks {chunks} split axes other than the first; daskjobs did not write this"
-            )
-        return empty_aligned(shape, np.dtype(meta["dtype"]))
+        with self._allocating(name, meta["nbytes"]):
+            return empty_aligned(meta["shape"], np.dtype(meta["dtype"]))
 
     def read(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """Read, verify and decode blobs (default: all); names the entry lacks are skipped."""
         wanted = list(self.blobs) if names is None else [n for n in dict.fromkeys(names) if n in self.blobs]
         self._check_group()
         self._check_metadata(wanted)
+        self._check_sizes([(name, list(range(self._count(name))), self._claimed(name)) for name in wanted])
         outs = {name: self._allocate(name) for name in wanted}
         plans = [(name, read, index) for name in wanted for read, index in self.chunk_plan(name, outs[name])]
         results = self._read_chunks([read for _, read, _ in plans])
@@ -201,13 +247,15 @@ class GroupReader:
         self._check_metadata([name])
         meta = self.blobs[name]
         shape, chunks, dtype = meta["shape"], meta["chunks"], np.dtype(meta["dtype"])
+        path, size = self._chunk_file(name, index)
+        claimed = dtype.itemsize * math.prod(chunks) + (size if meta["codec"] is not None else 0)
+        self._check_sizes([(name, [index], claimed)])
         rows = chunks[0] if shape else 1
-        out = empty_aligned([min(rows, shape[0] - index * rows), *shape[1:]] if shape else [], dtype)
-        path = f"{self.where.path}/{name}/{chunk_key(index, len(shape))}"
-        if meta["codec"] is None:
-            read: ChunkRead = (path, flat_bytes(out), dtype.itemsize * math.prod(chunks))
-        else:
-            read = (path, memoryview(bytearray(meta["sizes"][index])), meta["sizes"][index])
+        out_shape = [min(rows, shape[0] - index * rows), *shape[1:]] if shape else []
+        with self._allocating(name, claimed):
+            out = empty_aligned(out_shape, dtype)
+            buffer = flat_bytes(out) if meta["codec"] is None else memoryview(bytearray(size))
+        read: ChunkRead = (path, buffer, size)
         (result,) = self._read_chunks([read])
         self._verify(name, index, result)
         if meta["codec"] is not None:
@@ -228,11 +276,14 @@ class GroupReader:
         except OSError as exc:
             raise CheckpointError(f"{self.context}: reading {self.where.url} failed: {exc}") from exc
 
-    def _verify(self, name: str, index: int, result: ChunkResult | UnsafeFileError) -> None:
+    def _verify(self, name: str, index: int, result: ChunkResult | SizeProblem) -> None:
+        """Raise the error for a chunk whose read (or size check) found ``result``; ``None`` is fine."""
         key = chunk_key(index, len(self.blobs[name]["shape"]))
         if isinstance(result, UnsafeFileError):
             raise CheckpointFormatError(f"{self._label(name)}, chunk {key}: {result}")
-        found, problem = result
+        if result is None:
+            return
+        found, problem = (None, result) if isinstance(result, str) else result
         if problem is not None:
             raise CheckpointCorruptError(f"{self._label(name)}, chunk {key}: the chunk file {problem}")
         if found != self.blobs[name]["hashes"][index]:

@@ -10,14 +10,17 @@ partial load and a resume, and must raise the exact error while every committed 
 from __future__ import annotations
 
 import json
+import math
 import os
+import tempfile
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.checkpoint import CheckpointStore, _chunks
+from daskjobs.checkpoint import CheckpointStore, _chunks, _reader
+from daskjobs.checkpoint._format import max_stored_size
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 NODE = "local"
@@ -93,6 +96,37 @@ def commit_record(prefix: str) -> str:
     return os.path.join(prefix, "__daskjobs__", "commits", "epoch-000000000002.json")
 
 
+def edit_record(change: Callable[[dict], None]) -> Callable[[str], None]:
+    """Edit the commit record of epoch 2 as JSON (``change`` gets the record)."""
+
+    def apply(prefix: str) -> None:
+        def rewrite(data: bytes) -> bytes:
+            record = json.loads(data)
+            change(record)
+            return json.dumps(record).encode()
+
+        edit_bytes(commit_record(prefix), rewrite)
+
+    return apply
+
+
+def claim_a_tebibyte(prefix: str) -> None:
+    """Make the record and ``w``'s ``zarr.json`` agree that ``w`` holds 1 TiB (the largest blob a record may
+    claim) in 4 chunks of 256 GiB; the chunk files stay as they were (256 bytes each)."""
+    shape, chunks = [1 << 36, 4], [1 << 34, 4]
+
+    def change(record: dict) -> None:
+        entry = record["node_entries"][NODE]
+        blob = entry["blobs"]["w"]
+        grown = 4 * shape[0] * shape[1] - blob["nbytes"]
+        blob.update(shape=shape, chunks=chunks, nbytes=blob["nbytes"] + grown, hashes=blob["hashes"][:4])
+        entry.update(bytes=entry["bytes"] + grown, bytes_written=entry["bytes_written"] + grown)
+
+    edit_record(change)(prefix)
+    metadata = _chunks.raw_metadata("<f4", tuple(shape), tuple(chunks), "array")
+    edit_bytes(os.path.join(group(prefix), "w", "zarr.json"), lambda d: metadata)
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "flipped_byte": (lambda p: edit_bytes(chunk(p), flip), CheckpointCorruptError),
     "truncated_chunk": (lambda p: edit_bytes(chunk(p), lambda d: d[:-1]), CheckpointCorruptError),
@@ -126,6 +160,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "garbage_record": (lambda p: edit_bytes(commit_record(p), lambda d: b"\x00\xffgarbage"), CheckpointCorruptError),
     "empty_record": (lambda p: edit_bytes(commit_record(p), lambda d: b""), CheckpointCorruptError),
     "truncated_record": (lambda p: edit_bytes(commit_record(p), lambda d: d[: len(d) // 2]), CheckpointCorruptError),
+    "claimed_tebibyte": (claim_a_tebibyte, CheckpointCorruptError),
 }
 
 
@@ -216,3 +251,65 @@ def test_bad_record_is_listed_by_scan_and_skipped_by_list(committed, caplog):
     assert "skipping epoch 2" in caplog.text
     with pytest.raises(CheckpointCorruptError, match="resume_from_epoch=1"):
         read_resume(committed)
+
+
+# -- compressed chunks whose stored sizes the record overstates ----------------------------------
+
+
+@pytest.fixture(params=["zstd", "gzip", "blosc"])
+def compressed(request, tmp_path, monkeypatch):
+    """Like ``committed``, compressed with each codec."""
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 256)
+    prefix = str(tmp_path / "ckpt")
+    manager = dj.MultiNodeCheckpointManager(prefix, compression=request.param)
+    assert dj.JobRunner(build_job(), manager, max_epochs=2, progress=False).train(dj.LocalSession()) == 2
+    return prefix
+
+
+@pytest.mark.parametrize("claimed", [1 << 40, 50 << 30, 1 << 20])
+@pytest.mark.parametrize("path", sorted(READ_PATHS))
+def test_stored_size_beyond_the_codec_bound_is_refused_before_allocating(compressed, claimed, path):
+    """A record claiming a compressed chunk far bigger than its raw bytes could ever become raises
+    CheckpointCorruptError naming the record, node, blob and the claim, not MemoryError."""
+
+    def overstate(record: dict) -> None:
+        record["node_entries"][NODE]["blobs"]["w"]["sizes"][1] = claimed
+
+    edit_record(overstate)(compressed)
+    before = snapshot(compressed)
+    with pytest.raises(CheckpointCorruptError, match=r"epoch 2") as caught:
+        READ_PATHS[path](compressed)
+    message = str(caught.value)
+    assert "epoch-000000000002.json" in message
+    assert f"node '{NODE}', blob 'w': sizes holds {claimed}" in message
+    assert snapshot(compressed) == before
+
+
+@pytest.mark.parametrize("path", sorted(READ_PATHS))
+def test_stored_size_larger_than_the_file_is_refused(compressed, path, monkeypatch):
+    """A claimed size within the codec's bound but not the file's is refused naming the chunk, even when the
+    size is checked before allocating (every blob beyond the trusted budget)."""
+    monkeypatch.setattr(_reader, "_TRUSTED_BYTES", 0)
+
+    def overstate(record: dict) -> None:
+        record["node_entries"][NODE]["blobs"]["w"]["sizes"][1] += 1
+
+    edit_record(overstate)(compressed)
+    before = snapshot(compressed)
+    with pytest.raises(
+        CheckpointCorruptError, match=r"epoch 2, node 'local', blob 'w', chunk c\.1\.0: the chunk file has"
+    ):
+        READ_PATHS[path](compressed)
+    assert snapshot(compressed) == before
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "blosc"])
+@pytest.mark.parametrize("nbytes", [0, 1, 8, 255, 4096, 131071, 131072, 1 << 20])
+def test_codec_bound_holds_for_incompressible_chunks(codec, nbytes):
+    """Random bytes compressed by each codec never exceed max_stored_size: a true chunk is never refused."""
+    data = np.random.default_rng(nbytes).integers(0, 256, max(nbytes, 1), dtype=np.uint8)[:nbytes]
+    store = CheckpointStore(tempfile.mkdtemp(), compression=codec, fsync=False)
+    entry = store.describe_node(NODE, 0, {"x": data, "y": np.float64(nbytes)}, save_id="s")
+    for meta in entry["blobs"].values():
+        raw = np.dtype(meta["dtype"]).itemsize * math.prod(meta["chunks"])
+        assert all(size <= max_stored_size(codec, raw) for size in meta["sizes"])
