@@ -24,7 +24,7 @@ import numpy as np
 
 from .._execute import INTERNAL
 from .._validation import copy_value
-from ..errors import CheckpointError, CheckpointLockedError
+from ..errors import CheckpointCorruptError, CheckpointError, CheckpointLockedError, CheckpointNotFoundError
 from ._durable import in_background
 from ._fork import ForkedSave, forks
 from ._store import RetiredEpoch
@@ -297,7 +297,11 @@ class LoadStep:
 
 @dataclass(frozen=True)
 class CheckStep:
-    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable."""
+    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable.
+
+    A committed epoch without the node's group is corrupt (:class:`CheckpointCorruptError`); an
+    epoch that is not committed is not found (:class:`CheckpointNotFoundError`).
+    """
 
     store: CheckpointStore
     node: str
@@ -306,8 +310,17 @@ class CheckStep:
     def __call__(self, ws: Workspace) -> None:
         if self.epoch is None:
             self.store.check_writable()
-        else:
+            return
+        try:
             self.store.read_node_entry(self.node, self.epoch)
+        except CheckpointNotFoundError:
+            if self.epoch not in self.store.committed_epochs():
+                raise
+            group = self.store.db_name(self.node, self.epoch)
+            raise CheckpointCorruptError(
+                f"epoch {self.epoch}, node {self.node!r}: the node's group {group} (or its zarr.json) is missing, "
+                f"although epoch {self.epoch} is committed; resume from another committed epoch"
+            ) from None
 
 
 @dataclass(frozen=True)

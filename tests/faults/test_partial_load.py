@@ -1,0 +1,107 @@
+"""A committed epoch whose node group is gone is corrupt on every read path.
+
+Every case asserts the exact error, every node's workspace and that nothing committed changed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+from daskjobs.errors import (
+    CheckpointCorruptError,
+    CheckpointNotFoundError,
+)
+
+NODES = ["a", "b"]
+"""On a DaskSession of the shared cluster, ``a`` and ``b`` live in different worker processes."""
+
+
+def define() -> dj.Job:
+    """Nodes ``a`` and ``b`` each hold ``w`` (grows by one per epoch), ``meta`` (JSON) and ``frozen``;
+    only ``b`` holds ``extra``."""
+    with dj.Cluster(), dj.Job(name="partial") as job:
+        for node in NODES:
+            with dj.Node(node):
+                with job.init_group:
+
+                    def init(ws, node=node):
+                        ws["w"] = np.arange(4096, dtype="f8")
+                        ws["meta"] = {"node": node, "count": 0}
+                        ws["frozen"] = np.full(7, 3, dtype="i8")
+                        if node == "b":
+                            ws["extra"] = np.ones(3)
+
+                    dj.Task(init, name="init")
+
+                def step(ws):
+                    ws["w"] = ws["w"] + 1
+                    ws["meta"] = {**ws["meta"], "count": ws["meta"]["count"] + 1}
+
+                dj.Task(step, name="train")
+    return job
+
+
+@pytest.fixture
+def committed(prefix) -> str:
+    """A prefix with epochs 0..3 of :func:`define` committed."""
+    dj.JobRunner(define(), dj.MultiNodeCheckpointManager(prefix), max_epochs=3, progress=False).train(None)
+    return prefix
+
+
+def files(prefix: str) -> dict[str, bytes]:
+    """Every file under the prefix but the lock, by relative path."""
+    root = Path(prefix)
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "lock.json"
+    }
+
+
+def truncate_a_chunk(prefix: str, node: str, blob: str = "w", epoch: int = 3) -> None:
+    chunk = next(p for p in sorted((Path(prefix) / f"{node}.{epoch}" / blob).rglob("*")) if p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:-1])
+
+
+DAMAGE = {
+    "a_chunk": (lambda p: truncate_a_chunk(p, "a"), r"epoch 3, node 'a', blob 'w'"),
+    "b_chunk": (lambda p: truncate_a_chunk(p, "b"), r"epoch 3, node 'b', blob 'w'"),
+    "b_json_chunk": (lambda p: truncate_a_chunk(p, "b", "meta"), r"epoch 3, node 'b', blob 'meta'"),
+    "b_group_folder": (lambda p: shutil.rmtree(Path(p) / "b.3"), r"epoch 3, node 'b'.*b\.3"),
+    "a_group_zarr_json": (lambda p: (Path(p) / "a.3" / "zarr.json").unlink(), r"epoch 3, node 'a'"),
+}
+
+
+# -- a committed epoch without a node's group is corrupt -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["b_group_folder", "a_group_zarr_json"])
+def test_load_and_resume_of_a_committed_epoch_without_a_group_raise_corrupt(session, committed, kind):
+    """manager.init(retrieve_from_epoch)+load and a resume: CheckpointCorruptError naming epoch and node."""
+    damage, message = DAMAGE[kind]
+    damage(committed)
+    before = files(committed)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    manager.set_params(NODES, job_name="partial")
+    with pytest.raises(CheckpointCorruptError, match=message) as info:
+        session.run(manager.init(NODES, retrieve_from_epoch=3))
+    assert not isinstance(info.value, CheckpointNotFoundError)
+    with pytest.raises(CheckpointCorruptError, match=message):
+        session.run(manager.load(3))
+    runner = dj.JobRunner(define(), dj.MultiNodeCheckpointManager(committed), max_epochs=5, progress=False)
+    with pytest.raises(CheckpointCorruptError, match=message):
+        runner.train(session)
+    assert files(committed) == before
+    assert [i.epoch for i in dj.list_checkpoints(committed)] == [0, 1, 2, 3]
+
+
+def test_an_uncommitted_epoch_is_still_not_found(session, committed):
+    manager = dj.MultiNodeCheckpointManager(committed)
+    manager.set_params(NODES, job_name="partial")
+    with pytest.raises(CheckpointNotFoundError, match="epoch 7"):
+        session.run(manager.init(NODES, retrieve_from_epoch=7))
