@@ -13,6 +13,7 @@ from .._validation import check_count, validate_name
 from ..errors import (
     CheckpointError,
     CheckpointNotFoundError,
+    DefinitionTypeError,
     JobDefinitionError,
 )
 from ._fork import resolve_snapshot
@@ -42,6 +43,26 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..session import Session
+
+
+def _name_list(names: Iterable[Any], what: str) -> list[Any]:
+    """``names``, a list (or other iterable) of ``what`` names, as a list; the names are not checked.
+
+    Raises
+    ------
+    DefinitionTypeError
+        ``names`` is a ``str`` (it would be taken as one-letter names) or not iterable.
+    """
+    if isinstance(names, str | bytes):
+        raise DefinitionTypeError(
+            f"{what} names must be a list of names, not a {type(names).__name__}: pass [{names!r}]"
+        )
+    try:
+        return list(names)
+    except TypeError:
+        raise DefinitionTypeError(
+            f"{what} names must be a list of names, got {type(names).__name__}: {names!r}"
+        ) from None
 
 
 class MultiNodeCheckpointManager(GraphSaves):
@@ -342,8 +363,14 @@ class MultiNodeCheckpointManager(GraphSaves):
         )
 
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
-        """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``."""
-        return self._partial_load(self.store.read_commit(epoch), blob_names)
+        """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``.
+
+        Raises
+        ------
+        DefinitionTypeError
+            ``blob_names`` is a ``str`` (a list of names is needed) or not a list of ``str``.
+        """
+        return self._partial_load(self.store.read_commit(epoch), _name_list(blob_names, "blob"))
 
     def _partial_load(self, record: dict[str, Any], blob_names: Sequence[str]) -> TaskGroup:
         names = tuple(validate_name(b, "blob") for b in blob_names)
@@ -375,8 +402,16 @@ class MultiNodeCheckpointManager(GraphSaves):
         """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
 
         Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
+
+        Raises
+        ------
+        DefinitionTypeError
+            ``nodes`` or ``blob_names`` is a ``str`` (a list of names is needed) or holds a non-``str``.
+        JobDefinitionError
+            ``nodes`` differ from the manager's, or a name is invalid.
         """
-        names = self._node_names(nodes)
+        names = self._node_names(_name_list(nodes, "node"))
+        blob_names = [validate_name(b, "blob") for b in _name_list(blob_names, "blob")]
         if self._nodes is not None and sorted(names) != sorted(self._nodes):
             raise JobDefinitionError(f"checkpoint manager is set up for nodes {self._nodes}, not {names}")
         self._nodes = names

@@ -1,4 +1,5 @@
-"""A committed epoch whose node group is gone is corrupt on every read path.
+"""Partial loads take lists of names, and a committed epoch whose node group is gone is corrupt on
+every read path.
 
 Every case asserts the exact error, every node's workspace and that nothing committed changed.
 """
@@ -15,6 +16,7 @@ import daskjobs as dj
 from daskjobs.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
+    DefinitionTypeError,
 )
 
 NODES = ["a", "b"]
@@ -63,6 +65,20 @@ def files(prefix: str) -> dict[str, bytes]:
     }
 
 
+def fill(session: dj.Session) -> None:
+    """Put recognisable values in every node's workspace (what a failed load must leave)."""
+    for node in NODES:
+        session.feed("w", np.zeros(3), node=node)
+        session.feed("meta", "before", node=node)
+
+
+def untouched(session: dj.Session) -> bool:
+    return all(
+        np.array_equal(session.fetch("w", node=n), np.zeros(3)) and session.fetch("meta", node=n) == "before"
+        for n in NODES
+    ) and "extra" not in session.blobs("b")
+
+
 def truncate_a_chunk(prefix: str, node: str, blob: str = "w", epoch: int = 3) -> None:
     chunk = next(p for p in sorted((Path(prefix) / f"{node}.{epoch}" / blob).rglob("*")) if p.name != "zarr.json")
     chunk.write_bytes(chunk.read_bytes()[:-1])
@@ -75,6 +91,32 @@ DAMAGE = {
     "b_group_folder": (lambda p: shutil.rmtree(Path(p) / "b.3"), r"epoch 3, node 'b'.*b\.3"),
     "a_group_zarr_json": (lambda p: (Path(p) / "a.3" / "zarr.json").unlink(), r"epoch 3, node 'a'"),
 }
+
+
+# -- a list of names, not a str --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nodes", "blob_names", "message"),
+    [
+        (NODES, "frozen", r"blob names must be a list of names, not a str: pass \['frozen'\]"),
+        ("a", ["w"], r"node names must be a list of names, not a str: pass \['a'\]"),
+        (NODES, 7, r"blob names must be a list of names, got int: 7"),
+        (NODES, [b"w"], r"blob name must be a str, got bytes"),
+    ],
+)
+def test_names_that_are_not_a_list_of_str_are_refused(committed, nodes, blob_names, message):
+    """A str would be read as one-letter names and load nothing: DefinitionTypeError, nothing loaded."""
+    manager = dj.MultiNodeCheckpointManager(committed)
+    with dj.LocalSession() as session:
+        fill(session)
+        with pytest.raises(DefinitionTypeError, match=message) as info:
+            manager.load_blobs_locally(nodes, blob_names, 3, session)
+        assert isinstance(info.value, TypeError)
+        assert untouched(session)
+    manager.set_params(NODES)
+    with pytest.raises(DefinitionTypeError, match="blob names must be a list"):
+        manager.load_blobs_from_checkpoint("frozen", 3)
 
 
 # -- a committed epoch without a node's group is corrupt -------------------------------------------------
