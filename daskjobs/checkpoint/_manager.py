@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +29,14 @@ from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
     ENTRY_BLOB,
+    READ_BLOB,
+    AssignStep,
     AsyncSaveStep,
     CheckStep,
     LoadStep,
+    ReadStep,
     SaveStep,
+    discard_staged,
 )
 from ._store import CheckpointStore
 
@@ -43,6 +49,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from ..session import Session
+
+logger = logging.getLogger("daskjobs")
 
 
 def _name_list(names: Iterable[Any], what: str) -> list[Any]:
@@ -365,24 +373,49 @@ class MultiNodeCheckpointManager(GraphSaves):
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
         """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``.
 
+        Every node reads and verifies its blobs before any workspace changes: when one node's
+        checkpoint is corrupt, the group fails and no workspace was changed. The blobs the other
+        nodes read then stay on them until their next partial load; :meth:`load_blobs_locally`
+        drops them at once.
+
         Raises
         ------
         DefinitionTypeError
             ``blob_names`` is a ``str`` (a list of names is needed) or not a list of ``str``.
+        CheckpointNotFoundError
+            ``epoch`` is not committed, or holds no checkpoint of a checkpointed node.
         """
-        return self._partial_load(self.store.read_commit(epoch), _name_list(blob_names, "blob"))
-
-    def _partial_load(self, record: dict[str, Any], blob_names: Sequence[str]) -> TaskGroup:
-        names = tuple(validate_name(b, "blob") for b in blob_names)
-        entries, epoch = record["node_entries"], record["epoch"]
-        return self._group(
-            lambda g, node: Task(
-                LoadStep(self.store, node, epoch, entries[node], names),
-                group=g,
-                node=node,
-                name="checkpoint_partial_load",
+        names = tuple(validate_name(b, "blob") for b in _name_list(blob_names, "blob"))
+        record = self.store.read_commit(epoch)
+        missing = [n for n in self.nodes() if n not in record["nodes"]]
+        if missing:
+            raise CheckpointNotFoundError(
+                f"epoch {epoch} under {self.store.url} has no checkpoint for nodes {missing}; "
+                f"it holds {record['nodes']}"
             )
-        )
+        return self._partial_load(record, names)
+
+    def _partial_load(self, record: dict[str, Any], names: tuple[str, ...]) -> TaskGroup:
+        """Per node, a task reading and verifying ``names`` and one adding them to the workspace;
+        every node's second task waits for the first of all nodes (dataflow edges)."""
+        entries, epoch = record["node_entries"], record["epoch"]
+        load_id = uuid.uuid4().hex
+        group = TaskGroup(WorkspaceType.PRIVATE)
+        nodes = self.nodes()
+        reads = [
+            Task(
+                ReadStep(self.store, node, epoch, entries[node], names, load_id),
+                group=group,
+                node=node,
+                name="checkpoint_read",
+                outputs=READ_BLOB,
+            )
+            for node in nodes
+        ]
+        done = {f"{READ_BLOB}.{node}": read.outputs()[0] for node, read in zip(nodes, reads, strict=True)}
+        for node in nodes:
+            Task(AssignStep(node, epoch, load_id), group=group, node=node, name="checkpoint_partial_load", inputs=done)
+        return group
 
     def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
         """The commit record of ``epoch`` if it holds every checkpointed node, else ``None``."""
@@ -402,6 +435,8 @@ class MultiNodeCheckpointManager(GraphSaves):
         """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
 
         Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
+        Otherwise each node loads the named blobs its checkpoint holds (skipping the others), and
+        only once every node has read and verified them: when one is corrupt, nothing is loaded.
 
         Raises
         ------
@@ -409,9 +444,11 @@ class MultiNodeCheckpointManager(GraphSaves):
             ``nodes`` or ``blob_names`` is a ``str`` (a list of names is needed) or holds a non-``str``.
         JobDefinitionError
             ``nodes`` differ from the manager's, or a name is invalid.
+        CheckpointCorruptError
+            A node's checkpoint of committed ``epoch`` is damaged or missing; no workspace changed.
         """
         names = self._node_names(_name_list(nodes, "node"))
-        blob_names = [validate_name(b, "blob") for b in _name_list(blob_names, "blob")]
+        blobs = tuple(validate_name(b, "blob") for b in _name_list(blob_names, "blob"))
         if self._nodes is not None and sorted(names) != sorted(self._nodes):
             raise JobDefinitionError(f"checkpoint manager is set up for nodes {self._nodes}, not {names}")
         self._nodes = names
@@ -419,10 +456,24 @@ class MultiNodeCheckpointManager(GraphSaves):
         if record is None:
             return False
         started = time.perf_counter()
-        session.run_group(self._partial_load(record, blob_names), job=self._job_name)
+        try:
+            session.run_group(self._partial_load(record, blobs), job=self._job_name)
+        except Exception:
+            self._discard_staged(session)
+            raise
         elapsed = int((time.perf_counter() - started) * 1e9)
         self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
         return True
+
+    def _discard_staged(self, session: Session) -> None:
+        """After a failed partial load, drop what the nodes read for it (best effort)."""
+        try:
+            session.run_group(
+                self._group(lambda g, node: Task(discard_staged, group=g, node=node, name="checkpoint_discard")),
+                job=self._job_name,
+            )
+        except Exception as exc:
+            logger.debug("could not drop the blobs of a failed partial load under %s: %s", self.store.url, exc)
 
     # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(

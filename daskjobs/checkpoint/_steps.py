@@ -41,6 +41,10 @@ ENTRY_BLOB = "daskjobs.checkpoint_entry"
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
 FLUSH = "daskjobs.pending_flush"
+STAGED = "daskjobs.staged_load"
+"""Node service holding ``(load_id, blobs)`` a partial load read and verified, until it assigns them."""
+READ_BLOB = "daskjobs.blobs_read"
+"""Output blob through which a partial load's read task tells every node's assignment it succeeded."""
 
 
 def entry_array(entry: dict[str, Any]) -> np.ndarray:
@@ -277,22 +281,65 @@ class SaveStep:
 
 @dataclass(frozen=True)
 class LoadStep:
-    """Reads a node's verified blobs; a full load replaces the workspace, a partial one adds."""
+    """Reads a node's verified blobs and replaces its GLOBAL workspace with them."""
 
     store: CheckpointStore
     node: str
     epoch: int
     entry: dict[str, Any]
-    names: tuple[str, ...] | None = None
 
     def __call__(self, ws: Workspace) -> None:
-        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
+        ws._state.replace_blobs(self.store.read_node(self.node, self.epoch, self.entry))
+
+
+@dataclass(frozen=True)
+class ReadStep:
+    """The first half of a partial load: reads and verifies the node's named blobs and keeps them
+    on the node, outside its workspace, for :class:`AssignStep` (names the entry lacks are skipped).
+
+    The task's output (``READ_BLOB``) is what every node's :class:`AssignStep` waits for: no
+    workspace changes before every node read its blobs.
+    """
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    entry: dict[str, Any]
+    names: tuple[str, ...]
+    load_id: str
+
+    def __call__(self, ws: Workspace) -> None:
         state = ws._state
-        if self.names is None:
-            state.replace_blobs(blobs)
-        else:
-            with state.lock:
-                state.scope.blobs.update(blobs)
+        state.services.pop(STAGED, None)  # what a failed earlier load left
+        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
+        state.services[STAGED] = (self.load_id, blobs)
+        ws[READ_BLOB] = True
+
+
+@dataclass(frozen=True)
+class AssignStep:
+    """The second half of a partial load: adds the blobs :class:`ReadStep` kept to the node's
+    GLOBAL workspace (run once every node's read succeeded)."""
+
+    node: str
+    epoch: int
+    load_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        staged = state.services.pop(STAGED, None)
+        if staged is None or staged[0] != self.load_id:
+            raise CheckpointError(
+                f"node {self.node!r} holds no blobs read for this load of epoch {self.epoch} "
+                "(its worker restarted?); load again"
+            )
+        with state.lock:
+            state.scope.blobs.update(staged[1])
+
+
+def discard_staged(ws: Workspace) -> None:
+    """Drop the blobs a partial load read on the node but did not assign (it failed elsewhere)."""
+    ws._state.services.pop(STAGED, None)
 
 
 @dataclass(frozen=True)
@@ -444,5 +491,5 @@ class AsyncSaveFinish:
         return {"previous": previous, "error": _outcome(start).get("error")}
 
 
-for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, LoadStep, CheckStep):
+for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, LoadStep, ReadStep, AssignStep, CheckStep):
     setattr(_step, INTERNAL, True)

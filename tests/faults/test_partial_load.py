@@ -1,5 +1,5 @@
-"""Partial loads take lists of names, and a committed epoch whose node group is gone is corrupt on
-every read path.
+"""Partial loads (``load_blobs_locally``, ``load_blobs_from_checkpoint(s)``) load all nodes or none,
+and a committed epoch whose node group is gone is corrupt on every read path.
 
 Every case asserts the exact error, every node's workspace and that nothing committed changed.
 """
@@ -17,6 +17,7 @@ from daskjobs.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     DefinitionTypeError,
+    TaskFailedError,
 )
 
 NODES = ["a", "b"]
@@ -79,6 +80,19 @@ def untouched(session: dj.Session) -> bool:
     ) and "extra" not in session.blobs("b")
 
 
+def staged(session: dj.Session) -> dict[str, bool]:
+    """Per node, whether it still keeps blobs a partial load read but did not assign."""
+    from daskjobs.checkpoint._steps import STAGED
+
+    with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.PRIVATE) as group:
+        tasks = {
+            n: dj.Task(lambda ws: ws.__setitem__("staged", STAGED in ws._state.services), node=n, outputs="staged")
+            for n in NODES
+        }
+    session.run(group)
+    return {n: bool(task.outputs()[0].fetch()) for n, task in tasks.items()}
+
+
 def truncate_a_chunk(prefix: str, node: str, blob: str = "w", epoch: int = 3) -> None:
     chunk = next(p for p in sorted((Path(prefix) / f"{node}.{epoch}" / blob).rglob("*")) if p.name != "zarr.json")
     chunk.write_bytes(chunk.read_bytes()[:-1])
@@ -91,6 +105,68 @@ DAMAGE = {
     "b_group_folder": (lambda p: shutil.rmtree(Path(p) / "b.3"), r"epoch 3, node 'b'.*b\.3"),
     "a_group_zarr_json": (lambda p: (Path(p) / "a.3" / "zarr.json").unlink(), r"epoch 3, node 'a'"),
 }
+
+
+# -- all or nothing --------------------------------------------------------------------------------------
+
+
+def test_partial_load_loads_the_named_blobs_a_node_has(session, committed):
+    """Both nodes get ``w`` and ``meta`` of epoch 3; ``extra`` only where it was saved; nothing else changes."""
+    fill(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    assert manager.load_blobs_locally(NODES, ["w", "meta", "extra"], 3, session) is True
+    for node in NODES:
+        assert np.array_equal(session.fetch("w", node=node), np.arange(4096) + 3)
+        assert session.fetch("meta", node=node) == {"node": node, "count": 3}
+        assert "frozen" not in session.blobs(node)
+    assert np.array_equal(session.fetch("extra", node="b"), np.ones(3))
+    assert "extra" not in session.blobs("a")
+    assert not any(b.startswith("daskjobs.") for n in NODES for b in session.blobs(n))
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_node_checkpoint_loads_nothing_anywhere(session, committed, kind):
+    """CheckpointCorruptError naming epoch, node (and blob); no node's workspace changed; no file changed."""
+    damage, message = DAMAGE[kind]
+    damage(committed)
+    before = files(committed)
+    fill(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    with pytest.raises(CheckpointCorruptError, match=message) as info:
+        manager.load_blobs_locally(NODES, ["w", "meta"], 3, session)
+    assert not isinstance(info.value, TaskFailedError)
+    assert untouched(session)
+    assert staged(session) == {"a": False, "b": False}
+    assert files(committed) == before
+    assert manager.load_blobs_locally(NODES, ["w", "meta"], 2, session) is True
+    assert np.array_equal(session.fetch("w", node="b"), np.arange(4096) + 2)
+
+
+@pytest.mark.parametrize("kind", ["b_chunk", "b_group_folder"])
+def test_runner_and_group_partial_loads_load_nothing_either(session, committed, kind):
+    """runner.load_blobs_from_checkpoints and the group of manager.load_blobs_from_checkpoint: the same."""
+    damage, message = DAMAGE[kind]
+    damage(committed)
+    fill(session)
+    runner = dj.JobRunner(define(), dj.MultiNodeCheckpointManager(committed), max_epochs=5, progress=False)
+    with pytest.raises(CheckpointCorruptError, match=message):
+        runner.load_blobs_from_checkpoints(["w", "meta"], 3, session)
+    assert untouched(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    manager.set_params(NODES)
+    with pytest.raises(CheckpointCorruptError, match=message):
+        session.run(manager.load_blobs_from_checkpoint(["w", "meta"], 3))
+    assert untouched(session)
+
+
+def test_an_epoch_missing_for_a_node_returns_false_and_loads_nothing(session, committed):
+    """Not committed, or committed without one of the nodes: False, no workspace changed."""
+    fill(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    assert manager.load_blobs_locally(NODES, ["w"], 9, session) is False
+    other = dj.MultiNodeCheckpointManager(committed)
+    assert other.load_blobs_locally([*NODES, "c"], ["w"], 3, session) is False
+    assert untouched(session)
 
 
 # -- a list of names, not a str --------------------------------------------------------------------------
