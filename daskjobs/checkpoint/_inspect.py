@@ -86,6 +86,7 @@ class NodeCheckpoint(Mapping[str, Any]):
     def _meta(self, blob: str) -> dict[str, Any]:
         meta = self._entry["blobs"].get(blob)
         if meta is None:
+            self._reader.check_group()  # a blob removed from the commit record is corruption, not a missing key
             raise KeyError(f"node {self.node!r} has no blob {blob!r} in epoch {self.epoch}; it has {sorted(self)}")
         return meta
 

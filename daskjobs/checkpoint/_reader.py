@@ -109,7 +109,16 @@ class GroupReader:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_group_checked": False}
 
-    def _check_group(self) -> None:
+    def check_group(self) -> None:
+        """Check once that the group holds the committed save: the same ``save_id`` and the same blobs,
+        each with the same entry (kind, dtype, shape, chunks, codec, hashes), as the commit record.
+
+        Raises
+        ------
+        CheckpointCorruptError
+            The group is missing, holds another save, or its entry and the record's differ (a blob
+            removed from or added to either, or edited); the message names epoch, node and blob.
+        """
         if self._group_checked:
             return
         stored = read_group_entry(self.where, self.node, self.epoch, validate=False)
@@ -120,6 +129,14 @@ class GroupReader:
                 f"{self.context}: {self.where.url} holds save {stored['save_id']}, not the committed "
                 f"save {self.entry['save_id']} (overwritten after the commit?)"
             )
+        stored_blobs = stored.get("blobs")
+        if not isinstance(stored_blobs, dict):
+            raise CheckpointCorruptError(f"{self.context}: {self.where.url}/zarr.json lists no blobs")
+        for name in sorted(set(stored_blobs) | set(self.blobs)):
+            if stored_blobs.get(name) != self.blobs.get(name):
+                raise CheckpointCorruptError(
+                    f"{self._label(name)}: {_entry_difference(stored_blobs, self.blobs, name)}"
+                )
         self._group_checked = True
 
     def _label(self, name: str) -> str:
@@ -223,7 +240,7 @@ class GroupReader:
     def read(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """Read, verify and decode blobs (default: all); names the entry lacks are skipped."""
         wanted = list(self.blobs) if names is None else [n for n in dict.fromkeys(names) if n in self.blobs]
-        self._check_group()
+        self.check_group()
         self._check_metadata(wanted)
         self._check_sizes([(name, list(range(self._count(name))), self._claimed(name)) for name in wanted])
         outs = {name: self._allocate(name) for name in wanted}
@@ -243,7 +260,7 @@ class GroupReader:
 
     def read_chunk(self, name: str, index: int) -> np.ndarray:
         """Chunk ``index`` (along axis 0) of array blob ``name``, verified; for lazy views."""
-        self._check_group()
+        self.check_group()
         self._check_metadata([name])
         meta = self.blobs[name]
         shape, chunks, dtype = meta["shape"], meta["chunks"], np.dtype(meta["dtype"])
@@ -304,6 +321,19 @@ class GroupReader:
             decode(one, [part], out)
         except Exception as exc:  # as in _decode
             raise CheckpointCorruptError(f"{self._label(name)}: cannot decode the stored chunk: {exc}") from exc
+
+
+def _entry_difference(stored: Mapping[str, Any], committed: Mapping[str, Any], name: str) -> str:
+    """How blob ``name`` differs between the group's own entry (``stored``) and the commit record's."""
+    if name not in committed:
+        return "the node's group holds this blob but the commit record does not list it (the record was edited?)"
+    if name not in stored:
+        return "the commit record lists this blob but the node's group does not hold it"
+    mine, theirs = stored[name], committed[name]
+    if not isinstance(mine, dict):
+        return f"the node's group describes it as {type(mine).__name__}, not as the commit record does"
+    fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return f"{', '.join(fields)} in the node's group differ from the commit record"
 
 
 def _read_local(read: ChunkRead) -> ChunkResult | UnsafeFileError:

@@ -127,6 +127,29 @@ def claim_a_tebibyte(prefix: str) -> None:
     edit_bytes(os.path.join(group(prefix), "w", "zarr.json"), lambda d: metadata)
 
 
+def drop_blob(record: dict) -> None:
+    """Remove ``w`` from the record's entry, keeping its byte totals consistent (as a careful editor would)."""
+    entry = record["node_entries"][NODE]
+    del entry["blobs"]["w"]
+    total = sum(blob["nbytes"] for blob in entry["blobs"].values())
+    entry.update(bytes=total, bytes_reused=min(entry["bytes_reused"], total))
+    entry["bytes_written"] = total - entry["bytes_reused"]
+
+
+def edit_group_entry(change: Callable[[dict], None]) -> Callable[[str], None]:
+    """Edit the node's own entry in the group's ``zarr.json`` of epoch 2 (``change`` gets the entry)."""
+
+    def apply(prefix: str) -> None:
+        def rewrite(data: bytes) -> bytes:
+            group_metadata = json.loads(data)
+            change(group_metadata["attributes"]["daskjobs"])
+            return json.dumps(group_metadata).encode()
+
+        edit_bytes(os.path.join(group(prefix), "zarr.json"), rewrite)
+
+    return apply
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "flipped_byte": (lambda p: edit_bytes(chunk(p), flip), CheckpointCorruptError),
     "truncated_chunk": (lambda p: edit_bytes(chunk(p), lambda d: d[:-1]), CheckpointCorruptError),
@@ -161,6 +184,15 @@ CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "empty_record": (lambda p: edit_bytes(commit_record(p), lambda d: b""), CheckpointCorruptError),
     "truncated_record": (lambda p: edit_bytes(commit_record(p), lambda d: d[: len(d) // 2]), CheckpointCorruptError),
     "claimed_tebibyte": (claim_a_tebibyte, CheckpointCorruptError),
+    "blob_dropped_from_commit": (edit_record(drop_blob), CheckpointCorruptError),
+    "group_entry_hash_edited": (
+        edit_group_entry(lambda entry: entry["blobs"]["w"]["hashes"].__setitem__(0, "0" * 32)),
+        CheckpointCorruptError,
+    ),
+    "group_entry_dtype_edited": (
+        edit_group_entry(lambda entry: entry["blobs"]["w"].update(dtype="<i4")),
+        CheckpointCorruptError,
+    ),
 }
 
 
@@ -287,14 +319,15 @@ def test_stored_size_beyond_the_codec_bound_is_refused_before_allocating(compres
 
 @pytest.mark.parametrize("path", sorted(READ_PATHS))
 def test_stored_size_larger_than_the_file_is_refused(compressed, path, monkeypatch):
-    """A claimed size within the codec's bound but not the file's is refused naming the chunk, even when the
-    size is checked before allocating (every blob beyond the trusted budget)."""
+    """A claimed size within the codec's bound but not the file's (in the record and the group's entry alike)
+    is refused naming the chunk, when it is checked before allocating (every blob beyond the trusted budget)."""
     monkeypatch.setattr(_reader, "_TRUSTED_BYTES", 0)
 
-    def overstate(record: dict) -> None:
-        record["node_entries"][NODE]["blobs"]["w"]["sizes"][1] += 1
+    def overstate(entry: dict) -> None:
+        entry["blobs"]["w"]["sizes"][1] += 1
 
-    edit_record(overstate)(compressed)
+    edit_record(lambda record: overstate(record["node_entries"][NODE]))(compressed)
+    edit_group_entry(overstate)(compressed)  # both agree: only the file's size tells
     before = snapshot(compressed)
     with pytest.raises(
         CheckpointCorruptError, match=r"epoch 2, node 'local', blob 'w', chunk c\.1\.0: the chunk file has"
