@@ -54,7 +54,8 @@ class EpochSaver:
         """The ``finish`` hooks saving ``epoch`` inside the graph of the group that runs it (the
         epoch group, or the init group for epoch 0); ``None`` when a checkpointed node does not
         run in it (then :meth:`save` saves as a group of its own); ``{}`` when the storage is not
-        accessible (the save is skipped, with a warning).
+        accessible, or the save cannot start (e.g. ``epoch`` is already committed): then the
+        save is skipped with a warning (``on_save_error="warn"``) or :meth:`failed` raises.
 
         ``last``: the run is expected to end with this epoch. Its nodes then fsync inside the
         graph instead of in the background, so that ending the run needs no round trip to ask
@@ -66,7 +67,13 @@ class EpochSaver:
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return {}
-        return manager.finish_hooks(epoch, flush_later=session.background_flushes and not last)
+        try:
+            return manager.finish_hooks(epoch, flush_later=session.background_flushes and not last)
+        except (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedError):
+            raise
+        except Exception as exc:  # e.g. the epoch is already committed: a save error, by policy, not retried
+            self.failed(epoch, exc)
+            return {}
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:
         """Save ``epoch`` as a group run of its own and commit it; returns the seconds it took."""

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.checkpoint import CommitRecordHandler
 from daskjobs.cli import main
 from daskjobs.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
@@ -161,30 +160,3 @@ def test_prune_works_again_once_the_unreadable_record_is_deleted(prefix, capsys)
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == [2]
     assert not (Path(prefix) / "a.3").exists()
     assert int(dj.open_checkpoint(prefix)["a"]["n"]) == 2
-
-
-# -- the handler is asked once ---------------------------------------------------------------------------
-
-
-class CountingHandler(CommitRecordHandler):
-    """The built-in handler, counting its ``last_epoch`` calls."""
-
-    def __init__(self, store):
-        super().__init__(store)
-        self.asked: list[int | None] = []
-
-    def last_epoch(self, user_epoch=None):
-        self.asked.append(user_epoch)
-        return super().last_epoch(user_epoch)
-
-
-@pytest.mark.parametrize("resume_from_epoch", [None, 1])
-def test_the_handler_is_asked_for_the_epoch_to_resume_once(prefix, resume_from_epoch):
-    """One ``last_epoch`` call per train(), with or without resume_from_epoch."""
-    train(prefix, max_epochs=2)
-    handler = CountingHandler(dj.MultiNodeCheckpointManager(prefix).store)
-    manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=handler)
-    last, runner, _ = train(prefix, manager=manager, max_epochs=3, resume_from_epoch=resume_from_epoch)
-    assert last == 3
-    assert handler.asked == [resume_from_epoch]
-    assert runner.history[0].epoch == (3 if resume_from_epoch is None else 2)
