@@ -126,9 +126,9 @@ class NodeCheckpoint(Mapping[str, Any]):
             raise TypeError(f"blob {blob!r} of node {self.node!r} is a JSON value, not an array: use view[node][blob]")
         shape, dtype = tuple(meta["shape"]), np.dtype(meta["dtype"]).newbyteorder("=")
         if not shape:
-            return da.from_delayed(_delayed_chunk(self._reader, blob, 0), shape=(), dtype=dtype)
-        if 0 in shape:
-            return da.from_array(np.empty(shape, dtype), chunks=-1)
+            return da.from_delayed(_delayed(self._reader.read_chunk, blob, 0), shape=(), dtype=dtype)
+        if 0 in shape:  # no chunk to read: one task still checks the group and the array's metadata
+            return da.from_delayed(_delayed(self._reader.read_blob, blob), shape=shape, dtype=dtype)
         rows = meta["chunks"][0]
         count = -(-shape[0] // rows)
         name = f"daskjobs-{self.node}.{self.epoch}-{blob}-{self._entry['save_id']}"
@@ -141,10 +141,11 @@ class NodeCheckpoint(Mapping[str, Any]):
         return f"NodeCheckpoint(node={self.node!r}, epoch={self.epoch}, blobs={sorted(self)})"
 
 
-def _delayed_chunk(reader: GroupReader, blob: str, index: int) -> Any:
+def _delayed(read: Any, *args: Any) -> Any:
+    """A dask task calling ``read(*args)`` (a verifying read of a :class:`GroupReader`)."""
     import dask
 
-    return dask.delayed(reader.read_chunk, pure=True)(blob, index)
+    return dask.delayed(read, pure=True)(*args)
 
 
 class CheckpointView(Mapping[str, NodeCheckpoint]):

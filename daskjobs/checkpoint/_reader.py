@@ -258,6 +258,10 @@ class GroupReader:
             values[name] = _value(self.blobs[name]["kind"], out, self._label(name))
         return values
 
+    def read_blob(self, name: str) -> Any:
+        """Blob ``name``, read and verified like :meth:`read` (for lazy views of arrays without chunks)."""
+        return self.read([name])[name]
+
     def read_chunk(self, name: str, index: int) -> np.ndarray:
         """Chunk ``index`` (along axis 0) of array blob ``name``, verified; for lazy views."""
         self.check_group()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 
@@ -346,3 +347,59 @@ def test_codec_bound_holds_for_incompressible_chunks(codec, nbytes):
     for meta in entry["blobs"].values():
         raw = np.dtype(meta["dtype"]).itemsize * math.prod(meta["chunks"])
         assert all(size <= max_stored_size(codec, raw) for size in meta["sizes"])
+
+
+# -- lazy views of arrays without chunks -----------------------------------------------------------
+
+
+@pytest.fixture
+def with_empty(tmp_path):
+    """Epochs 0..2 of a job whose node also holds ``empty``, an array of shape (0, 3): no chunk files."""
+    with dj.Cluster(), dj.Job(name="empty") as job, dj.Node(NODE):
+        with job.init_group:
+            dj.Task(lambda ws: ws.update(empty=np.zeros((0, 3), "f4"), x=np.arange(10.0)), name="init")
+        dj.Task(lambda ws: ws.update(x=ws["x"] + 1), name="train")
+    prefix = str(tmp_path / "ckpt")
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
+    assert runner.train(dj.LocalSession()) == 2
+    return prefix
+
+
+EMPTY_DAMAGE: dict[str, tuple[Callable[[str], None], str]] = {
+    "dtype_edited": (
+        lambda p: edit_bytes(
+            os.path.join(group(p), "empty", "zarr.json"),
+            lambda d: json.dumps({**json.loads(d), "data_type": "int32"}).encode(),
+        ),
+        r"epoch 2, node 'local', blob 'empty': zarr.json differs from the commit record \(data_type",
+    ),
+    "metadata_deleted": (
+        lambda p: os.unlink(os.path.join(group(p), "empty", "zarr.json")),
+        r"epoch 2, node 'local', blob 'empty': array metadata .* is missing",
+    ),
+    "group_deleted": (lambda p: shutil.rmtree(group(p)), r"epoch 2, node 'local': the node's group .* is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(EMPTY_DAMAGE))
+def test_lazy_view_of_an_empty_array_is_verified_like_an_eager_read(with_empty, damage):
+    """Computing the lazy view of a (0, 3) array checks its group and metadata: CheckpointCorruptError as the
+    eager read raises, never an unverified empty array; nothing committed changes."""
+    corrupt, message = EMPTY_DAMAGE[damage]
+    corrupt(with_empty)
+    before = snapshot(with_empty)
+    view = dj.open_checkpoint(with_empty, 2)[NODE]
+    with pytest.raises(CheckpointCorruptError, match=message):
+        view["empty"]
+    lazy = view.lazy("empty")
+    assert lazy.shape == (0, 3)
+    with pytest.raises(CheckpointCorruptError, match=message):
+        lazy.compute(scheduler="sync")
+    assert snapshot(with_empty) == before
+
+
+def test_lazy_view_of_an_intact_empty_array(with_empty):
+    """An intact (0, 3) array computes to an empty float32 array of that shape."""
+    got = dj.open_checkpoint(with_empty, 2)[NODE].lazy("empty").compute(scheduler="sync")
+    assert got.shape == (0, 3)
+    assert got.dtype == np.float32
