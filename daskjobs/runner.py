@@ -220,17 +220,17 @@ class JobRunner:
 
         With an asynchronous manager the previous epoch's background save is committed first
         and this one is committed later. Failures are retried ``save_retries`` times; then
-        ``on_save_error`` decides.
+        ``on_save_error`` decides. Works before :meth:`train` too: the manager is first set up
+        for the job's checkpointed nodes and name.
         """
-        saver = EpochSaver(
-            self._require_manager(), self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error
-        )
+        manager = self._set_up_manager()
+        saver = EpochSaver(manager, self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error)
         saver.save(epoch, session, stop_values or {}, {})
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
-        if any node has no committed checkpoint of that epoch."""
-        manager = self._require_manager()
+        if any node has no committed checkpoint of that epoch (works before :meth:`train` too)."""
+        manager = self._set_up_manager()
         own, session = _resolve_session(session)
         try:
             loaded = manager.load_blobs_locally(self.job.nodes_to_checkpoint(), blob_names, epoch, session)
@@ -469,6 +469,12 @@ class JobRunner:
         if self.checkpoint_manager is None:
             raise JobDefinitionError("this JobRunner has no checkpoint manager")
         return self.checkpoint_manager
+
+    def _set_up_manager(self) -> MultiNodeCheckpointManager:
+        """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""
+        manager = self._require_manager()
+        manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
+        return manager
 
     def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
         manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
