@@ -4,8 +4,9 @@ A blob value is one of two kinds, told apart by ``isinstance(value, np.ndarray)`
 
 * an **array**: a base-class ``numpy.ndarray`` of kind ``b i u f c`` or fixed-width ``U``/``S``
   with at most :data:`MAX_NDIM` dimensions, in native byte order (numbers become 0-d arrays);
-* a **JSON value**: ``None``, ``str``, ``bool``, ``int`` (any size), finite ``float``, ``list``
-  and ``dict`` with ``str`` keys, nested (tuples become lists).
+* a **JSON value**: ``None``, ``str`` (valid Unicode: no lone surrogates), ``bool``, ``int`` (of up
+  to :data:`MAX_JSON_INT_DIGITS` digits), finite ``float``, ``list`` and ``dict`` with ``str`` keys,
+  nested (tuples become lists).
 
 :func:`as_value` turns what a step assigns into one of them or refuses it with
 :class:`~daskjobs.errors.BlobTypeError`; :func:`copy_value` copies a stored value.
@@ -31,6 +32,11 @@ MAX_STRING_CHARS = 1 << 20
 """Longest item of a fixed-width string array (characters for ``U``, bytes for ``S``)."""
 MAX_JSON_DEPTH = 100
 """Deepest nesting of lists and dicts in a JSON value."""
+MAX_JSON_INT_DIGITS = 10_000
+"""Most decimal digits of an ``int`` kept as a JSON value. Converting an int to decimal text and back
+takes time quadratic in its digits (Python refuses more than 4300 by default); at this bound one int
+costs milliseconds, and a stored value cannot make reading a checkpoint take much longer."""
+_INT_BOUND = 10**MAX_JSON_INT_DIGITS
 _INT64 = np.iinfo(np.int64)
 RESERVED_BLOB_NAMES = frozenset(["zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"])
 """Blob names that would collide with Zarr metadata keys inside a node's checkpoint group."""
@@ -189,12 +195,14 @@ def as_value(value: object, blob: str) -> Value:
     kind = type(value)
     if kind is np.ndarray:
         return check_array(value, blob)
-    if kind is str or value is None:
+    if kind is str:
+        return _text(value, blob, "")
+    if value is None:
         return value
     if kind is bool or kind is float or kind is complex:
         return np.asarray(value)
     if kind is int:
-        return np.asarray(value, dtype=np.int64) if _INT64.min <= value <= _INT64.max else value
+        return np.asarray(value, dtype=np.int64) if _INT64.min <= value <= _INT64.max else _int(value, blob, "")
     if kind is list or kind is tuple or kind is dict:
         return _json(value, blob, "", 0, set())
     if isinstance(value, np.generic):
@@ -225,8 +233,12 @@ def copy_value(value: Value, blob: str = "value") -> Value:
 def _json(value: object, blob: str, path: str, depth: int, active: set[int]) -> JSON:
     """Normalise one element of a JSON value found at ``path`` inside ``blob``."""
     kind = type(value)
-    if kind is str or kind is bool or kind is int or value is None:
+    if kind is bool or value is None:
         return value
+    if kind is int:
+        return _int(value, blob, path)
+    if kind is str:
+        return _text(value, blob, path)
     if kind is float:
         if not math.isfinite(value):
             raise BlobTypeError(
@@ -258,13 +270,40 @@ def _json(value: object, blob: str, path: str, depth: int, active: set[int]) -> 
     if isinstance(value, np.floating) and value.dtype.itemsize <= 8:
         return _json(float(value), blob, path, depth, active)
     if isinstance(value, np.str_):
-        return str(value)
+        return _text(str(value), blob, path)
     raise _refused(value, blob, path)
+
+
+def _int(value: int, blob: str, path: str) -> int:
+    """``value`` if it has at most :data:`MAX_JSON_INT_DIGITS` decimal digits, else raise :class:`BlobTypeError`."""
+    if -_INT_BOUND < value < _INT_BOUND:
+        return value
+    raise BlobTypeError(
+        f"blob {blob!r}{_where(path)}: holds an int of more than {MAX_JSON_INT_DIGITS} decimal digits "
+        f"({value.bit_length()} bits), more than a JSON value keeps; store its bytes as a uint8 array: "
+        "np.frombuffer(value.to_bytes((value.bit_length() + 8) // 8, 'little', signed=True), np.uint8)"
+    )
+
+
+def _text(value: str, blob: str, path: str, what: str = "a str") -> str:
+    """``value`` if UTF-8 can encode it (no lone surrogates), else raise :class:`BlobTypeError`."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BlobTypeError(
+            f"blob {blob!r}{_where(path)}: holds {what} with the lone surrogate {value[exc.start]!r} at index "
+            f"{exc.start}, which UTF-8 (and so a checkpoint) cannot store; store valid text, e.g. "
+            "value.encode('utf-8', 'replace').decode(), or its bytes as a uint8 array: "
+            "np.frombuffer(value.encode('utf-8', 'surrogatepass'), np.uint8)"
+        ) from None
+    return value
 
 
 def _key(key: object, blob: str, path: str) -> str:
     if type(key) is str or type(key) is np.str_:
-        return str(key)
+        return _text(str(key), blob, path, "the dict key")
     raise BlobTypeError(
         f"blob {blob!r}{_where(path)}: has the dict key {key!r} ({type(key).__name__}); JSON keys are str: "
         "convert the keys, e.g. {str(k): v for k, v in value.items()}"

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import logging
+import sys
 import threading
 
 import numpy as np
@@ -14,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskjobs as dj
-from daskjobs._validation import as_value, copy_value
+from daskjobs._validation import MAX_JSON_INT_DIGITS, as_value, copy_value
 from daskjobs._workspace import Scope, Workspace
-from daskjobs.errors import BlobTypeError, StepTypeError, TaskFailedError
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.errors import BlobTypeError, CheckpointCorruptError, StepTypeError, TaskFailedError
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10),
@@ -295,3 +297,87 @@ def test_json_and_string_values_cross_sessions(session):
     assert captured_names.tolist() == ["x", "yz"]
     with pytest.raises(BlobTypeError, match="'bad'"):
         session.feed("bad", {1: 2}, node="a")
+
+
+# -- ints beyond Python's int <-> str limit, and text UTF-8 cannot hold ---------------------------
+
+BIG = 10**5000
+"""5001 digits: more than Python converts between int and str by default (4300)."""
+
+
+def _save_and_restore(prefix: str, value: object) -> tuple[object, object]:
+    """Save ``value`` as blob ``v`` in a real job; return it as ``open_checkpoint`` and a resumed run read it."""
+    seen = []
+    with dj.Cluster(), dj.Job(name="values") as job, dj.Node("n"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("v", value), name="init")
+        dj.Task(lambda ws: seen.append(ws["v"]), name="look")
+    dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=1, progress=False).train(dj.LocalSession())
+    seen.clear()
+    resumed = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
+    assert resumed.train(dj.LocalSession()) == 2
+    return dj.open_checkpoint(prefix, 1)["n"]["v"], seen[0]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(BIG, id="int"),
+        pytest.param(-BIG, id="negative"),
+        pytest.param([BIG, {"k": 10**MAX_JSON_INT_DIGITS - 1, "small": 3}], id="nested"),
+    ],
+)
+def test_ints_beyond_the_str_limit_survive_a_checkpoint(prefix, value):
+    """Ints of up to MAX_JSON_INT_DIGITS digits save, load and resume equal, the process's digit limit untouched."""
+    limit = sys.get_int_max_str_digits()
+    loaded, resumed = _save_and_restore(prefix, value)
+    assert _same_json(loaded, value)
+    assert _same_json(resumed, value)
+    assert sys.get_int_max_str_digits() == limit
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        pytest.param(10**MAX_JSON_INT_DIGITS, "'big'", id="top-level"),
+        pytest.param([1, -(10**MAX_JSON_INT_DIGITS)], r"'big' at value\[1\]", id="in-list"),
+        pytest.param({"seed": 10**20000}, r"'big' at value\['seed'\]", id="in-dict"),
+    ],
+)
+def test_int_with_too_many_digits_is_refused_at_assignment(value, where):
+    """An int of more than MAX_JSON_INT_DIGITS digits raises BlobTypeError (a TypeError) naming the blob and
+    saying to store its bytes instead."""
+    with pytest.raises(BlobTypeError, match=rf"blob {where}: holds an int of more than {MAX_JSON_INT_DIGITS}") as info:
+        as_value(value, "big")
+    assert isinstance(info.value, TypeError)
+    assert "uint8 array" in str(info.value)
+
+
+def test_stored_int_with_too_many_digits_is_refused_on_reading(tmp_path):
+    """A stored JSON value holding an int of more digits than an assignment accepts is CheckpointCorruptError,
+    parsed in bounded time."""
+    store = CheckpointStore(tmp_path / "ckpt", fsync=False)
+    entry = store.write_node("n", 0, {"v": [10**20000]}, save_id="s")
+    with pytest.raises(CheckpointCorruptError, match=r"epoch 0, node 'n', blob 'v': .*an int of 20001 digits"):
+        store.read_node("n", 0, entry)
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "what"),
+    [
+        pytest.param("a\ud800b", "'t'", "a str", id="str"),
+        pytest.param(["ok", "\udfff"], r"'t' at value\[1\]", "a str", id="in-list"),
+        pytest.param({"\udc80": 1}, "'t'", "the dict key", id="dict-key"),
+        pytest.param([np.str_("\ud800")], r"'t' at value\[0\]", "a str", id="numpy-str"),
+    ],
+)
+def test_lone_surrogate_is_refused_at_assignment(value, where, what):
+    """Text UTF-8 cannot encode raises BlobTypeError at assignment naming the blob, not a failed save later."""
+    with pytest.raises(BlobTypeError, match=rf"blob {where}: holds {what} with the lone surrogate") as info:
+        as_value(value, "t")
+    assert isinstance(info.value, TypeError)
+    assert "np.frombuffer(value.encode('utf-8', 'surrogatepass'), np.uint8)" in str(info.value)
+    ws = Workspace(Scope(), node="a", lock=threading.RLock())
+    with pytest.raises(BlobTypeError, match="lone surrogate"):
+        ws["t"] = value
+    assert "t" not in ws

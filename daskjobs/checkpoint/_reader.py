@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
+from . import _json
 from ._chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
 from ._files import ChunkRead, ChunkResult, RemoteFiles, SizeProblem, UnsafeFileError, read_chunk_file
 from ._format import MAX_JSON_BYTES, loads, validate_node_entry
@@ -49,13 +50,9 @@ def _value(kind: str, array: np.ndarray, label: str) -> Any:
     if kind == "array":
         return array
     try:
-        return json.loads(array.tobytes().decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+        return _json.decode(array.tobytes())
+    except ValueError as exc:
         raise CheckpointCorruptError(f"{label}: the stored JSON value does not parse: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
 
 
 # -- reading -----------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BlobTypeError, CheckpointError, CheckpointWriteError
+from . import _json
 from ._chunks import (
     chunk_count,
     chunk_key,
@@ -101,13 +101,13 @@ def _stored(name: str, value: Any) -> tuple[str, np.ndarray]:
         array = np.asarray(value)
         return "array", array.astype(storage_dtype(array.dtype, name), order="C", copy=False)
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        data = _json.encode(value)
     except (TypeError, ValueError) as exc:
         raise BlobTypeError(
             f"blob {name!r} holds a {type(value).__name__} that is neither a numpy array nor a JSON value "
             f"({exc}); store an array, or str/None/bool/int/finite float/list/dict with str keys"
         ) from None
-    return "json", np.frombuffer(text.encode(), dtype=np.uint8)
+    return "json", np.frombuffer(data, dtype=np.uint8)
 
 
 # -- metadata ----------------------------------------------------------------------------------
