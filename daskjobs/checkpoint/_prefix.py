@@ -171,6 +171,7 @@ class Prefix:
         Examples
         --------
         >>> import tempfile
+        >>> from daskjobs.checkpoint import CheckpointStore
         >>> store = CheckpointStore(tempfile.mkdtemp())
         >>> store.acquire_lock({"host": "here", "pid": 1, "job": "train"})
         >>> store.check_lock()
