@@ -14,8 +14,10 @@ import math
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -403,3 +405,27 @@ def test_lazy_view_of_an_intact_empty_array(with_empty):
     got = dj.open_checkpoint(with_empty, 2)[NODE].lazy("empty").compute(scheduler="sync")
     assert got.shape == (0, 3)
     assert got.dtype == np.float32
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_overstated_stored_size_is_refused_before_allocating_on_every_backend(tmp_path, monkeypatch, where):
+    """With the entry and the group agreeing on a size the last chunk's file does not have, the size check before
+    allocating (one lstat locally, one listing on object stores) raises CheckpointCorruptError naming that
+    chunk, before the damaged first chunk is even read."""
+    monkeypatch.setattr(_reader, "_TRUSTED_BYTES", 0)
+    monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4096)
+    url = str(tmp_path / "ckpt") if where == "local" else f"memory://dj-{uuid.uuid4().hex}"
+    store = CheckpointStore(url, compression="zstd", fsync=False)
+    entry = store.write_node(NODE, 0, {"w": np.random.default_rng(0).random(4096)}, save_id="s")
+    entry["blobs"]["w"]["sizes"][-1] += 1
+    first = store.fs._strip_protocol(f"{store.db_name(NODE, 0)}/w/c.0")
+    store.fs.pipe_file(first, flip(store.fs.cat_file(first)))
+    group_metadata = store.fs._strip_protocol(f"{store.db_name(NODE, 0)}/zarr.json")
+    document = json.loads(store.fs.cat_file(group_metadata))
+    document["attributes"]["daskjobs"] = entry
+    store.fs.pipe_file(group_metadata, json.dumps(document).encode())
+    message = rf"epoch 0, node '{NODE}', blob 'w', chunk c\.7: the chunk file has"
+    with pytest.raises(CheckpointCorruptError, match=message):
+        store.read_node(NODE, 0, entry)
+    if where == "memory":
+        fsspec.filesystem("memory").rm(url, recursive=True)
