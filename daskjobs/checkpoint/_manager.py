@@ -33,10 +33,10 @@ from ._steps import (
     AssignStep,
     AsyncSaveStep,
     CheckStep,
+    DiscardStep,
     LoadStep,
     ReadStep,
     SaveStep,
-    discard_staged,
 )
 from ._store import CheckpointStore
 
@@ -393,13 +393,12 @@ class MultiNodeCheckpointManager(GraphSaves):
                 f"epoch {epoch} under {self.store.url} has no checkpoint for nodes {missing}; "
                 f"it holds {record['nodes']}"
             )
-        return self._partial_load(record, names)
+        return self._partial_load(record, names, uuid.uuid4().hex)
 
-    def _partial_load(self, record: dict[str, Any], names: tuple[str, ...]) -> TaskGroup:
+    def _partial_load(self, record: dict[str, Any], names: tuple[str, ...], load_id: str) -> TaskGroup:
         """Per node, a task reading and verifying ``names`` and one adding them to the workspace;
         every node's second task waits for the first of all nodes (dataflow edges)."""
         entries, epoch = record["node_entries"], record["epoch"]
-        load_id = uuid.uuid4().hex
         group = TaskGroup(WorkspaceType.PRIVATE)
         nodes = self.nodes()
         reads = [
@@ -456,20 +455,21 @@ class MultiNodeCheckpointManager(GraphSaves):
         if record is None:
             return False
         started = time.perf_counter()
+        load_id = uuid.uuid4().hex
         try:
-            session.run_group(self._partial_load(record, blobs), job=self._job_name)
+            session.run_group(self._partial_load(record, blobs, load_id), job=self._job_name)
         except Exception:
-            self._discard_staged(session)
+            self._discard_staged(session, load_id)
             raise
         elapsed = int((time.perf_counter() - started) * 1e9)
         self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
         return True
 
-    def _discard_staged(self, session: Session) -> None:
+    def _discard_staged(self, session: Session, load_id: str) -> None:
         """After a failed partial load, drop what the nodes read for it (best effort)."""
         try:
             session.run_group(
-                self._group(lambda g, node: Task(discard_staged, group=g, node=node, name="checkpoint_discard")),
+                self._group(lambda g, node: Task(DiscardStep(load_id), group=g, node=node, name="checkpoint_discard")),
                 job=self._job_name,
             )
         except Exception as exc:

@@ -43,6 +43,8 @@ BUFFERS = "daskjobs.snapshot_buffers"
 FLUSH = "daskjobs.pending_flush"
 STAGED = "daskjobs.staged_load"
 """Node service holding ``(load_id, blobs)`` a partial load read and verified, until it assigns them."""
+DISCARDED = "daskjobs.discarded_load"
+"""Node service holding the ``load_id`` of the last partial load that failed: a read of it ending late keeps nothing."""
 READ_BLOB = "daskjobs.blobs_read"
 """Output blob through which a partial load's read task tells every node's assignment it succeeded."""
 
@@ -312,7 +314,9 @@ class ReadStep:
         state = ws._state
         state.services.pop(STAGED, None)  # what a failed earlier load left
         blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
-        state.services[STAGED] = (self.load_id, blobs)
+        with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
+            if state.services.get(DISCARDED) != self.load_id:
+                state.services[STAGED] = (self.load_id, blobs)
         ws[READ_BLOB] = True
 
 
@@ -337,9 +341,20 @@ class AssignStep:
             state.scope.blobs.update(staged[1])
 
 
-def discard_staged(ws: Workspace) -> None:
-    """Drop the blobs a partial load read on the node but did not assign (it failed elsewhere)."""
-    ws._state.services.pop(STAGED, None)
+@dataclass(frozen=True)
+class DiscardStep:
+    """After a failed partial load: drop the blobs the node read for it, and keep a read of that
+    load still running on the node from keeping them."""
+
+    load_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        with state.lock:
+            state.services[DISCARDED] = self.load_id
+            staged = state.services.get(STAGED)
+            if staged is not None and staged[0] == self.load_id:
+                del state.services[STAGED]
 
 
 @dataclass(frozen=True)
