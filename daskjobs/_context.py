@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar, Self
 
+from .errors import DefinitionTypeError, InvalidStateError
+
 _local = threading.local()
 
 
@@ -34,7 +36,9 @@ class Managed:
         for cls in self._managed_classes():
             popped = _stack(cls).pop()
             if popped is not self:
-                raise RuntimeError(f"context stack of {cls.__name__} corrupted: exited {self!r}, top was {popped!r}")
+                raise InvalidStateError(
+                    f"context stack of {cls.__name__} corrupted: exited {self!r}, top was {popped!r}"
+                )
 
     @classmethod
     def _managed_classes(cls) -> list[type]:
@@ -45,11 +49,18 @@ class Managed:
         """The innermost active instance (or ``value`` when given).
 
         With no active instance, default-managed classes create and keep a default one;
-        others return ``None`` when ``required`` is false and raise ``RuntimeError`` otherwise.
+        others return ``None`` when ``required`` is false and raise otherwise.
+
+        Raises
+        ------
+        InvalidStateError
+            No instance is active, none is made by default and ``required`` is true.
+        DefinitionTypeError
+            ``value`` is not an instance of this class.
         """
         if value is not None:
             if not isinstance(value, cls):
-                raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}")
+                raise DefinitionTypeError(f"expected a {cls.__name__}, got {type(value).__name__}")
             return value
         stack = _stack(cls)
         if stack:
@@ -59,5 +70,5 @@ class Managed:
             stack.append(default)
             return default
         if required:
-            raise RuntimeError(f"no active {cls.__name__}: use it inside 'with {cls.__name__}(...):'")
+            raise InvalidStateError(f"no active {cls.__name__}: use it inside 'with {cls.__name__}(...):'")
         return None

@@ -8,6 +8,7 @@ The tree::
     │       └── StepTypeError                 a step that is not a plain synchronous callable
     ├── BlobTypeError(TypeError)              a blob value that could not survive a checkpoint
     ├── StopConditionError(TypeError)         a stop condition that is not a boolean
+    ├── InvalidStateError(RuntimeError)       a call its object's state forbids (a task changed after its group ran)
     ├── OutputNotReadyError(RuntimeError)     a TaskOutput fetched before its task ran
     ├── SessionClosedError(RuntimeError)      a session used after close()
     ├── TaskFailedError(RuntimeError)         user code raised; the cause is chained
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointWriteError",
     "DaskJobsError",
     "DefinitionTypeError",
+    "InvalidStateError",
     "JobDefinitionError",
     "JobInterruptedError",
     "NodeLostError",
@@ -92,6 +94,16 @@ class BlobTypeError(DaskJobsError, TypeError):
 
 class StopConditionError(DaskJobsError, TypeError):
     """A stop condition produced something other than a single boolean."""
+
+
+class InvalidStateError(DaskJobsError, RuntimeError):
+    """A call that the current state of its object forbids.
+
+    Raised when a Task or TaskGroup is changed after its group has run, when
+    ``Job.current()`` is called outside ``with Job()``, when ``with`` blocks are exited out of
+    order, or when a checkpoint manager is asked for its nodes or blob names before it has any.
+    The message says what to do instead (e.g. build a new TaskGroup).
+    """
 
 
 class OutputNotReadyError(DaskJobsError, RuntimeError):

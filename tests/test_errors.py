@@ -16,6 +16,7 @@ BUILTIN = {
     "StepTypeError": TypeError,
     "BlobTypeError": TypeError,
     "StopConditionError": TypeError,
+    "InvalidStateError": RuntimeError,
     "OutputNotReadyError": RuntimeError,
     "SessionClosedError": RuntimeError,
     "TaskFailedError": RuntimeError,
@@ -109,3 +110,53 @@ def test_task_failed_error_without_cause_pickles():
 def test_errors_reachable_from_package():
     """dj.errors is the errors module."""
     assert dj.errors is errors
+
+
+def _run_and_modify_group() -> None:
+    with dj.Cluster(), dj.TaskGroup() as group:
+        task = dj.Task(lambda ws: None)
+    with dj.LocalSession() as session:
+        session.run(group)
+    task.add_output("x")
+
+
+def _fetch_without_node() -> None:
+    with dj.LocalSession() as session:
+        session.feed("x", 1, node="a")
+        session.feed("x", 2, node="b")
+        session.fetch("x")
+
+
+@pytest.mark.parametrize(
+    ("misuse", "expected", "builtin"),
+    [
+        (_run_and_modify_group, errors.InvalidStateError, RuntimeError),
+        (dj.Job.current, errors.InvalidStateError, RuntimeError),
+        (_fetch_without_node, errors.JobDefinitionError, ValueError),
+        (lambda: dj.node_cluster([]), errors.JobDefinitionError, ValueError),
+        (lambda: dj.node_cluster(["a"], nthreads=0), errors.JobDefinitionError, ValueError),
+        (lambda: dj.node_cluster("a"), errors.DefinitionTypeError, TypeError),
+        (lambda: dj.DaskSession(5), errors.DefinitionTypeError, TypeError),
+        (lambda: dj.CopyCheckpointUploader("memory://copy").build(3, None), errors.JobDefinitionError, ValueError),
+        (lambda: dj.MultiNodeCheckpointManager("memory://unused").nodes(), errors.InvalidStateError, RuntimeError),
+        (lambda: dj.MultiNodeCheckpointManager("memory://unused").blob_list(), errors.InvalidStateError, RuntimeError),
+    ],
+    ids=[
+        "task-after-run",
+        "job-current",
+        "fetch-no-node",
+        "cluster-no-nodes",
+        "cluster-nthreads",
+        "cluster-one-node",
+        "session-target",
+        "uploader-no-manager",
+        "manager-nodes",
+        "manager-blob-list",
+    ],
+)
+def test_library_errors_are_in_the_tree(misuse, expected, builtin):
+    """Misuse of the API raises a DaskJobsError that is also the builtin it used to be."""
+    with pytest.raises(expected) as caught:
+        misuse()
+    assert isinstance(caught.value, errors.DaskJobsError)
+    assert isinstance(caught.value, builtin)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .._context import Managed
 from .._validation import check_positive, validate_name
-from ..errors import DefinitionTypeError, JobDefinitionError
+from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
 from .node import Node, node_name
 from .task import SetupNets, Step, Task, TaskOutput, WorkspaceType, as_steps
 
@@ -83,14 +83,14 @@ class TaskGroup(Managed):
 
     def _check_unused(self, what: str) -> None:
         if self._used:
-            raise RuntimeError(f"cannot {what} {self!r}: the group has already been used; build a new TaskGroup")
+            raise InvalidStateError(f"cannot {what} {self!r}: the group has already been used; build a new TaskGroup")
 
     def add(self, task: Task) -> None:
         """Add ``task``, giving it the group's workspace type.
 
         Raises
         ------
-        RuntimeError
+        InvalidStateError
             The group has already run.
         JobDefinitionError
             The task's workspace type conflicts with the group's.
@@ -218,7 +218,7 @@ class TaskGroup(Managed):
         """A new group with one task per (remapped) node running that node's tasks concurrently.
 
         The result is computed once; calling again with a different mapping raises
-        ``RuntimeError``.
+        :class:`~daskjobs.errors.InvalidStateError`.
         """
         if node_remap is not None and not isinstance(node_remap, dict):
             raise DefinitionTypeError(f"node_remap must be a dict of node names, got {node_remap!r}")
@@ -229,7 +229,7 @@ class TaskGroup(Managed):
         mapping = {n: (node_remap or {}).get(n, n) for n in self.used_nodes()}
         if self._by_node is not None:
             if self._by_node[0] != mapping:
-                raise RuntimeError("tasks_by_node was already called with a different node mapping")
+                raise InvalidStateError("tasks_by_node was already called with a different node mapping")
             return self._by_node[1]
         grouped = TaskGroup(self._workspace_type)
         for target in dict.fromkeys(mapping.values()):

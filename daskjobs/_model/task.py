@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._context import Managed
 from .._validation import check_count, validate_name
-from ..errors import DefinitionTypeError, JobDefinitionError, OutputNotReadyError, StepTypeError
+from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError, OutputNotReadyError, StepTypeError
 from .node import Cluster, Node
 
 if TYPE_CHECKING:
@@ -311,7 +311,7 @@ class Task(Managed):
     # -- outputs and inputs ---------------------------------------------------------------
     def _check_unused(self, what: str) -> None:
         if self._used:
-            raise RuntimeError(f"cannot {what} task {self._name!r}: its group has already run")
+            raise InvalidStateError(f"cannot {what} task {self._name!r}: its group has already run")
 
     def add_output(self, name: str | Sequence[str] | TaskOutput) -> TaskOutput:
         """Capture another blob (or list of blobs) when the task finishes."""

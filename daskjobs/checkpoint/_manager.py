@@ -16,6 +16,7 @@ from ..errors import (
     CheckpointError,
     CheckpointNotFoundError,
     DefinitionTypeError,
+    InvalidStateError,
     JobDefinitionError,
 )
 from ._fork import resolve_snapshot
@@ -215,7 +216,7 @@ class MultiNodeCheckpointManager(GraphSaves):
     def nodes(self) -> list[str]:
         """The checkpointed nodes (after :meth:`init` or :meth:`set_params`)."""
         if self._nodes is None:
-            raise RuntimeError("checkpoint manager has no nodes yet: call init() or set_params() first")
+            raise InvalidStateError("checkpoint manager has no nodes yet: call init() or set_params() first")
         return list(self._nodes)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
@@ -564,7 +565,7 @@ class MultiNodeCheckpointManager(GraphSaves):
     def blob_list(self) -> dict[str, list[str]]:
         """Blob names per node in the last checkpoint saved or loaded."""
         if not self._blob_names:
-            raise RuntimeError("no checkpoint saved or loaded yet by this manager")
+            raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
         return {n: list(b) for n, b in self._blob_names.items()}
 
     def __repr__(self) -> str:

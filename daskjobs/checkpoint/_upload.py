@@ -11,6 +11,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
+from ..errors import JobDefinitionError
 from ._files import make_dirs, write_file
 
 if TYPE_CHECKING:
@@ -85,9 +86,17 @@ class CopyCheckpointUploader(UploadTaskGroupBuilder):
         self.storage_options = dict(storage_options or {})
 
     def build(self, epoch: int, checkpoint_manager: MultiNodeCheckpointManager | None) -> TaskGroup:
-        """Per-node copy tasks and a commit-record copy that waits for them, as one group."""
+        """Per-node copy tasks and a commit-record copy that waits for them, as one group.
+
+        Raises
+        ------
+        JobDefinitionError
+            ``checkpoint_manager`` is ``None``: the runner has no checkpoints to copy.
+        """
         if checkpoint_manager is None:
-            raise ValueError("CopyCheckpointUploader needs the job's checkpoint manager")
+            raise JobDefinitionError(
+                "CopyCheckpointUploader needs the job's checkpoint manager: give the JobRunner a checkpoint_manager"
+            )
         store = checkpoint_manager.store
         group = TaskGroup(WorkspaceType.PRIVATE)
         done = {}

@@ -197,7 +197,7 @@ class Session(abc.ABC):
         known = self._known_nodes()
         if len(known) == 1:
             return known[0]
-        raise ValueError(f"this session has nodes {known}; name the node (node=...)")
+        raise JobDefinitionError(f"this session has nodes {known}; name the node (node=...)")
 
     def fetch(self, blob: str, node: object = None) -> Value:
         """A copy of ``blob`` from the node's GLOBAL workspace: an array or a JSON value.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dask.config
 from distributed import Client
 
-from ..errors import SessionLostError
+from ..errors import DefinitionTypeError, SessionLostError
 from ._placement import config_timeout
 
 _MESSAGE_LOG_LENGTH = 100
@@ -30,9 +30,11 @@ def connect(target: object, security: object) -> tuple[Client, bool]:
     """A synchronous client for ``target`` and whether the session owns (and later closes) it."""
     if isinstance(target, Client):
         if target.asynchronous:
-            raise TypeError("DaskSession needs a synchronous distributed.Client, got an asynchronous one")
+            raise DefinitionTypeError("DaskSession needs a synchronous distributed.Client, got an asynchronous one")
         if security is not None:
-            raise TypeError("security= applies to a scheduler address or a cluster; a Client has its own security")
+            raise DefinitionTypeError(
+                "security= applies to a scheduler address or a cluster; a Client has its own security"
+            )
         return target, False
     if isinstance(target, str) or hasattr(target, "scheduler_address"):
         address = target if isinstance(target, str) else target.scheduler_address
@@ -47,7 +49,9 @@ def connect(target: object, security: object) -> tuple[Client, bool]:
                 f"(daskjobs.connect-timeout): {exc}. Check that the scheduler runs at that address and, "
                 "for a tls:// scheduler, pass security= with certificates it accepts."
             ) from None
-    raise TypeError(f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}")
+    raise DefinitionTypeError(
+        f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}"
+    )
 
 
 def dashboard_link(client: Client) -> str | None:

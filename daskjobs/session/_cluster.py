@@ -14,6 +14,7 @@ from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
 from .._model.node import Node
 from .._validation import validate_name
+from ..errors import DefinitionTypeError, JobDefinitionError
 from ._placement import worker_resources
 
 _HOST = "127.0.0.1"
@@ -38,7 +39,7 @@ NodesLike = Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
 def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float]]]:
     """Worker name -> (nodes it serves, extra resources those nodes need)."""
     if isinstance(nodes, str | Node):
-        raise TypeError(f"node_cluster needs a list of nodes, got {nodes!r}")
+        raise DefinitionTypeError(f"node_cluster needs a list of nodes, got {nodes!r}")
     groups = nodes if isinstance(nodes, Mapping) else {str(n): [n] for n in nodes}
     plan: dict[str, tuple[list[str], dict[str, float]]] = {}
     owner: dict[str, str] = {}
@@ -47,14 +48,16 @@ def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float
         for node in [served] if isinstance(served, str | Node) else served:
             name = validate_name(str(node), "node")
             if name in owner:
-                raise ValueError(f"node {name!r} is listed for workers {owner[name]!r} and {worker!r}; one per node")
+                raise JobDefinitionError(
+                    f"node {name!r} is listed for workers {owner[name]!r} and {worker!r}; one per node"
+                )
             owner[name] = worker
             names.append(name)
             for resource, amount in (node.kwargs() if isinstance(node, Node) else {}).items():
                 extra[resource] = max(extra.get(resource, 0), amount)
         plan[validate_name(str(worker), "worker")] = (names, extra)
     if not owner:
-        raise ValueError("node_cluster needs at least one node")
+        raise JobDefinitionError("node_cluster needs at least one node")
     return plan
 
 
@@ -101,6 +104,14 @@ def node_cluster(
         Also a context manager. Worker files go to a temporary directory that is removed
         when the cluster object is garbage-collected.
 
+    Raises
+    ------
+    DefinitionTypeError
+        ``nodes`` is a single node instead of a list of them.
+    JobDefinitionError
+        No node, a node listed for two workers, an invalid node or worker name, or an
+        ``nthreads`` that is not a positive integer.
+
     Examples
     --------
     >>> import daskjobs as dj
@@ -112,7 +123,7 @@ def node_cluster(
     >>> secure = dj.node_cluster(["ps"], security=True)  # doctest: +SKIP
     """
     if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
-        raise ValueError(f"nthreads must be a positive integer, got {nthreads!r}")
+        raise JobDefinitionError(f"nthreads must be a positive integer, got {nthreads!r}")
     plan = _worker_plan(nodes)
     if security is True:
         security = Security.temporary()
