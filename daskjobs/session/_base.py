@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run, private_trap_message
 from .._lowering import LoweredGraph, lower, plan_group
 from .._model.group import TaskGroup
+from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import Value, as_value, copy_value, validate_name
 from ..errors import JobDefinitionError, SessionClosedError
@@ -70,7 +71,7 @@ class Session(abc.ABC):
 
     Subclasses differ only in where node workspaces live and how lowered graphs run: they
     implement :meth:`_provider`, :meth:`_execute`, :meth:`_call_on_node`, :meth:`_known_nodes`
-    and :meth:`_shutdown`.
+    and :meth:`_shutdown`, and may override :meth:`_has_workspace`.
     """
 
     background_flushes: ClassVar[bool] = False
@@ -191,31 +192,56 @@ class Session(abc.ABC):
             self._tokens.pop(node, None)
 
     # -- workspace access -----------------------------------------------------------------
+    def _has_workspace(self, node: str) -> bool:
+        """Whether ``node`` already has a workspace; read-only calls never create one."""
+        return True
+
     def _resolve_node(self, node: object) -> str:
+        """The node a workspace call targets: ``node``, else the only node the session knows, else
+        the current :class:`~daskjobs.Node` while the session knows none."""
         if node is not None:
             return validate_name(str(node), "node")
         known = self._known_nodes()
         if len(known) == 1:
             return known[0]
+        if not known:
+            return str(Node.current())
         raise JobDefinitionError(f"this session has nodes {known}; name the node (node=...)")
 
     def fetch(self, blob: str, node: object = None) -> Value:
         """A copy of ``blob`` from the node's GLOBAL workspace: an array or a JSON value.
 
-        ``node`` may be omitted when the session has exactly one node.
+        ``node`` may be omitted when the session knows exactly one node, or none yet (then it
+        is the current :class:`~daskjobs.Node`, ``"local"`` outside any ``with Node(...)``).
+
+        Raises
+        ------
+        KeyError
+            The node has no blob ``blob`` (or no workspace at all: nothing is created for it).
+        JobDefinitionError
+            ``node`` is omitted but the session knows several nodes, or a name is invalid.
         """
         self._check_open()
-        return self._call_on_node(self._resolve_node(node), _fetch_blob, validate_name(blob, "blob"))
+        name, blob = self._resolve_node(node), validate_name(blob, "blob")
+        if not self._has_workspace(name):
+            raise KeyError(
+                f"blob {blob!r} is not in the workspace of node {name!r}: the session has no workspace for "
+                f"{name!r} yet (its nodes: {self._known_nodes()})"
+            )
+        return self._call_on_node(name, _fetch_blob, blob)
 
     def feed(self, blob: str, value: object, node: object = None) -> None:
         """Store a copy of ``value`` as ``blob`` in the node's GLOBAL workspace.
 
         ``value`` is normalised as a step's assignment would be (see :class:`~daskjobs.Workspace`).
+        ``node`` may be omitted as for :meth:`fetch`.
 
         Raises
         ------
         BlobTypeError
             ``value`` could not survive a checkpoint; nothing is sent to the node.
+        JobDefinitionError
+            ``node`` is omitted but the session knows several nodes, or a name is invalid.
         """
         self._check_open()
         normalised = as_value(value, validate_name(blob, "blob"))
@@ -224,9 +250,15 @@ class Session(abc.ABC):
         self._call_on_node(self._resolve_node(node), _feed_blob, blob, normalised)
 
     def blobs(self, node: object = None) -> list[str]:
-        """Names of the blobs in the node's GLOBAL workspace, sorted."""
+        """Names of the blobs in the node's GLOBAL workspace, sorted (none for a node without one).
+
+        ``node`` may be omitted as for :meth:`fetch`.
+        """
         self._check_open()
-        return self._call_on_node(self._resolve_node(node), _blob_names)
+        name = self._resolve_node(node)
+        if not self._has_workspace(name):
+            return []
+        return self._call_on_node(name, _blob_names)
 
     def nodes(self) -> list[str]:
         """The nodes this session knows."""

@@ -69,6 +69,9 @@ class LocalSession(Session):
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._states.node_state(node, None), *args)
 
+    def _has_workspace(self, node: str) -> bool:
+        return node in self._states.states
+
     def _known_nodes(self) -> list[str]:
         return list(self._states.states)
 
