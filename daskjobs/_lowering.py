@@ -107,11 +107,11 @@ def _spec(task: Task, index: int, index_of: dict[int, tuple[int, int]]) -> TaskS
 
 
 def plan_group(group: TaskGroup, job: str) -> GroupPlan:
-    """Compile ``group`` (marking it used) into per-node plans; cached per group and job."""
+    """Compile ``group`` for a run (freezing it) into per-node plans; cached per group and job."""
     cached = _plans.get(group, {}).get(job)
     if cached is not None:
         return cached
-    tasks = group.tasks()
+    tasks = group._freeze()
     index_of = {id(out): (ti, oi) for ti, task in enumerate(tasks) for oi, out in enumerate(task.outputs())}
     specs = [_spec(task, i, index_of) for i, task in enumerate(tasks)]
     producers = {spec.index: [producer for _, producer, _ in spec.inputs] for spec in specs}

@@ -9,7 +9,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs._context import Managed
-from daskjobs.errors import JobDefinitionError, OutputNotReadyError
+from daskjobs.errors import InvalidStateError, JobDefinitionError, OutputNotReadyError
 
 BAD_NAMES = ["", "../x", "..", ".", "/abs", "a/b", "a\\b", "__x", "x" * 129, "a\x00b", "a b", "a,b", "a=b"]
 GOOD_NAMES = ["a", "Z", "0", "trainer_0", "a-b.c:d", "a.b", "x__", "_x", "x" * 128, "a.", ".a"]
@@ -544,31 +544,74 @@ def test_group_add_and_counts():
     assert group.tasks() == [outside, pending]
 
 
-def test_adding_to_used_group_raises():
-    """Adding tasks, report steps or setups to a used group raises RuntimeError."""
+def run_group(group: dj.TaskGroup) -> None:
+    """Run ``group`` once in a fresh LocalSession."""
+    with dj.LocalSession() as session:
+        session.run(group)
+
+
+def test_adding_to_group_after_it_ran_raises():
+    """Adding tasks, report steps or setups to a group that has run raises InvalidStateError (a RuntimeError)."""
     with dj.TaskGroup() as group:
         dj.Task(noop)
-    group.tasks()
-    with pytest.raises(RuntimeError, match="already been used"):
+    run_group(group)
+    with pytest.raises(InvalidStateError, match="already run"):
         dj.Task(noop, group=group)
-    with pytest.raises(RuntimeError, match="already been used"), group:
+    with pytest.raises(RuntimeError, match="already run"), group:
         dj.Task(noop)
-    with pytest.raises(RuntimeError, match="already been used"):
+    with pytest.raises(RuntimeError, match="already run"):
         group.add(dj.Task(noop))
-    with pytest.raises(RuntimeError, match="already been used"):
+    with pytest.raises(RuntimeError, match="already run"):
         group.report_step(noop)
-    with pytest.raises(RuntimeError, match="already been used"):
+    with pytest.raises(RuntimeError, match="already run"):
         group.add_local_setup(dj.SetupNets(noop))
     assert group.num_registered_tasks() == 1
 
 
-def test_modifying_used_task_raises():
-    """Adding outputs or inputs to a task whose group was used raises RuntimeError."""
+def test_reading_tasks_does_not_freeze_the_group():
+    """tasks() adds pending tasks but leaves the group open: tasks and outputs can still be added."""
     with dj.TaskGroup() as group:
-        producer = dj.Task(noop, outputs="x")
+        first = dj.Task(noop, name="first", node="a")
+    assert len(group.tasks()) == 1
+    assert group.workspace_type() is dj.WorkspaceType.PRIVATE
+    with group:
+        second = dj.Task(other_step, name="second", node="a")
+    first.add_output("x")
+    second.add_input("x_in", first.outputs()[0])
+    group.report_step(noop, node="a")
+    assert [t.name for t in group.tasks()] == ["a/first", "a/second"]
+    assert group.num_registered_tasks() == 2
+
+
+def test_reading_job_groups_does_not_freeze_them():
+    """Listing a job's epoch tasks before adding an epoch_limiter does not stop the limiter from joining."""
+    with dj.Job() as job:
+        dj.Task(noop)
+    assert len(job.epoch_group.tasks()) == 1
+    assert len(job.init_group.tasks()) == 0
+    dj.epoch_limiter(job, 2)
+    assert job.epoch_group.num_registered_tasks() == 2
+    assert len(job.init_group.tasks()) == 1
+
+
+def test_tasks_by_node_freezes_the_group():
+    """tasks_by_node holds the group's tasks, so afterwards the group cannot change."""
+    with dj.TaskGroup() as group:
+        task = dj.Task(noop, node="a", name="t")
+    group.tasks_by_node()
+    with pytest.raises(InvalidStateError, match="regrouped by tasks_by_node"):
+        dj.Task(noop, group=group)
+    with pytest.raises(InvalidStateError, match="'a/t'"):
+        task.add_output("x")
+
+
+def test_modifying_task_after_its_group_ran_raises():
+    """Adding outputs or inputs to a task whose group has run raises InvalidStateError (a RuntimeError)."""
+    with dj.TaskGroup() as group:
+        producer = dj.Task(lambda ws: ws.__setitem__("x", 1), outputs="x")
         task = dj.Task(noop, name="t", node="a")
-    group.tasks()
-    with pytest.raises(RuntimeError, match="'a/t'"):
+    run_group(group)
+    with pytest.raises(InvalidStateError, match="'a/t': its group has already run"):
         task.add_output("y")
     with pytest.raises(RuntimeError, match="'a/t'"):
         task.add_outputs(["y", "z"])
@@ -698,13 +741,14 @@ def test_group_docstring_disclaims_other_task_groups():
 
 
 def test_inputs_cycle_raises_when_used():
-    """Inputs that form a cycle raise ValueError naming the cycle when the group is used."""
+    """Inputs that form a cycle raise ValueError naming the cycle when the group runs (not when its tasks are read)."""
     with dj.TaskGroup() as group:
         first = dj.Task(noop, node="a", name="first", outputs="x")
         second = dj.Task(noop, node="b", name="second", outputs="y", inputs={"x_in": first.outputs()[0]})
     first.add_input("y_in", second.outputs()[0])
+    assert len(group.tasks()) == 2
     with pytest.raises(ValueError, match=r"cycle: a/first -> b/second -> a/first"):
-        group.tasks()
+        run_group(group)
 
 
 def test_inputs_self_cycle_raises_when_used():
@@ -713,16 +757,16 @@ def test_inputs_self_cycle_raises_when_used():
         task = dj.Task(noop, node="a", name="self", outputs="x")
     task.add_input("x_in", task.outputs()[0])
     with pytest.raises(ValueError, match="cycle"):
-        group.tasks()
+        run_group(group)
 
 
 def test_inputs_from_outside_group_raise_when_used():
-    """An input produced by a task outside the group raises ValueError when the group is used."""
+    """An input produced by a task outside the group raises ValueError when the group runs."""
     outside = dj.Task(noop, outputs="x")
     with dj.TaskGroup() as group:
         dj.Task(noop, name="consumer", node="a", inputs={"x": outside.outputs()[0]})
     with pytest.raises(ValueError, match=r"'a/consumer'.*not an output of a task in this group"):
-        group.tasks()
+        run_group(group)
 
 
 def test_inputs_are_recorded():

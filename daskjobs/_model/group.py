@@ -83,7 +83,10 @@ class TaskGroup(Managed):
 
     def _check_unused(self, what: str) -> None:
         if self._used:
-            raise InvalidStateError(f"cannot {what} {self!r}: the group has already been used; build a new TaskGroup")
+            raise InvalidStateError(
+                f"cannot {what} {self!r}: the group has already run (or was regrouped by tasks_by_node); "
+                "build a new TaskGroup"
+            )
 
     def add(self, task: Task) -> None:
         """Add ``task``, giving it the group's workspace type.
@@ -115,15 +118,35 @@ class TaskGroup(Managed):
         self._tasks.append(task)
 
     def tasks(self) -> list[Task]:
-        """All tasks, marking the group as used (no task may be added afterwards)."""
+        """All tasks, in order; pending ones are added first (see :meth:`add`).
+
+        Reading the tasks does not freeze the group: tasks may still be added until it runs.
+
+        Raises
+        ------
+        JobDefinitionError
+            A pending task's workspace type conflicts with the group's.
+        """
         for task in list(self._pending):
             self.add(task)
-        if not self._used:
-            self._used = True
-            self._check_inputs()
-            for task in self._tasks:
-                task._notify_used()
         return list(self._tasks)
+
+    def _freeze(self) -> list[Task]:
+        """The tasks, for a run (or a regrouping): check inputs, then mark the group and its
+        tasks used, so that neither can be changed afterwards.
+
+        Raises
+        ------
+        JobDefinitionError
+            An input comes from outside the group, or inputs form a cycle.
+        """
+        tasks = self.tasks()
+        if not self._used:
+            self._check_inputs()
+            self._used = True
+            for task in tasks:
+                task._notify_used()
+        return tasks
 
     def _check_inputs(self) -> None:
         owners = {id(out): task for task in self._tasks for out in task.outputs()}
@@ -217,15 +240,16 @@ class TaskGroup(Managed):
     def tasks_by_node(self, node_remap: dict[str, str] | None = None) -> TaskGroup:
         """A new group with one task per (remapped) node running that node's tasks concurrently.
 
-        The result is computed once; calling again with a different mapping raises
-        :class:`~daskjobs.errors.InvalidStateError`.
+        The result is computed once and holds this group's tasks, so the group is frozen as
+        by a run: no task may be added or changed afterwards. Calling again with a different
+        mapping raises :class:`~daskjobs.errors.InvalidStateError`.
         """
         if node_remap is not None and not isinstance(node_remap, dict):
             raise DefinitionTypeError(f"node_remap must be a dict of node names, got {node_remap!r}")
         for source, target in (node_remap or {}).items():
             validate_name(source, "node")
             validate_name(target, "node")
-        tasks = self.tasks()
+        tasks = self._freeze()
         mapping = {n: (node_remap or {}).get(n, n) for n in self.used_nodes()}
         if self._by_node is not None:
             if self._by_node[0] != mapping:

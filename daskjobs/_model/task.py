@@ -311,10 +311,18 @@ class Task(Managed):
     # -- outputs and inputs ---------------------------------------------------------------
     def _check_unused(self, what: str) -> None:
         if self._used:
-            raise InvalidStateError(f"cannot {what} task {self._name!r}: its group has already run")
+            raise InvalidStateError(
+                f"cannot {what} task {self._name!r}: its group has already run (or was regrouped by tasks_by_node)"
+            )
 
     def add_output(self, name: str | Sequence[str] | TaskOutput) -> TaskOutput:
-        """Capture another blob (or list of blobs) when the task finishes."""
+        """Capture another blob (or list of blobs) when the task finishes.
+
+        Raises
+        ------
+        InvalidStateError
+            The task's group has already run.
+        """
         self._check_unused("add an output to")
         out = name if isinstance(name, TaskOutput) else TaskOutput(name)
         out.task = self
@@ -322,12 +330,24 @@ class Task(Managed):
         return out
 
     def add_outputs(self, names: str | Sequence[str] | TaskOutput | Sequence[TaskOutput]) -> list[TaskOutput]:
-        """Add each of ``names`` as a separate :class:`TaskOutput` (all or none)."""
+        """Add each of ``names`` as a separate :class:`TaskOutput` (all or none).
+
+        Raises
+        ------
+        InvalidStateError
+            The task's group has already run.
+        """
         self._check_unused("add an output to")
         return [self.add_output(item) for item in _as_outputs(names, f"task {self._name!r}")]
 
     def add_input(self, local_name: str, output: TaskOutput) -> None:
-        """Feed ``output`` of another task of the same group to this task as ``local_name``."""
+        """Feed ``output`` of another task of the same group to this task as ``local_name``.
+
+        Raises
+        ------
+        InvalidStateError
+            The task's group has already run.
+        """
         self._check_unused("add an input to")
         _check_input(f"task {self._name!r}", local_name, output)
         self._inputs[local_name] = output
@@ -384,6 +404,7 @@ class Task(Managed):
         self._workspace_type = workspace_type
 
     def _notify_used(self) -> None:
+        """Freeze the task: its group runs (or was regrouped)."""
         self._used = True
 
     def __exit__(self, *exc: object) -> None:
