@@ -192,6 +192,22 @@ def test_node_identity_is_its_name():
     assert str(dj.Node()) == "local"
 
 
+def test_nodes_with_the_same_name_are_equal():
+    """Nodes are equal (and hash alike) by name only, also to their name as a str, and differ otherwise."""
+    first, second = dj.Node("a"), dj.Node("a", GPU=1)
+    assert first == second
+    assert hash(first) == hash(second) == hash("a")
+    assert len({first, second}) == 1
+    assert first == "a"
+    assert "a" in [first]
+    assert first in ["a"]
+    assert {"a": 1}[second] == 1
+    assert first != dj.Node("b")
+    assert first != "b"
+    assert first != 1
+    assert dj.Node() == dj.Node.current() == "local"
+
+
 def test_node_registers_with_current_cluster(fresh_cluster):
     """Constructing a node registers it with the current cluster."""
     dj.Node("ps")

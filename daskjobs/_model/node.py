@@ -55,8 +55,10 @@ class Cluster(Managed):
 class Node(Managed):
     """A named place where tasks run: one Dask worker (or, in-process, one workspace).
 
-    Only the name identifies a node. Extra keyword arguments are Dask resources the node's
-    worker must provide, e.g. ``Node("trainer", GPU=1)``.
+    Only the name identifies a node: nodes with the same name are equal (whatever their
+    resources), equal to that name as a ``str``, and hash like it, so ``Node("a") in {"a"}``.
+    Extra keyword arguments are Dask resources the node's worker must provide, e.g.
+    ``Node("trainer", GPU=1)``.
 
     Examples
     --------
@@ -66,6 +68,8 @@ class Node(Managed):
     trainer
     >>> str(dj.Node.current())
     'local'
+    >>> dj.Node("ps") == dj.Node("ps", GPU=1) == "ps"
+    True
     """
 
     _managed_default = True
@@ -91,6 +95,16 @@ class Node(Managed):
 
     def __str__(self) -> str:
         return self._name
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Node):
+            return self._name == other._name
+        if isinstance(other, str):
+            return self._name == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._name)
 
     def __repr__(self) -> str:
         return f"Node(name={self._name}, kwargs={self._kwargs})"
