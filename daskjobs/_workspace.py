@@ -23,9 +23,9 @@ class Scope:
     ``reserved`` names (the outputs of a running group) are created at this level even when
     assigned from a descendant, like Caffe2's pre-created output blobs.
 
-    ``traps`` is set on the scope of a PRIVATE run and shared by its descendants: it collects
-    the names a descendant looked up, found missing (``misses``) and then created in a scope
-    that the run discards (see :meth:`Workspace.__setitem__`).
+    ``traps`` is set on the scope of a PRIVATE run (its root) and shared by its descendants: it
+    collects the names a descendant looked up, found missing (``misses``) and then created in a
+    scope that the run discards (see :meth:`Workspace.__setitem__`).
     """
 
     __slots__ = ("blobs", "misses", "parent", "reserved", "traps")
@@ -69,10 +69,22 @@ class Scope:
         if self.traps is not None:
             self.misses.add(name)
 
+    def _is_run_root(self) -> bool:
+        return self.parent is None or self.parent.traps is not self.traps
+
     def missed(self, name: str) -> bool:
-        """Whether this scope or an ancestor of the same PRIVATE run saw ``name`` missing."""
-        scope: Scope | None = self
-        while scope is not None and scope.traps is not None:
+        """Whether this scope, or an ancestor of the same PRIVATE run below its root, saw ``name`` missing.
+
+        The root of a run is shared by every step of the node that runs outside a task (report
+        steps, node-local setup): what they found missing counts only for what they create
+        themselves, never for a blob a task creates.
+        """
+        if self.traps is None:
+            return False
+        if name in self.misses:
+            return True
+        scope = self.parent
+        while scope is not None and not scope._is_run_root():
             if name in scope.misses:
                 return True
             scope = scope.parent

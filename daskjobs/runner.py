@@ -160,6 +160,7 @@ class JobRunner:
             )
         manager = self._prepare(self.checkpoint_manager)
         own, session = _resolve_session(session)
+        session.start_job_run(self.job.name)
         self.history = []
         self._signals.requested = None
         self._saver = None

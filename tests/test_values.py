@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -268,6 +269,63 @@ def test_private_trap_warns_per_blob_and_node(caplog):
         dj.JobRunner(job, progress=False).train(session)
     found = sorted((m.split("'")[1], m.split("'")[3]) for m in (r.getMessage() for r in _trap_records(caplog)))
     assert found == [("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")]
+
+
+def test_private_trap_warns_once_per_job_run(caplog):
+    """Each run of a trapping job warns again on the same session; so does each session.run."""
+    caplog.set_level(logging.WARNING, logger="daskjobs")
+    with dj.LocalSession() as session:
+        counts = []
+        for _ in range(2):
+            _run_epochs(session, _get, epochs=2)
+            counts.append(len(_trap_records(caplog)))
+        assert counts == [1, 2]
+        with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.PRIVATE) as group:
+            dj.Task(_get, node="a")
+        session.run(group)
+        session.run(group)
+        assert len(_trap_records(caplog)) == 4
+
+
+def _report_done(ws):
+    ws["report_saw_done"] = "done" in ws
+
+
+def _finish_after_a_report(ws):
+    deadline = time.monotonic() + 30
+    while "report_saw_done" not in ws and time.monotonic() < deadline:  # the report step looked "done" up first
+        time.sleep(0.001)
+    ws["done"] = True
+
+
+def test_report_step_lookup_does_not_count_for_a_task(caplog):
+    """A report step looking a blob up does not make a task's plain assignment of that blob a trap."""
+    caplog.set_level(logging.WARNING, logger="daskjobs")
+    with dj.Cluster(), dj.Job(name="report") as job:
+        dj.Task(_finish_after_a_report, node="a", name="finish")
+        job.epoch_group.report_step(_report_done, node="a", interval_ms=1)
+        dj.epoch_limiter(job, 3, node="a")
+    with dj.LocalSession() as session:
+        dj.JobRunner(job, progress=False).train(session)
+    assert _trap_records(caplog) == []
+
+
+def test_report_step_accumulating_in_private_still_warns(caplog):
+    """A report step that itself looks a blob up and creates it in a PRIVATE run is the trap."""
+    caplog.set_level(logging.WARNING, logger="daskjobs")
+
+    def report(ws):
+        ws["reports"] = ws.get("reports", 0) + 1
+
+    with dj.Cluster(), dj.Job(name="report") as job:
+        dj.Task(lambda ws: None, node="a", name="work")
+        job.epoch_group.report_step(report, node="a", interval_ms=60_000)
+        dj.epoch_limiter(job, 2, node="a")
+    with dj.LocalSession() as session:
+        dj.JobRunner(job, progress=False).train(session)
+    messages = [r.getMessage() for r in _trap_records(caplog)]
+    assert len(messages) == 1
+    assert "blob 'reports'" in messages[0]
 
 
 # -- on every session kind -----------------------------------------------------------------------

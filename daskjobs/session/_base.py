@@ -118,7 +118,9 @@ class Session(abc.ABC):
         self._check_open()
         if runnable is None:
             raise JobDefinitionError("session.run needs something to run, got None")
-        self.run_group(as_group(runnable, workspace_type))
+        group = as_group(runnable, workspace_type)
+        self.start_job_run("session")
+        self.run_group(group)
 
     def run_group(
         self,
@@ -174,8 +176,16 @@ class Session(abc.ABC):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
 
+    def start_job_run(self, job: str) -> None:
+        """Start a new run of ``job``: its accumulate-in-PRIVATE warnings are logged again.
+
+        :meth:`~daskjobs.JobRunner.train` calls it, and so does each :meth:`run` (job
+        ``"session"``), so such a warning is logged once per job run, node and blob.
+        """
+        self._warned_traps = {key for key in self._warned_traps if key[0] != job}
+
     def _warn_traps(self, job: str, group: str, node: str, blobs: Sequence[str]) -> None:
-        """Log the accumulate-in-PRIVATE warning once per job, node and blob for this session."""
+        """Log the accumulate-in-PRIVATE warning once per run of ``job``, node and blob."""
         for blob in blobs:
             if (job, node, blob) not in self._warned_traps:
                 self._warned_traps.add((job, node, blob))
