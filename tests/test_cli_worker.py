@@ -72,18 +72,20 @@ def test_worker_dry_run_shows_the_dask_worker_command(capsys):
     ("args", "message"),
     [
         (["--node", "../escape"], "invalid node name '../escape'"),
+        (["--node", "a/b"], "argument --node: invalid node name 'a/b'"),
+        (["--node", "a", "--node", "__x"], "invalid node name '__x'"),
         (["--node", "a", "--nthreads", "0"], "expected a positive integer"),
         (["--node", "a", "--resources", "GPU"], "expected NAME=AMOUNT"),
         ([], "--node"),
     ],
 )
 def test_worker_rejects_bad_arguments(args, message, capsys):
-    """Bad node names, thread counts and resources are refused before any worker starts."""
+    """Bad node names, thread counts and resources are usage errors (exit code 2) before any worker starts."""
     try:
         code = main(["worker", "tcp://127.0.0.1:8786", *args, "--dry-run"])
     except SystemExit as exit_:
         code = exit_.code
     captured = capsys.readouterr()
-    assert code != 0
+    assert code == 2
     assert message in captured.err
     assert captured.out == ""

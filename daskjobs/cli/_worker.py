@@ -7,6 +7,8 @@ import os
 import shlex
 import sys
 
+from .._validation import validate_name
+from ..errors import JobDefinitionError
 from ..session._placement import worker_resources
 from ._common import OK, Subparsers, UsageError, positive_int
 
@@ -23,6 +25,14 @@ def _resources(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT[,NAME=AMOUNT...], got {text!r}") from None
 
 
+def _node_name(text: str) -> str:
+    """``argparse`` type: a valid node name (a usage error otherwise, exit code 2)."""
+    try:
+        return validate_name(text, "node")
+    except JobDefinitionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_worker_parser(subparsers: Subparsers) -> None:
     """Register ``daskjobs worker``."""
     parser = subparsers.add_parser(
@@ -36,7 +46,13 @@ def add_worker_parser(subparsers: Subparsers) -> None:
     )
     parser.add_argument("scheduler", metavar="SCHEDULER_ADDRESS", help="e.g. tcp://127.0.0.1:8786 or tls://host:8786")
     parser.add_argument(
-        "--node", dest="nodes", action="append", required=True, metavar="NAME", help="a node to serve (repeatable)"
+        "--node",
+        dest="nodes",
+        type=_node_name,
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="a node to serve (repeatable)",
     )
     parser.add_argument(
         "--nthreads", type=positive_int, default=2, help="threads, and concurrent tasks per node (default 2)"
