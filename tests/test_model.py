@@ -420,7 +420,7 @@ def test_task_rejects_bad_arguments():
     with pytest.raises(ValueError, match="task_init"):
         dj.Task(noop, task_init=[1])
     with pytest.raises(ValueError, match="WorkspaceType"):
-        dj.Task(noop, workspace_type="global")
+        dj.Task(noop, workspace_type="globl")
     for bad in (0, -2, 1.5):
         with pytest.raises(ValueError, match="num_instances"):
             dj.Task(noop, num_instances=bad)
@@ -542,9 +542,36 @@ def test_group_type_conflict_after_untyped_first_task():
 
 
 def test_group_rejects_bad_workspace_type():
-    """A TaskGroup with a workspace type that is not a WorkspaceType raises ValueError."""
-    with pytest.raises(ValueError, match="WorkspaceType"):
-        dj.TaskGroup("private")
+    """A TaskGroup with a workspace type that names no WorkspaceType raises ValueError (TypeError too for a non-str)."""
+    with pytest.raises(JobDefinitionError, match="'shared' is no WorkspaceType"):
+        dj.TaskGroup("shared")
+    with pytest.raises(TypeError, match="WorkspaceType"):
+        dj.TaskGroup(1)
+
+
+def test_workspace_type_is_a_str_enum():
+    """WorkspaceType members equal Caffe2's string constants, and those strings are accepted as types."""
+    assert dj.WorkspaceType.GLOBAL == "global"
+    assert dj.WorkspaceType.PRIVATE == "private"
+    assert dj.TaskGroup("global").workspace_type() is dj.WorkspaceType.GLOBAL
+    assert dj.TaskGroup("PRIVATE").workspace_type() is dj.WorkspaceType.PRIVATE
+    assert dj.Task(noop, workspace_type="global").workspace_type() is dj.WorkspaceType.GLOBAL
+    with dj.TaskGroup("private") as group:
+        dj.Task(noop, workspace_type="global", name="g", node="a")
+    with pytest.raises(ValueError, match="'a/g' is GLOBAL but its group is PRIVATE"):
+        group.tasks()
+
+
+def test_session_run_takes_a_workspace_type_string():
+    """session.run(..., workspace_type="private") runs a callable in a PRIVATE group, so its blob vanishes."""
+    with dj.LocalSession() as session:
+        session.run(lambda ws: ws.__setitem__("kept", 1))
+        session.run(lambda ws: ws.__setitem__("gone", 1), workspace_type="private")
+        assert session.blobs() == ["kept"]
+        with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+            dj.Task(noop)
+        with pytest.raises(ValueError, match="GLOBAL, cannot run it as PRIVATE"):
+            session.run(group, workspace_type="private")
 
 
 def test_group_add_and_counts():

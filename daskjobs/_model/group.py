@@ -11,7 +11,7 @@ from .._context import Managed
 from .._validation import check_positive, validate_name
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
 from .node import Node, node_name
-from .task import SetupNets, Step, Task, TaskOutput, WorkspaceType, as_steps
+from .task import SetupNets, Step, Task, TaskOutput, WorkspaceType, as_steps, as_workspace_type
 
 _group_ids = itertools.count()
 
@@ -36,8 +36,8 @@ class TaskGroup(Managed):
     Parameters
     ----------
     workspace_type
-        :class:`WorkspaceType` of every task in the group. ``None`` takes the first task's
-        type, else PRIVATE.
+        :class:`WorkspaceType` (or ``"global"`` / ``"private"``) of every task in the group.
+        ``None`` takes the first task's type, else PRIVATE.
 
     Examples
     --------
@@ -51,10 +51,8 @@ class TaskGroup(Managed):
     (['a', 'b'], ['a/first', 'b/second'])
     """
 
-    def __init__(self, workspace_type: WorkspaceType | None = None) -> None:
-        if workspace_type is not None and not isinstance(workspace_type, WorkspaceType):
-            raise DefinitionTypeError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
-        self._workspace_type = workspace_type
+    def __init__(self, workspace_type: WorkspaceType | str | None = None) -> None:
+        self._workspace_type = as_workspace_type(workspace_type, "TaskGroup")
         self._pending: list[Task] = []
         self._tasks: list[Task] = []
         self._used = False

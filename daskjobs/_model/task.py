@@ -22,16 +22,48 @@ Step = Callable[..., Any]
 """A step is a callable taking the node's workspace: ``step(ws)``."""
 
 
-class WorkspaceType(enum.Enum):
+class WorkspaceType(enum.StrEnum):
     """Where a task's new blobs live.
 
     ``GLOBAL`` tasks run in the node's persistent workspace; ``PRIVATE`` tasks run in a child
     workspace created for one run: they can update blobs that already exist in the node
     workspace, but new blobs vanish when the run ends.
+
+    The members are strings, ``"global"`` and ``"private"`` (Caffe2's constants), and wherever
+    a workspace type is taken, those strings are accepted too.
+
+    Examples
+    --------
+    >>> import daskjobs as dj
+    >>> dj.WorkspaceType.GLOBAL == "global", dj.TaskGroup("private").workspace_type()
+    (True, <WorkspaceType.PRIVATE: 'private'>)
     """
 
     PRIVATE = "private"
     GLOBAL = "global"
+
+
+def as_workspace_type(value: object, owner: str) -> WorkspaceType | None:
+    """``value`` as a :class:`WorkspaceType`: a member, its value in any case (``"global"``), or ``None``.
+
+    Raises
+    ------
+    DefinitionTypeError
+        ``value`` is neither ``None``, a WorkspaceType nor a str.
+    JobDefinitionError
+        ``value`` is a str naming no workspace type.
+    """
+    if value is None or isinstance(value, WorkspaceType):
+        return value
+    if not isinstance(value, str):
+        raise DefinitionTypeError(f"{owner}: workspace_type must be a WorkspaceType, got {value!r}")
+    try:
+        return WorkspaceType(value.lower())
+    except ValueError:
+        raise JobDefinitionError(
+            f"{owner}: workspace_type {value!r} is no WorkspaceType; use WorkspaceType.GLOBAL or .PRIVATE "
+            "(or 'global' / 'private')"
+        ) from None
 
 
 def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
@@ -220,7 +252,7 @@ class Task(Managed):
     outputs
         A blob name or list of names captured when the task finishes.
     workspace_type
-        :class:`WorkspaceType`; defaults to the group's.
+        :class:`WorkspaceType` (or ``"global"`` / ``"private"``); defaults to the group's.
     group, node
         Where to register; default to the current :class:`TaskGroup` and :class:`Node`.
     name
@@ -254,7 +286,7 @@ class Task(Managed):
         self,
         step: Step | Sequence[Step] | None = None,
         outputs: str | Sequence[str] | None = None,
-        workspace_type: WorkspaceType | None = None,
+        workspace_type: WorkspaceType | str | None = None,
         group: TaskGroup | None = None,
         node: Node | str | None = None,
         name: str | None = None,
@@ -268,8 +300,7 @@ class Task(Managed):
     ) -> None:
         from .group import TaskGroup
 
-        if workspace_type is not None and not isinstance(workspace_type, WorkspaceType):
-            raise DefinitionTypeError(f"workspace_type must be a WorkspaceType, got {workspace_type!r}")
+        workspace_type = as_workspace_type(workspace_type, "Task")
         if group is not None and not isinstance(group, TaskGroup):
             raise DefinitionTypeError(f"group must be a TaskGroup, got {type(group).__name__}: {group!r}")
         if node is not None and not isinstance(node, str | Node):

@@ -15,7 +15,7 @@ from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_ru
 from .._lowering import LoweredGraph, lower, plan_group
 from .._model.group import TaskGroup
 from .._model.node import Node
-from .._model.task import Task, WorkspaceType
+from .._model.task import Task, WorkspaceType, as_workspace_type
 from .._validation import Value, as_value, copy_value, validate_name
 from ..errors import JobDefinitionError, SessionClosedError
 from ..history import MetricSums, merge_sums
@@ -28,8 +28,9 @@ Runnable = TaskGroup | Task | Callable[..., Any] | Sequence[Callable[..., Any]]
 _wrapped_tasks: weakref.WeakKeyDictionary[Task, TaskGroup] = weakref.WeakKeyDictionary()
 
 
-def as_group(runnable: Runnable, workspace_type: WorkspaceType | None = None) -> TaskGroup:
+def as_group(runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> TaskGroup:
     """A TaskGroup for ``runnable``; tasks and callables are wrapped in a GLOBAL group."""
+    workspace_type = as_workspace_type(workspace_type, "session.run")
     if isinstance(runnable, TaskGroup):
         declared = runnable.workspace_type()
         if workspace_type is not None and declared is not None and declared != workspace_type:
@@ -110,10 +111,13 @@ class Session(abc.ABC):
         """Release resources; called once by :meth:`close`."""
 
     # -- running --------------------------------------------------------------------------
-    def run(self, runnable: Runnable, workspace_type: WorkspaceType | None = None) -> None:
+    def run(self, runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> None:
         """Run a TaskGroup, a Task, a callable or a list of callables (blocking).
 
-        Non-groups are wrapped in a GLOBAL TaskGroup on the current node.
+        Non-groups are wrapped in a GLOBAL TaskGroup on the current node, or in one of
+        ``workspace_type`` (a :class:`~daskjobs.WorkspaceType`, or ``"global"`` / ``"private"``)
+        when given; a group without a type takes it, and one with another type raises
+        :class:`~daskjobs.errors.JobDefinitionError`.
         """
         self._check_open()
         if runnable is None:
