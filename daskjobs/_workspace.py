@@ -215,6 +215,18 @@ class Workspace(MutableMapping[str, Value]):
             raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
         return scope.blobs.pop(name)
 
+    def setdefault(self, name: str, default: object = None) -> Value:
+        """``self[name]``; when missing, assign ``default`` first and return the value stored.
+
+        Like any assignment, ``default`` is normalised, so ``ws.setdefault("n", 0)`` returns
+        ``array(0)``, exactly what ``ws["n"]`` holds afterwards.
+        """
+        try:
+            return self[name]
+        except KeyError:
+            self[name] = default
+            return self[name]
+
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False

@@ -128,6 +128,22 @@ def test_mapping_protocol():
     assert repr(ws) == "Workspace(node='trainer_0', epoch=None, blobs=['b'])"
 
 
+def test_setdefault_returns_the_stored_value():
+    """setdefault returns the normalised value it stored (what ws[name] then gives), or the existing one."""
+    ws = make_ws()
+    stored = ws.setdefault("n", 5)
+    assert isinstance(stored, np.ndarray)
+    assert (stored.shape, stored.dtype, int(stored)) == ((), np.dtype(np.int64), 5)
+    assert stored is ws["n"]
+    assert ws.setdefault("n", 7) is stored
+    assert ws.setdefault("files", ("a", "b")) == ["a", "b"]
+    assert ws.setdefault("nothing") is None
+    assert "nothing" in ws
+    with pytest.raises(BlobTypeError, match="'bad'"):
+        ws.setdefault("bad", {1, 2})
+    assert "bad" not in ws
+
+
 def test_workspace_attributes():
     """A workspace carries its node, epoch, instance id and lock, and children inherit them."""
     lock = threading.RLock()
