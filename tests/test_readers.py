@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import zarr
 
 import daskjobs as dj
-from daskjobs.errors import JobDefinitionError, TaskFailedError
+from daskjobs.errors import JobDefinitionError, StepTypeError, TaskFailedError
 
 
 def record(ws, batch):
@@ -325,14 +326,27 @@ def test_pipe_and_limit_misuse_name_the_reader():
     with dj.Cluster(), dj.Job() as job:
         with job.init_group, dj.Node("a"):
             reader = dj.ArrayReader(np.arange(4), batch_size=2, name="r")
-        with pytest.raises(JobDefinitionError, match=r"'r'.*callable"):
+        with pytest.raises(StepTypeError, match=r"'r'.*callable"):
             dj.pipe(reader, "not a function")
 
         async def processor(ws, batch):
             return None
 
-        with pytest.raises(JobDefinitionError, match=r"'r'.*async"):
+        def generator(ws, batch):
+            yield batch
+
+        class AsyncCall:
+            async def __call__(self, ws, batch):
+                return None
+
+        with pytest.raises(StepTypeError, match=r"'r'.*async def"):
             dj.pipe(reader, processor)
+        with pytest.raises(StepTypeError, match=r"'r'.*generator function"):
+            dj.pipe(reader, generator)
+        with pytest.raises(StepTypeError, match=r"'r'.*__call__ is an async def"):
+            dj.pipe(reader, AsyncCall())
+        with pytest.raises(TypeError, match=r"'r'.*async def"):
+            dj.pipe(reader, functools.partial(processor))
         with pytest.raises(JobDefinitionError, match=r"'r'.*num_threads"):
             dj.pipe(reader, record, num_threads=0)
         with dj.Node("b"), pytest.raises(JobDefinitionError, match="reader 'r' was built on node 'a'"):
@@ -351,6 +365,23 @@ def test_pipe_and_limit_misuse_name_the_reader():
         dj.ArrayReader(np.arange(4), batch_size=2)
     with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.PRIVATE), pytest.raises(JobDefinitionError, match="PRIVATE"):
         dj.ArrayReader(np.arange(4), batch_size=2)
+
+
+async def _process_later(ws, batch):
+    return None
+
+
+def test_processor_returning_a_coroutine_fails_its_task():
+    """A processor whose call returns a coroutine fails its task with a StepTypeError cause, as a step does."""
+    with dj.Cluster(), dj.Job(name="read") as job, dj.Node("a"):
+        with job.init_group:
+            reader = dj.ArrayReader(np.arange(4), batch_size=2, name="ids")
+        limited = dj.ReaderWithLimit(reader)
+        dj.pipe(limited, lambda ws, batch: _process_later(ws, batch))
+        job.add_stop_condition(limited.data_finished())
+    with pytest.raises(TaskFailedError, match=r"reader 'ids\.limit' returned coroutine") as info:
+        dj.JobRunner(job, progress=False).train(None)
+    assert isinstance(info.value.__cause__, StepTypeError)
 
 
 def test_reading_on_another_node_fails_naming_the_reader():

@@ -81,7 +81,7 @@ def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
     for item in items:
         if not callable(item):
             raise StepTypeError(f"{what} must be callables taking the workspace, got {item!r}")
-        kind = _not_plain(item)
+        kind = not_plain(item)
         if kind:
             raise StepTypeError(
                 f"{what}: step {_step_name(item)} is {kind}, so calling it would not run its body; steps must be "
@@ -91,7 +91,7 @@ def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
     return items
 
 
-def _not_plain(step: Step) -> str:
+def not_plain(step: Step) -> str:
     """What makes ``step`` not a plain synchronous callable (``""`` when it is one)."""
     target = step
     while isinstance(target, functools.partial):

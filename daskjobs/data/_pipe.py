@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._model.task import Task
-from ..errors import JobDefinitionError
+from .._model.task import Task, not_plain
+from ..errors import JobDefinitionError, StepTypeError
 from ._reader import Reader, check_node, current_group
 
 if TYPE_CHECKING:
@@ -35,8 +35,10 @@ class _PipeLoop:
             if batch is None:
                 return
             result = self.processor(ws, batch)
+            if inspect.iscoroutine(result) or inspect.isgenerator(result):
+                result.close()  # no "never awaited" warning: nothing of its body has run
             if inspect.isawaitable(result) or inspect.isgenerator(result):
-                raise TypeError(
+                raise StepTypeError(
                     f"the processor of reader {self.reader.name!r} returned {type(result).__name__}: "
                     "processors are plain functions processor(ws, batch), not async or generator functions"
                 )
@@ -70,9 +72,11 @@ def pipe(reader: Reader, processor: Processor, num_threads: int = 1, name: str |
 
     Raises
     ------
+    StepTypeError
+        Naming the reader: ``processor`` is not a plain synchronous callable (as for a step).
     JobDefinitionError
-        Naming the reader: ``processor`` is not a plain callable, ``num_threads`` is not a
-        positive int, no TaskGroup is active, or the call is inside another node's block.
+        Naming the reader: ``num_threads`` is not a positive int, no TaskGroup is active, or
+        the call is inside another node's block.
 
     Examples
     --------
@@ -95,13 +99,14 @@ def pipe(reader: Reader, processor: Processor, num_threads: int = 1, name: str |
     if not isinstance(reader, Reader):
         raise JobDefinitionError(f"pipe needs a dj.Reader to read from, got {reader!r}")
     if not callable(processor):
-        raise JobDefinitionError(
+        raise StepTypeError(
             f"pipe of reader {reader.name!r}: the processor must be a callable processor(ws, batch), got {processor!r}"
         )
-    if inspect.iscoroutinefunction(processor) or inspect.isgeneratorfunction(processor):
-        raise JobDefinitionError(
-            f"pipe of reader {reader.name!r}: the processor {processor!r} is an async or generator function; "
-            "use a plain function processor(ws, batch)"
+    kind = not_plain(processor)
+    if kind:
+        raise StepTypeError(
+            f"pipe of reader {reader.name!r}: the processor {processor!r} is {kind}, so calling it would not "
+            "process the batch; use a plain function processor(ws, batch)"
         )
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise JobDefinitionError(
