@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import CheckpointNotFoundError, JobDefinitionError
+from ..errors import BlobTypeError, CheckpointNotFoundError, JobDefinitionError
 from ._reader import GroupReader
 from ._retention import best_epochs
 from ._store import CheckpointStore
@@ -123,7 +123,9 @@ class NodeCheckpoint(Mapping[str, Any]):
 
         meta = self._meta(blob)
         if meta["kind"] != "array":
-            raise TypeError(f"blob {blob!r} of node {self.node!r} is a JSON value, not an array: use view[node][blob]")
+            raise BlobTypeError(
+                f"blob {blob!r} of node {self.node!r} is a JSON value, not an array: use view[node][blob]"
+            )
         shape, dtype = tuple(meta["shape"]), np.dtype(meta["dtype"]).newbyteorder("=")
         if not shape:
             return da.from_delayed(_delayed(self._reader.read_chunk, blob, 0), shape=(), dtype=dtype)

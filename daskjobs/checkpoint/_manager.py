@@ -492,7 +492,9 @@ class MultiNodeCheckpointManager(GraphSaves):
         """
         if self.async_save:
             if epoch not in self._saves.ids:
-                raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+                raise InvalidStateError(
+                    f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
+                )
             self._saves.pending = (epoch, dict(stop_values or {}), dict(timings or {}), dict(metrics or {}))
             return
         self._commit(epoch, stop_values or {}, timings or {}, metrics or {})
@@ -501,7 +503,7 @@ class MultiNodeCheckpointManager(GraphSaves):
         self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
     ) -> None:
         if not self._saves.flushed(epoch) and epoch in self._saves.entries:
-            raise RuntimeError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
+            raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
         entries = self._saves.finished(epoch)
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
         self.retention.stamp(record)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._model.task import Task
-from ..errors import CheckpointError, CheckpointWriteError
+from ..errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -202,7 +202,9 @@ class Saves:
         if entries is None:
             tasks = self.tasks.get(epoch)
             if tasks is None:
-                raise RuntimeError(f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first")
+                raise InvalidStateError(
+                    f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
+                )
             entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
             self.entries[epoch] = entries
         save_id = self.ids[epoch]
