@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +12,6 @@ from .._model.task import Task, WorkspaceType
 from .._validation import check_count, validate_name
 from ..errors import (
     CheckpointError,
-    CheckpointNotFoundError,
-    DefinitionTypeError,
     InvalidStateError,
     JobDefinitionError,
 )
@@ -23,6 +19,7 @@ from ._fork import resolve_snapshot
 from ._format import make_commit_record
 from ._graph_saves import GraphSaves
 from ._inspect import prefix_html
+from ._loads import Loads
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
 from ._retention import Retention, best_epochs, retention_warning
@@ -30,13 +27,8 @@ from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
 from ._steps import (
     ENTRY_BLOB,
-    READ_BLOB,
-    AssignStep,
     AsyncSaveStep,
     CheckStep,
-    DiscardStep,
-    LoadStep,
-    ReadStep,
     SaveStep,
 )
 from ._store import CheckpointStore
@@ -49,32 +41,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ..session import Session
+    pass
 
 logger = logging.getLogger("daskjobs")
 
 
-def _name_list(names: Iterable[Any], what: str) -> list[Any]:
-    """``names``, a list (or other iterable) of ``what`` names, as a list; the names are not checked.
-
-    Raises
-    ------
-    DefinitionTypeError
-        ``names`` is a ``str`` (it would be taken as one-letter names) or not iterable.
-    """
-    if isinstance(names, str | bytes):
-        raise DefinitionTypeError(
-            f"{what} names must be a list of names, not a {type(names).__name__}: pass [{names!r}]"
-        )
-    try:
-        return list(names)
-    except TypeError:
-        raise DefinitionTypeError(
-            f"{what} names must be a list of names, got {type(names).__name__}: {names!r}"
-        ) from None
-
-
-class MultiNodeCheckpointManager(GraphSaves):
+class MultiNodeCheckpointManager(GraphSaves, Loads):
     """Checkpoints every node of a job, one save/load task per node, run on that node.
 
     Parameters
@@ -351,130 +323,6 @@ class MultiNodeCheckpointManager(GraphSaves):
         epochs = self.store.committed_epochs()
         self._newest_seen = max(epochs, default=-1)
         return epochs
-
-    def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
-        """A group restoring every checkpointed node's workspace to committed ``epoch``, verified."""
-        store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
-        record = store.read_commit(epoch)
-        missing = [n for n in self.nodes() if n not in record["nodes"]]
-        if missing:
-            raise CheckpointError(
-                f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
-            )
-        entries = record["node_entries"]
-        if store is self.store:
-            self._last_record = record
-        self._remember(epoch, {n: entries[n] for n in self.nodes()})
-        return self._group(
-            lambda g, node: Task(
-                LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
-            )
-        )
-
-    def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
-        """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``.
-
-        Every node reads and verifies its blobs before any workspace changes: when one node's
-        checkpoint is corrupt, the group fails and no workspace was changed. The blobs the other
-        nodes read then stay on them until their next partial load; :meth:`load_blobs_locally`
-        drops them at once.
-
-        Raises
-        ------
-        DefinitionTypeError
-            ``blob_names`` is a ``str`` (a list of names is needed) or not a list of ``str``.
-        CheckpointNotFoundError
-            ``epoch`` is not committed, or holds no checkpoint of a checkpointed node.
-        """
-        names = tuple(validate_name(b, "blob") for b in _name_list(blob_names, "blob"))
-        record = self.store.read_commit(epoch)
-        missing = [n for n in self.nodes() if n not in record["nodes"]]
-        if missing:
-            raise CheckpointNotFoundError(
-                f"epoch {epoch} under {self.store.url} has no checkpoint for nodes {missing}; "
-                f"it holds {record['nodes']}"
-            )
-        return self._partial_load(record, names, uuid.uuid4().hex)
-
-    def _partial_load(self, record: dict[str, Any], names: tuple[str, ...], load_id: str) -> TaskGroup:
-        """Per node, a task reading and verifying ``names`` and one adding them to the workspace;
-        every node's second task waits for the first of all nodes (dataflow edges)."""
-        entries, epoch = record["node_entries"], record["epoch"]
-        group = TaskGroup(WorkspaceType.PRIVATE)
-        nodes = self.nodes()
-        reads = [
-            Task(
-                ReadStep(self.store, node, epoch, entries[node], names, load_id),
-                group=group,
-                node=node,
-                name="checkpoint_read",
-                outputs=READ_BLOB,
-            )
-            for node in nodes
-        ]
-        done = {f"{READ_BLOB}.{node}": read.outputs()[0] for node, read in zip(nodes, reads, strict=True)}
-        for node in nodes:
-            Task(AssignStep(node, epoch, load_id), group=group, node=node, name="checkpoint_partial_load", inputs=done)
-        return group
-
-    def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
-        """The commit record of ``epoch`` if it holds every checkpointed node, else ``None``."""
-        try:
-            record = self.store.read_commit(epoch)
-        except CheckpointNotFoundError:
-            return None
-        return record if all(n in record["nodes"] for n in self.nodes()) else None
-
-    def check_db_exists(self, epoch: int) -> bool:
-        """Whether ``epoch`` is committed and holds every checkpointed node."""
-        return self._complete_commit(epoch) is not None
-
-    def load_blobs_locally(
-        self, nodes: Sequence[str | Node], blob_names: Sequence[str], epoch: int, session: Session
-    ) -> bool:
-        """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
-
-        Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
-        Otherwise each node loads the named blobs its checkpoint holds (skipping the others), and
-        only once every node has read and verified them: when one is corrupt, nothing is loaded.
-
-        Raises
-        ------
-        DefinitionTypeError
-            ``nodes`` or ``blob_names`` is a ``str`` (a list of names is needed) or holds a non-``str``.
-        JobDefinitionError
-            ``nodes`` differ from the manager's, or a name is invalid.
-        CheckpointCorruptError
-            A node's checkpoint of committed ``epoch`` is damaged or missing; no workspace changed.
-        """
-        names = self._node_names(_name_list(nodes, "node"))
-        blobs = tuple(validate_name(b, "blob") for b in _name_list(blob_names, "blob"))
-        if self._nodes is not None and sorted(names) != sorted(self._nodes):
-            raise JobDefinitionError(f"checkpoint manager is set up for nodes {self._nodes}, not {names}")
-        self._nodes = names
-        record = self._complete_commit(epoch)
-        if record is None:
-            return False
-        started = time.perf_counter()
-        load_id = uuid.uuid4().hex
-        try:
-            session.run_group(self._partial_load(record, blobs, load_id), job=self._job_name)
-        except Exception:
-            self._discard_staged(session, load_id)
-            raise
-        elapsed = int((time.perf_counter() - started) * 1e9)
-        self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
-        return True
-
-    def _discard_staged(self, session: Session, load_id: str) -> None:
-        """After a failed partial load, drop what the nodes read for it (best effort)."""
-        try:
-            session.run_group(
-                self._group(lambda g, node: Task(DiscardStep(load_id), group=g, node=node, name="checkpoint_discard")),
-                job=self._job_name,
-            )
-        except Exception as exc:
-            logger.debug("could not drop the blobs of a failed partial load under %s: %s", self.store.url, exc)
 
     # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(
