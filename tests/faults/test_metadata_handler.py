@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prefix_files import files
 
 import daskjobs as dj
 from daskjobs.checkpoint import CommitRecordHandler
@@ -24,16 +25,6 @@ def define() -> dj.Job:
             dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
         dj.Task(lambda ws: ws.__setitem__("n", ws["n"] + 1))
     return job
-
-
-def files(prefix: str) -> dict[str, bytes]:
-    """Every file under the prefix but the lock, by relative path."""
-    root = Path(prefix)
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "lock.json"
-    }
 
 
 class CountingHandler(CommitRecordHandler):

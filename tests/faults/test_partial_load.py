@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prefix_files import files
 
 import daskjobs as dj
 from daskjobs.errors import (
@@ -54,16 +55,6 @@ def committed(prefix) -> str:
     """A prefix with epochs 0..3 of :func:`define` committed."""
     dj.JobRunner(define(), dj.MultiNodeCheckpointManager(prefix), max_epochs=3, progress=False).train(None)
     return prefix
-
-
-def files(prefix: str) -> dict[str, bytes]:
-    """Every file under the prefix but the lock, by relative path."""
-    root = Path(prefix)
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "lock.json"
-    }
 
 
 def fill(session: dj.Session) -> None:

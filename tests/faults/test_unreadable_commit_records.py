@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prefix_files import files
 
 import daskjobs as dj
 from daskjobs.cli import main
@@ -53,16 +54,6 @@ def record_path(prefix: str, epoch: int) -> Path:
 def damage(prefix: str, epoch: int, kind: str) -> None:
     path = record_path(prefix, epoch)
     path.write_bytes(DAMAGE[kind][0](path.read_bytes()))
-
-
-def files(prefix: str) -> dict[str, bytes]:
-    """Every file under the prefix but the lock, by relative path."""
-    root = Path(prefix)
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "lock.json"
-    }
 
 
 def epoch_files(prefix: str, epochs: range) -> dict[str, bytes]:
