@@ -370,12 +370,14 @@ class JobRunner:
         if resume is None:
             saver = self._saver
             hooks = None if saver is None else saver.hooks(0, job.init_group.used_nodes(), session)
+            if saver is not None and hooks:
+                # Epoch 0 is saved at the end of the init group's own graph. The driver checked the
+                # prefix before anything ran (see _prepare); on the nodes, the save's write is the
+                # check, so the group manager.init returns is not run (it registers the nodes).
+                saver.manager.init(nodes)
             finished: dict[str, Any] = {}
             session.run_group(job.init_group, job=job.name, attempt=failures, finish=hooks or None, finished=finished)
             if saver is not None and hooks:
-                # Epoch 0 was saved at the end of the init group's own graph. The driver checked the
-                # prefix before anything ran (see _prepare); on the nodes, the save's write is the check.
-                saver.manager.init(nodes)
                 saver.accept(0, session, finished, {}, {})
             elif manager is not None and saver is not None:
                 session.run_group(manager.init(nodes), job=job.name, attempt=failures)
