@@ -62,7 +62,7 @@ class EpochSaver:
         for the flushes (a wrong guess costs time, never safety).
         """
         manager = self.manager
-        if not set(manager.nodes()) <= set(used_nodes) or _overrides_save(manager):
+        if not set(manager.nodes()) <= set(used_nodes) or overrides(manager, "save"):
             return None
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
@@ -284,6 +284,7 @@ class EpochSaver:
         self.failed(epoch, error)
 
 
-def _overrides_save(manager: MultiNodeCheckpointManager) -> bool:
-    """Whether ``manager``'s class overrides ``save()``: its saves then run as that group, as in Caffe2."""
-    return type(manager).save is not MultiNodeCheckpointManager.save
+def overrides(manager: MultiNodeCheckpointManager, method: str) -> bool:
+    """Whether ``manager``'s class overrides ``method`` (``"save"``, ``"load"``, ``"init"``): the
+    runner then runs the group it returns, as in Caffe2, instead of its own equivalent."""
+    return getattr(type(manager), method) is not getattr(MultiNodeCheckpointManager, method)

@@ -12,9 +12,9 @@ from ._interrupt import GracefulStop, interruption
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
-from ._saving import EpochSaver
+from ._saving import EpochSaver, overrides
 from ._validation import resume_epoch, stop_value
-from .checkpoint._lock import local_holder
+from ._writer import end_saves, holding_lock
 from .data import epochs_until_finished
 from .errors import (
     CheckpointWriteError,
@@ -24,7 +24,7 @@ from .errors import (
     SessionLostError,
 )
 from .history import EpochRecord, history_frame, history_html, means, plot_history
-from .session import LocalSession, Session
+from .session import Session, as_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,17 +33,6 @@ if TYPE_CHECKING:
     from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
-
-
-def _resolve_session(session: Session | Any) -> tuple[bool, Session]:
-    """The session to use and whether this runner created it (and so closes it)."""
-    if isinstance(session, Session):
-        return False, session
-    if session is None:
-        return True, LocalSession()
-    from .session import as_session
-
-    return True, as_session(session)
 
 
 class JobRunner:
@@ -159,7 +148,7 @@ class JobRunner:
                 "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
             )
         manager = self._prepare(self.checkpoint_manager)
-        own, session = _resolve_session(session)
+        own, session = not isinstance(session, Session), as_session(session)
         session.start_job_run(self.job.name)
         self.history = []
         self._signals.requested = None
@@ -168,28 +157,23 @@ class JobRunner:
             with self._signals:
                 if manager is None:
                     return self._train(session, None)
-                self._acquire_lock(manager)
-                manager.holds_lock = True
-                try:
-                    for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
-                        logger.info("removed uncommitted checkpoint leftover %s", leftover)
-                    return self._train(session, manager)
-                except SessionLostError as exc:
-                    self._settle()
-                    raise with_last_commit(exc, manager) from exc
-                except BaseException as exc:
-                    interrupted = isinstance(exc, (KeyboardInterrupt, JobInterruptedError))
-                    committed = self._settle(None if interrupted else session)
-                    self._end_saves(manager, session)
-                    if committed and interrupted:
-                        # abandoned by a second signal: the error names the epoch just committed
-                        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-                        raise self._interruption(signum, abandoned=True).with_traceback(exc.__traceback__) from None
-                    raise
-                finally:
-                    manager.tidy(final=True)
-                    manager.holds_lock = False
-                    self._release_lock(manager)
+                with holding_lock(manager, self.job.name, break_lock=self.break_lock):
+                    try:
+                        for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
+                            logger.info("removed uncommitted checkpoint leftover %s", leftover)
+                        return self._train(session, manager)
+                    except SessionLostError as exc:
+                        self._settle()
+                        raise with_last_commit(exc, manager) from exc
+                    except BaseException as exc:
+                        interrupted = isinstance(exc, (KeyboardInterrupt, JobInterruptedError))
+                        committed = self._settle(None if interrupted else session)
+                        end_saves(manager, session)
+                        if committed and interrupted:
+                            # abandoned by a second signal: the error names the epoch just committed
+                            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+                            raise self._interruption(signum, abandoned=True).with_traceback(exc.__traceback__) from None
+                        raise
         finally:
             if own:
                 session.close()
@@ -222,17 +206,28 @@ class JobRunner:
         With an asynchronous manager the previous epoch's background save is committed first
         and this one is committed later. Failures are retried ``save_retries`` times; then
         ``on_save_error`` decides. Works before :meth:`train` too: the manager is first set up
-        for the job's checkpointed nodes and name.
+        for the job's checkpointed nodes and name, and the prefix's writer lock is held for the
+        save (and the commit of an asynchronous save, waited for), as :meth:`train` holds it.
+
+        Raises
+        ------
+        CheckpointLockedError
+            Another writer (a running :meth:`train`) holds the prefix; nothing was written.
         """
         manager = self._set_up_manager()
         saver = EpochSaver(manager, self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error)
-        saver.save(epoch, session, stop_values or {}, {})
+        if manager.holds_lock:  # called while this runner trains (from on_epoch, for instance)
+            saver.save(epoch, session, stop_values or {}, {})
+            return
+        with holding_lock(manager, self.job.name, break_lock=self.break_lock):
+            saver.save(epoch, session, stop_values or {}, {})
+            saver.flush(session)
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
         if any node has no committed checkpoint of that epoch (works before :meth:`train` too)."""
         manager = self._set_up_manager()
-        own, session = _resolve_session(session)
+        own, session = not isinstance(session, Session), as_session(session)
         try:
             loaded = manager.load_blobs_locally(self.job.nodes_to_checkpoint(), blob_names, epoch, session)
         finally:
@@ -373,8 +368,11 @@ class JobRunner:
             if saver is not None and hooks:
                 # Epoch 0 is saved at the end of the init group's own graph. The driver checked the
                 # prefix before anything ran (see _prepare); on the nodes, the save's write is the
-                # check, so the group manager.init returns is not run (it registers the nodes).
-                saver.manager.init(nodes)
+                # check, so the group manager.init returns is not run (it registers the nodes)
+                # unless a subclass of the manager overrides init().
+                check = saver.manager.init(nodes)
+                if overrides(saver.manager, "init"):
+                    session.run_group(check, job=job.name, attempt=failures)
             finished: dict[str, Any] = {}
             session.run_group(job.init_group, job=job.name, attempt=failures, finish=hooks or None, finished=finished)
             if saver is not None and hooks:
@@ -395,16 +393,29 @@ class JobRunner:
                 newer,
                 resume + 1,
             )
-        session.run_group(manager.init(nodes, retrieve_from_epoch=resume), job=job.name, attempt=failures)
+        # The load checks on each node what the group manager.init returns would check (the
+        # node's group of the epoch is there and readable): that group is not run, unless a
+        # subclass of the manager overrides init().
+        check = manager.init(nodes, retrieve_from_epoch=resume)
+        if overrides(manager, "init"):
+            session.run_group(check, job=job.name, attempt=failures)
         return self._load(session, manager, resume, failures)
 
     def _load(
         self, session: Session, manager: MultiNodeCheckpointManager, epoch: int, failures: int
     ) -> tuple[int, bool]:
-        """Restore every checkpointed node from ``epoch``; return the next epoch and whether to stop."""
-        session.run_group(manager.load(epoch), job=self.job.name, attempt=failures)
+        """Restore every checkpointed node from ``epoch``; return the next epoch and whether to stop.
+
+        The commit record is read once: the load and the stop values come from it.
+        """
+        if overrides(manager, "load"):
+            session.run_group(manager.load(epoch), job=self.job.name, attempt=failures)
+            record = manager.store.read_commit(epoch)
+        else:
+            record = manager.store.read_commit(epoch)
+            manager.restore(session, record, job=self.job.name, attempt=failures)
         manager.report_checkpoint_stats("checkpoint_load")
-        stopped = [name for name, value in manager.stop_values(epoch).items() if value]
+        stopped = [name for name, value in record.get("stop_values", {}).items() if value]
         if stopped or self._reached_max(epoch):
             why = f"stop conditions {stopped} true" if stopped else f"max_epochs={self.max_epochs} reached"
             logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)
@@ -478,32 +489,6 @@ class JobRunner:
         manager = self._require_manager()
         manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
         return manager
-
-    def _acquire_lock(self, manager: MultiNodeCheckpointManager) -> None:
-        manager.store.acquire_lock(self._lock_holder(), break_lock=self.break_lock)
-
-    @staticmethod
-    def _end_saves(manager: MultiNodeCheckpointManager, session: Session) -> None:
-        """A failed run stops its background writers before it gives up the lock (best effort)."""
-        try:
-            manager.end_saves(session)
-        except Exception as exc:
-            logger.warning("could not stop the background checkpoint writes of %s: %s", manager.store.url, exc)
-
-    @staticmethod
-    def _release_lock(manager: MultiNodeCheckpointManager) -> None:
-        try:
-            manager.store.release_lock()
-        except Exception as exc:
-            logger.warning(
-                "could not release the writer lock of %s: %s; run 'daskjobs checkpoints unlock %s'",
-                manager.store.url,
-                exc,
-                manager.store.url,
-            )
-
-    def _lock_holder(self) -> dict[str, Any]:
-        return local_holder(self.job.name)
 
     def history_frame(self) -> Any:
         """:attr:`history` as a pandas DataFrame, one row per epoch.

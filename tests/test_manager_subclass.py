@@ -1,7 +1,9 @@
-"""A manager subclass that overrides Caffe2's ``save(epoch)`` gets it called for every save.
+"""A manager subclass that overrides Caffe2's ``save(epoch)``, ``init(...)`` or ``load(epoch)``
+gets it called, and the group it returns run, where Caffe2's runner runs it.
 
-The runner saves inside the epoch's graph only with the manager's own ``save``; an override
-(a user's hook, a fault injected in a test) runs as the group it returns, as in Caffe2.
+The runner saves inside the epoch's graph, registers the nodes without running the init group's
+checks and loads a resume's record once only with the manager's own methods; an override (a
+user's hook, a fault injected in a test) runs as the group it returns, as in Caffe2.
 """
 
 from __future__ import annotations
@@ -57,3 +59,37 @@ def test_a_failing_overridden_save_stops_the_job_and_keeps_the_commits_before(se
         runner.train(session)
     assert manager.saved == [0, 1, 2, 2]
     assert committed(prefix) == [0, 1]
+
+
+class HookedManager(dj.MultiNodeCheckpointManager):
+    """Records its init and load calls; each group it returns gains a task marking the workspace."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple] = []
+
+    def _marked(self, group: dj.TaskGroup, blob: str) -> dj.TaskGroup:
+        with group:
+            for node in self.nodes():
+                dj.Task(lambda ws, blob=blob: ws.__setitem__(blob, np.ones(1)), node=node, name=f"mark_{blob}")
+        return group
+
+    def init(self, nodes=None, retrieve_from_epoch=None, path_prefix=None, path_type=None):
+        self.calls.append(("init", retrieve_from_epoch))
+        return self._marked(super().init(nodes, retrieve_from_epoch, path_prefix, path_type), "inited")
+
+    def load(self, epoch, path_prefix=None, path_type=None):
+        self.calls.append(("load", epoch))
+        return super().load(epoch, path_prefix, path_type)
+
+
+def test_overridden_init_and_load_run_on_a_fresh_run_and_a_resume(session, prefix):
+    fresh = HookedManager(prefix)
+    assert dj.JobRunner(make_job(), fresh, max_epochs=2, progress=False).train(session) == 2
+    assert fresh.calls == [("init", None)]
+    assert {"inited", "w"} <= set(session.blobs("a"))
+    resumed = HookedManager(prefix)
+    assert dj.JobRunner(make_job(), resumed, max_epochs=4, progress=False).train(session) == 4
+    assert resumed.calls == [("init", 2), ("load", 2)]
+    assert committed(prefix) == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(dj.open_checkpoint(prefix, 4)["a"]["w"], np.full(4, 4.0))

@@ -91,8 +91,10 @@ def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(pref
     assert group_epochs(prefix) == {node: {0, 1, 2, 3} for node in NODES}
     manager.tidy(final=True)
     assert group_epochs(prefix) == {node: {3} for node in NODES}
-    assert CheckpointStore(prefix).cleanup_uncommitted() == []
+    with pytest.raises(dj.errors.CheckpointLockedError, match="locked by another writer"):
+        CheckpointStore(prefix).cleanup_uncommitted()  # not while a writer holds the prefix
     manager.store.release_lock()
+    assert CheckpointStore(prefix).cleanup_uncommitted() == []
 
 
 def test_a_lost_lock_stops_the_run_from_writing_on(prefix):

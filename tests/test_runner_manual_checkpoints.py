@@ -1,9 +1,12 @@
 """``runner.save_checkpoints`` and ``runner.load_blobs_from_checkpoints`` on a runner that has not
-trained: the manager is set up for the job first, as ``train()`` does."""
+trained: the manager is set up for the job first, and the writer lock held, as ``train()`` does."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 import daskjobs as dj
 
@@ -44,3 +47,25 @@ def test_load_blobs_from_checkpoints_before_train(session, prefix):
     fresh = dj.JobRunner(define(), dj.MultiNodeCheckpointManager(prefix), progress=False)
     assert fresh.load_blobs_from_checkpoints(["n"], 2, session) is True
     assert [int(session.fetch("n", node=n)) for n in NODES] == [2, 2]
+
+
+def test_save_checkpoints_holds_the_writer_lock(session, prefix):
+    """Outside train() the save takes the prefix's lock and gives it back; a prefix another writer
+    holds is refused with CheckpointLockedError naming the holder, and nothing is written."""
+    from daskjobs.checkpoint import CheckpointStore
+    from daskjobs.errors import CheckpointLockedError
+
+    for node in NODES:
+        session.feed("n", np.int64(1), node=node)
+    runner = dj.JobRunner(define(), dj.MultiNodeCheckpointManager(prefix), progress=False, save_retries=0)
+    runner.save_checkpoints(1, session)
+    assert CheckpointStore(prefix).read_lock() is None
+    other = CheckpointStore(prefix)
+    other.acquire_lock({"host": "elsewhere", "pid": 1, "job": "other"})
+    with pytest.raises(CheckpointLockedError, match="elsewhere"):
+        runner.save_checkpoints(2, session)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [1]
+    assert not any(p.name.startswith(("a.2", "b.2")) for p in Path(prefix).iterdir())
+    other.release_lock()
+    runner.save_checkpoints(2, session)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [1, 2]

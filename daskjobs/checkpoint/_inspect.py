@@ -74,13 +74,13 @@ def _info(record: dict[str, Any]) -> CheckpointInfo:
 class NodeCheckpoint(Mapping[str, Any]):
     """One node's blobs in a committed epoch; indexing reads and verifies a blob.
 
-    A blob is a numpy array or, for JSON blobs, the JSON value. The node's entry is validated
-    once; each access reads and verifies only that blob.
+    A blob is a numpy array or, for JSON blobs, the JSON value. The node's entry comes from a
+    commit record the store validated; each access reads and verifies only that blob.
     """
 
     def __init__(self, store: CheckpointStore, node: str, epoch: int, entry: dict[str, Any]) -> None:
         self._store, self.node, self.epoch = store, node, epoch
-        self._reader: GroupReader = store.reader(node, epoch, entry)
+        self._reader: GroupReader = store.reader(node, epoch, entry, entry_validated=True)
         self._entry = self._reader.entry
 
     def _meta(self, blob: str) -> dict[str, Any]:
@@ -159,7 +159,7 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
     nodes : list of str
     job : str
     record : dict
-        The commit record.
+        The commit record, as the store's ``read_commit`` returned it (validated there).
     """
 
     def __init__(self, store: CheckpointStore, record: dict[str, Any]) -> None:
@@ -173,7 +173,7 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
     def __getitem__(self, node: str) -> NodeCheckpoint:
         if node not in self.record["node_entries"]:
             raise KeyError(f"epoch {self.epoch} has no node {node!r}; it has {self.nodes}")
-        if node not in self._node_views:  # validated once, then indexed: linear cost in blobs
+        if node not in self._node_views:  # built once, then indexed: linear cost in blobs
             self._node_views[node] = NodeCheckpoint(self._store, node, self.epoch, self.record["node_entries"][node])
         return self._node_views[node]
 

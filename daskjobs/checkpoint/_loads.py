@@ -14,7 +14,7 @@ from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, DefinitionTypeError, JobDefinitionError
-from ._steps import READ_BLOB, AssignStep, DiscardStep, LoadStep, ReadStep
+from ._steps import READ_BLOB, AssignStep, DiscardStep, ReadStep
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:
@@ -58,30 +58,47 @@ class Loads:
     _stats: dict[str, int]
 
     def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
-        """A group restoring every checkpointed node's workspace to committed ``epoch``, verified."""
+        """A group restoring every checkpointed node's workspace to committed ``epoch``, verified.
+
+        All or nothing across nodes: every node reads and verifies its whole checkpoint before any
+        workspace changes, then each node's GLOBAL workspace holds exactly the epoch's blobs. When
+        one node's checkpoint is corrupt, the group fails and no workspace was changed (the blobs the
+        other nodes read stay on them until their next load).
+        """
         store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
-        record = store.read_commit(epoch)
+        return self._whole_load(store, store.read_commit(epoch), uuid.uuid4().hex)
+
+    def restore(self, session: Session, record: dict[str, Any], **run_options: Any) -> None:
+        """Run :meth:`load` of the commit ``record`` (as the manager's store's ``read_commit``
+        returned it: not read again) in ``session``; after a failure, drop what the nodes read.
+
+        ``run_options`` go to ``session.run_group``.
+        """
+        load_id = uuid.uuid4().hex
+        try:
+            session.run_group(self._whole_load(self.store, record, load_id), **run_options)
+        except Exception:
+            self._discard_staged(session, load_id)
+            raise
+
+    def _whole_load(self, store: CheckpointStore, record: dict[str, Any], load_id: str) -> TaskGroup:
+        epoch = record["epoch"]
         missing = [n for n in self.nodes() if n not in record["nodes"]]
         if missing:
             raise CheckpointError(
                 f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
             )
-        entries = record["node_entries"]
         if store is self.store:
             self._last_record = record
-        self._remember(epoch, {n: entries[n] for n in self.nodes()})
-        return self._group(
-            lambda g, node: Task(
-                LoadStep(store, node, epoch, entries[node]), group=g, node=node, name="checkpoint_load"
-            )
-        )
+        self._remember(epoch, {n: record["node_entries"][n] for n in self.nodes()})
+        return self._two_phase_load(store, record, None, load_id)
 
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
         """A group loading only ``blob_names`` (skipping names a node lacks) from committed ``epoch``.
 
         Every node reads and verifies its blobs before any workspace changes: when one node's
         checkpoint is corrupt, the group fails and no workspace was changed. The blobs the other
-        nodes read then stay on them until their next partial load; :meth:`load_blobs_locally`
+        nodes read then stay on them until their next load; :meth:`load_blobs_locally`
         drops them at once.
 
         Raises
@@ -99,17 +116,20 @@ class Loads:
                 f"epoch {epoch} under {self.store.url} has no checkpoint for nodes {missing}; "
                 f"it holds {record['nodes']}"
             )
-        return self._partial_load(record, names, uuid.uuid4().hex)
+        return self._two_phase_load(self.store, record, names, uuid.uuid4().hex)
 
-    def _partial_load(self, record: dict[str, Any], names: tuple[str, ...], load_id: str) -> TaskGroup:
-        """Per node, a task reading and verifying ``names`` and one adding them to the workspace;
-        every node's second task waits for the first of all nodes (dataflow edges)."""
+    def _two_phase_load(
+        self, store: CheckpointStore, record: dict[str, Any], names: tuple[str, ...] | None, load_id: str
+    ) -> TaskGroup:
+        """Per node, a task reading and verifying ``names`` (``None``: every blob, replacing the
+        workspace) and one putting them into the workspace; every node's second task waits for the
+        first of all nodes (dataflow edges)."""
         entries, epoch = record["node_entries"], record["epoch"]
         group = TaskGroup(WorkspaceType.PRIVATE)
         nodes = self.nodes()
         reads = [
             Task(
-                ReadStep(self.store, node, epoch, entries[node], names, load_id),
+                ReadStep(store, node, epoch, entries[node], names, load_id),
                 group=group,
                 node=node,
                 name="checkpoint_read",
@@ -118,8 +138,10 @@ class Loads:
             for node in nodes
         ]
         done = {f"{READ_BLOB}.{node}": read.outputs()[0] for node, read in zip(nodes, reads, strict=True)}
+        step_name = "checkpoint_load" if names is None else "checkpoint_partial_load"
         for node in nodes:
-            Task(AssignStep(node, epoch, load_id), group=group, node=node, name="checkpoint_partial_load", inputs=done)
+            assign = AssignStep(node, epoch, load_id, replace=names is None)
+            Task(assign, group=group, node=node, name=step_name, inputs=done)
         return group
 
     def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
@@ -163,7 +185,7 @@ class Loads:
         started = time.perf_counter()
         load_id = uuid.uuid4().hex
         try:
-            session.run_group(self._partial_load(record, blobs, load_id), job=self._job_name)
+            session.run_group(self._two_phase_load(self.store, record, blobs, load_id), job=self._job_name)
         except Exception:
             self._discard_staged(session, load_id)
             raise
@@ -172,11 +194,11 @@ class Loads:
         return True
 
     def _discard_staged(self, session: Session, load_id: str) -> None:
-        """After a failed partial load, drop what the nodes read for it (best effort)."""
+        """After a failed load, drop what the nodes read for it (best effort)."""
         try:
             session.run_group(
                 self._group(lambda g, node: Task(DiscardStep(load_id), group=g, node=node, name="checkpoint_discard")),
                 job=self._job_name,
             )
         except Exception as exc:
-            logger.debug("could not drop the blobs of a failed partial load under %s: %s", self.store.url, exc)
+            logger.debug("could not drop the blobs of a failed load under %s: %s", self.store.url, exc)

@@ -140,7 +140,8 @@ def _identity(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
-def _refused(url: str, holder: Mapping[str, Any]) -> CheckpointLockedError:
+def refused(url: str, holder: Mapping[str, Any]) -> CheckpointLockedError:
+    """The error refusing a writer of ``url`` because ``holder`` holds its lock, with what to do."""
     alive = holder_alive(holder)
     if alive:
         advice = "stop it first (if that pid is no daskjobs run, `daskjobs checkpoints unlock --force`)"
@@ -198,7 +199,7 @@ def acquire(
         held = parse(current)
         alive = holder_alive(held)
         if alive or (alive is None and not break_lock):
-            raise _refused(url, held)
+            raise refused(url, held)
         _take_over(files, path, url, current, data)
         return token
     raise CheckpointLockedError(f"checkpoint prefix {url}: the lock kept changing hands; try again")
@@ -220,13 +221,13 @@ def _take_over(files: LocalFiles | RemoteFiles, path: str, url: str, stale: byte
     try:
         current = _read(files, path)
         if current != stale:
-            raise _refused(url, parse(current) if current is not None else {"unreadable": "taken meanwhile"})
+            raise refused(url, parse(current) if current is not None else {"unreadable": "taken meanwhile"})
         logger.warning("taking over the checkpoint lock of %s from %s", url, describe(held))
         files.remove(path)
         try:
             files.create(path, data)
         except FileExistsError:
-            raise _refused(url, parse(_read(files, path) or b"{}")) from None
+            raise refused(url, parse(_read(files, path) or b"{}")) from None
     except CheckpointLockedError:
         raise
     except OSError as exc:

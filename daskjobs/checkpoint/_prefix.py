@@ -208,8 +208,23 @@ class Prefix:
             self.check_lock()
 
     def _check_held(self) -> None:
+        """Before a commit or a deletion: a store holding the lock checks it still does; one
+        holding none checks that no other writer holds it (one small read either way).
+
+        Raises
+        ------
+        CheckpointLockedError
+            The lock changed hands, or another writer not provably gone (see
+            :func:`~._lock.holder_alive`) holds the prefix; the message names it. A lock file
+            that cannot be read or parsed is left to the write itself (only taking the lock
+            refuses it).
+        """
         if self._lock_token is not None:
             self.check_lock()
+            return
+        holder = self.read_lock()
+        if holder is not None and "unreadable" not in holder and _lock.holder_alive(holder) is not False:
+            raise _lock.refused(self.url, holder)
 
     def release_lock(self) -> None:
         """Remove the lock this store acquired; a store that acquired none removes any lock (explicit unlock).

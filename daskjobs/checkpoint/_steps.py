@@ -282,22 +282,9 @@ class SaveStep:
 
 
 @dataclass(frozen=True)
-class LoadStep:
-    """Reads a node's verified blobs and replaces its GLOBAL workspace with them."""
-
-    store: CheckpointStore
-    node: str
-    epoch: int
-    entry: dict[str, Any]
-
-    def __call__(self, ws: Workspace) -> None:
-        ws._state.replace_blobs(self.store.read_node(self.node, self.epoch, self.entry))
-
-
-@dataclass(frozen=True)
 class ReadStep:
-    """The first half of a partial load: reads and verifies the node's named blobs and keeps them
-    on the node, outside its workspace, for :class:`AssignStep` (names the entry lacks are skipped).
+    """The first half of a load: reads and verifies the node's blobs (``names``, skipping those the
+    entry lacks; ``None``: all) and keeps them on the node, outside its workspace, for :class:`AssignStep`.
 
     The task's output (``READ_BLOB``) is what every node's :class:`AssignStep` waits for: no
     workspace changes before every node read its blobs.
@@ -307,13 +294,13 @@ class ReadStep:
     node: str
     epoch: int
     entry: dict[str, Any]
-    names: tuple[str, ...]
+    names: tuple[str, ...] | None
     load_id: str
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         state.services.pop(STAGED, None)  # what a failed earlier load left
-        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names)
+        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names, entry_validated=True)
         with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
             if state.services.get(DISCARDED) != self.load_id:
                 state.services[STAGED] = (self.load_id, blobs)
@@ -322,12 +309,14 @@ class ReadStep:
 
 @dataclass(frozen=True)
 class AssignStep:
-    """The second half of a partial load: adds the blobs :class:`ReadStep` kept to the node's
-    GLOBAL workspace (run once every node's read succeeded)."""
+    """The second half of a load: puts the blobs :class:`ReadStep` kept into the node's GLOBAL
+    workspace (run once every node's read succeeded): added to it, or with ``replace`` in place of
+    everything it held (a whole load)."""
 
     node: str
     epoch: int
     load_id: str
+    replace: bool = False
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -337,6 +326,9 @@ class AssignStep:
                 f"node {self.node!r} holds no blobs read for this load of epoch {self.epoch} "
                 "(its worker restarted?); load again"
             )
+        if self.replace:
+            state.replace_blobs(staged[1])
+            return
         with state.lock:
             state.scope.blobs.update(staged[1])
 
@@ -506,5 +498,5 @@ class AsyncSaveFinish:
         return {"previous": previous, "error": _outcome(start).get("error")}
 
 
-for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, LoadStep, ReadStep, AssignStep, CheckStep):
+for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, ReadStep, AssignStep, CheckStep):
     setattr(_step, INTERNAL, True)

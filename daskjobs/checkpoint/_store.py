@@ -39,7 +39,6 @@ from ._format import (
     dumps,
     loads,
     validate_commit_record,
-    validate_node_entry,
 )
 from ._prefix import OWN, Prefix
 from ._reader import GroupReader, read_group, read_group_entry
@@ -305,14 +304,20 @@ class CheckpointStore(Prefix):
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
 
-    def reader(self, node: str, epoch: int, entry: Mapping[str, Any]) -> GroupReader:
-        """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads)."""
+    def reader(self, node: str, epoch: int, entry: Mapping[str, Any], *, entry_validated: bool = False) -> GroupReader:
+        """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads);
+        ``entry_validated``: as in :meth:`read_node`."""
         validate_name(node, "node")
-        checked = validate_node_entry(entry, node, epoch, f"entry of epoch {epoch}, node {node!r}")
-        return GroupReader(self._group(node, epoch), node, check_epoch(epoch), checked, validated=True)
+        return GroupReader(self._group(node, epoch), node, check_epoch(epoch), entry, validated=entry_validated)
 
     def read_node(
-        self, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
+        self,
+        node: str,
+        epoch: int,
+        entry: Mapping[str, Any],
+        names: Iterable[str] | None = None,
+        *,
+        entry_validated: bool = False,
     ) -> dict[str, Any]:
         """Read ``node``'s blobs of ``epoch``, verified against ``entry`` (from the commit record).
 
@@ -320,6 +325,9 @@ class CheckpointStore(Prefix):
         ----------
         names
             Blobs to read; names the entry lacks are skipped. Default: all of the entry's.
+        entry_validated
+            ``entry`` comes from a record :meth:`read_commit` returned (validated there): it is
+            not validated again. The group's files are verified against it either way.
 
         Raises
         ------
@@ -330,7 +338,8 @@ class CheckpointStore(Prefix):
             A data type or codec daskjobs does not read, or a checkpoint file that is not a
             regular file (FIFO, device, symlink …); nothing was decoded.
         """
-        return read_group(self._group(node, epoch), node, check_epoch(epoch), entry, names)
+        where = self._group(node, epoch)
+        return GroupReader(where, node, check_epoch(epoch), entry, validated=entry_validated).read(names)
 
     # -- commits ------------------------------------------------------------------------------
     def commit(self, record: Mapping[str, Any], *, sync_folder: bool = True) -> None:

@@ -6,6 +6,8 @@ Classes (SPEC §3 "One writer per prefix"):
   and kinds of stale lock: exactly one wins, every other gets ``CheckpointLockedError``.
 * L2 foreign lock files: each kind of lock file has one exact outcome, never another exception.
 * L3 lock lost before a commit: ``CheckpointLockedError``, nothing more committed, nothing changed.
+  A writer holding no lock (the manager's own API outside ``train()``) commits and deletes only
+  while no other writer may hold the prefix.
 * L4 unlock: refused for a holder that may run, ``force`` works.
 """
 
@@ -310,6 +312,33 @@ def test_commit_checks_the_lock_only_when_holding_one(tmp_path):
     CheckpointStore(store.url).release_lock()
     with pytest.raises(CheckpointLockedError, match="vanished"):
         store.check_lock()
+
+
+@pytest.mark.parametrize(
+    "kind", [*sorted(k for k in REFUSED if "unreadable" not in REFUSED[k][1]), "dead-pid", "pid-minus-1"]
+)
+def test_a_writer_without_the_lock_commits_only_while_nobody_may_hold_it(session, prefix, kind):
+    """L3: manager.save + write_checkpoint_metadata (no lock taken) while another writer may hold
+    the prefix: CheckpointLockedError naming it, nothing committed or deleted; a provably stale
+    lock does not stop it (a damaged lock file is left to the write: only taking the lock refuses it)."""
+    stale = kind in TAKEN_OVER
+    data = lock_bytes(TAKEN_OVER[kind]()) if stale else REFUSED[kind][0]()
+    runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix, keep_last=1), max_epochs=1, progress=False)
+    assert runner.train(session) == 1
+    store = CheckpointStore(prefix)
+    put_lock(store, data)
+    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
+    manager.set_params(["trainer_0"], job_name="lockjob")
+    session.run(manager.init(["trainer_0"]))
+    session.run(manager.save(2))
+    if stale:
+        manager.write_checkpoint_metadata(2)
+        assert [i.epoch for i in dj.list_checkpoints(prefix)] == [2]
+        return
+    with pytest.raises(CheckpointLockedError, match=REFUSED[kind][1]):
+        manager.write_checkpoint_metadata(2)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [1]
+    assert get_lock(store) == data
 
 
 # -- L4: unlock -------------------------------------------------------------------------------------

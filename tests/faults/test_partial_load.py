@@ -1,5 +1,6 @@
-"""Partial loads (``load_blobs_locally``, ``load_blobs_from_checkpoint(s)``) load all nodes or none,
-and a committed epoch whose node group is gone is corrupt on every read path.
+"""Loads — partial (``load_blobs_locally``, ``load_blobs_from_checkpoint(s)``) and whole
+(``manager.load``, a resume) — load all nodes or none, and a committed epoch whose node group is
+gone is corrupt on every read path.
 
 Every case asserts the exact error, every node's workspace and that nothing committed changed.
 """
@@ -158,6 +159,35 @@ def test_an_epoch_missing_for_a_node_returns_false_and_loads_nothing(session, co
     other = dj.MultiNodeCheckpointManager(committed)
     assert other.load_blobs_locally([*NODES, "c"], ["w"], 3, session) is False
     assert untouched(session)
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_whole_load_of_a_damaged_epoch_changes_no_workspace(session, committed, kind):
+    """manager.load and a resume: CheckpointCorruptError, every workspace as it was, nothing kept
+    staged after the resume; a whole load of a sound epoch then replaces each workspace exactly."""
+    damage, message = DAMAGE[kind]
+    damage(committed)
+    before = files(committed)
+    fill(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    manager.set_params(NODES, job_name="partial")
+    with pytest.raises(CheckpointCorruptError, match=message):
+        session.run(manager.load(3))
+    assert untouched(session)
+    runner = dj.JobRunner(
+        define(), dj.MultiNodeCheckpointManager(committed), max_epochs=5, progress=False, resume_from_epoch=3
+    )
+    with pytest.raises(CheckpointCorruptError, match=message):
+        runner.train(session)
+    assert untouched(session)
+    assert staged(session) == {"a": False, "b": False}
+    assert files(committed) == before
+    session.run(manager.load(2))
+    for node in NODES:
+        assert np.array_equal(session.fetch("w", node=node), np.arange(4096) + 2)
+        assert session.fetch("meta", node=node) == {"node": node, "count": 2}
+    assert sorted(session.blobs("a")) == ["frozen", "meta", "w"]
+    assert sorted(session.blobs("b")) == ["extra", "frozen", "meta", "w"]
 
 
 # -- a list of names, not a str --------------------------------------------------------------------------

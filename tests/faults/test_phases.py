@@ -53,10 +53,10 @@ class KillingStore(CheckpointStore):
             kill_once(self.markers, f"save-{epoch}")
         return super().write_node_unsynced(node, epoch, blobs, save_id=save_id, **kwargs)
 
-    def read_node(self, node, epoch, entry, names=None):
+    def read_node(self, node, epoch, entry, names=None, **kwargs):
         if node == VICTIM:
             kill_once(self.markers, f"load-{epoch}")
-        return super().read_node(node, epoch, entry, names)
+        return super().read_node(node, epoch, entry, names, **kwargs)
 
 
 def define_job(markers: str | None = None) -> dj.Job:
