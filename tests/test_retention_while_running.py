@@ -18,8 +18,8 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._commits import RetiredEpoch
 from daskjobs.checkpoint._retention import RetiredGroups
-from daskjobs.checkpoint._store import RetiredEpoch
 
 NODES = ("ps", "trainer_0")
 

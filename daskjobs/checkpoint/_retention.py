@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import CheckpointLockedError, JobDefinitionError
-from ._store import CheckpointStore, RetiredEpoch
+from ._commits import RetiredEpoch
+from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
 

@@ -15,8 +15,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CheckpointCorruptError, CheckpointFormatError
+from ._commits import RetiredEpoch
 from ._durable import fsync_path
-from ._store import CheckpointStore, RetiredEpoch
+from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
 

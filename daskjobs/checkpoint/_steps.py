@@ -25,9 +25,9 @@ import numpy as np
 from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointLockedError, CheckpointNotFoundError
+from ._commits import RetiredEpoch
 from ._durable import in_background
 from ._fork import ForkedSave, forks
-from ._store import RetiredEpoch
 
 if TYPE_CHECKING:
     from .._execute import NodeState
