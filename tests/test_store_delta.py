@@ -184,16 +184,32 @@ def test_previous_of_another_node_or_a_later_epoch_is_ignored(tmp_path):
     assert store.write_node("n", 2, blobs, save_id="e2", previous=later)["bytes_reused"] == 0
 
 
-def test_a_damaged_source_is_caught_when_reading_the_new_epoch(tmp_path):
+@pytest.mark.parametrize("modified", ["after_the_entry", "with_the_entry"])
+def test_a_source_damaged_after_its_save_is_written_anew_or_caught_on_read(tmp_path, modified):
+    """A chunk file modified after its group's entry was written is not linked: the new epoch writes
+    the bytes and reads back exactly. Modified within the entry's clock tick, it cannot be told from
+    a sound one: it is linked, and reading the new epoch catches it (verification is the safety net)."""
     store = CheckpointStore(tmp_path / "ckpt")
     blobs = {"w": np.arange(64, dtype="f8")}
     first = store.write_node("n", 0, blobs, save_id="e0")
     chunk = os.path.join(store.url, "n.0", "w", "c.0")
-    with open(chunk, "r+b") as file:  # damage in place, same size: the link inherits it
+    with open(chunk, "r+b") as file:  # damage in place, same size
         file.write(b"\xff")
+    sealed = os.lstat(os.path.join(store.url, "n.0", "zarr.json")).st_mtime_ns
+    later = sealed + (10**9 if modified == "after_the_entry" else 0)
+    os.utime(chunk, ns=(later, later))
     second = store.write_node("n", 1, blobs, save_id="e1", previous=first)
-    with pytest.raises(CheckpointCorruptError, match=r"epoch 1, node 'n', blob 'w': checksum mismatch in chunk c\.0"):
-        store.read_node("n", 1, second)
+    if modified == "after_the_entry":
+        assert (second["bytes_written"], second["bytes_reused"]) == (blobs["w"].nbytes, 0)
+        np.testing.assert_array_equal(store.read_node("n", 1, second)["w"], blobs["w"])
+    else:
+        assert second["bytes_reused"] == blobs["w"].nbytes
+        with pytest.raises(
+            CheckpointCorruptError, match=r"epoch 1, node 'n', blob 'w': checksum mismatch in chunk c\.0"
+        ):
+            store.read_node("n", 1, second)
+    with pytest.raises(CheckpointCorruptError, match=r"epoch 0, node 'n', blob 'w'"):
+        store.read_node("n", 0, first)
 
 
 def build_job(frozen_rows: int = 4096) -> dj.Job:

@@ -1,4 +1,5 @@
-"""Plain file access for checkpoint groups: a local disk (with fsync) or any fsspec filesystem.
+"""Plain file access for checkpoint groups on a local disk (with fsync); :mod:`._remote` has the
+same interface for any fsspec filesystem.
 
 Both backends offer the same small interface, used by :mod:`._zarr` to write and read the raw
 chunk files and JSON documents of a node's Zarr group, and by :mod:`._store` for commit
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import stat
@@ -23,18 +25,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import xxhash
-from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 from ._durable import fsync_path, sync_paths
+
+logger = logging.getLogger("daskjobs")
 
 ChunkRead = tuple[str, memoryview, int]
 """A chunk to read: its path, where its valid bytes go, and the size the file must have."""
 ChunkResult = tuple[str | None, str | None]
 """What reading a chunk found: ``(digest, None)`` (XXH3-128 of the whole file), or ``(None, problem)``."""
 
-_BATCH_BYTES = 256 << 20
-"""Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
 _READ_BLOCK = 1 << 20
 """Chunk files are read in blocks of this size, each hashed at once while it is still in the CPU's cache."""
 _SEQUENTIAL_FROM = 16 << 20
@@ -267,15 +267,33 @@ class LocalFiles:
         """See :func:`check_directory`."""
         check_directory(path)
 
-    def reuse(self, source: str, target: str, size: int) -> bool:
+    def sealed_at(self, group: str) -> int | None:
+        """When the group at ``group`` got its entry (``zarr.json``, written after all its files),
+        in ns; ``None`` if that cannot be told. See :meth:`reuse`."""
+        try:
+            return os.lstat(f"{group}/zarr.json").st_mtime_ns
+        except OSError:
+            return None
+
+    def reuse(self, source: str, target: str, size: int, sealed: int | None = None) -> bool:
         """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible.
 
         ``source`` belongs to an earlier save, made durable before that save returned: only the
-        new name needs a flush, which the fsync of the target's folder gives.
+        new name needs a flush, which the fsync of the target's folder gives. ``sealed``: when
+        that save's group got its entry (:meth:`sealed_at`); a ``source`` modified later changed
+        on disk after its save — the earlier epoch is damaged — and is not linked (a warning says
+        so), so that the damage does not spread to the new epoch: the caller writes the bytes.
         """
         try:
             info = os.lstat(source)
             if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                return False
+            if sealed is not None and info.st_mtime_ns > sealed:
+                logger.warning(
+                    "checkpoint file %s was modified after its epoch was saved (or the clock went back): "
+                    "not reused, written anew; check its epoch with `daskjobs checkpoints verify`",
+                    source,
+                )
                 return False
             os.link(source, target, follow_symlinks=False)
         except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
@@ -349,160 +367,3 @@ class LocalFiles:
     def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
         """Read each chunk into its view and hash the whole file; see :data:`ChunkResult`."""
         return [read_chunk_file(*chunk) for chunk in chunks]
-
-
-class RemoteFiles:
-    """Files on an fsspec filesystem (object store, ``memory://`` …); writes are batched until :meth:`flush`."""
-
-    def __init__(self, fs: AbstractFileSystem) -> None:
-        self._fs = fs
-        self._pending: dict[str, bytes] = {}
-        self._pending_bytes = 0
-
-    def clear(self, path: str) -> None:
-        """Remove every object under ``path``."""
-        self._fs.invalidate_cache(path)
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.rm(path, recursive=True)
-        self._fs.invalidate_cache(path)
-
-    def mkdir(self, path: str, parents: bool = False, within: str | None = None) -> None:
-        """Nothing to do: objects need no directories."""
-
-    def put_atomic(self, path: str, data: bytes) -> None:
-        """Queue an object: one PUT writes it whole."""
-        self.put(path, data)
-
-    def put(self, path: str, *parts: Any) -> None:
-        """Queue an object (copied now, so later changes of the source arrays do not leak in)."""
-        data = b"".join(memoryview(part).cast("B") for part in parts)
-        self._pending[path] = data
-        self._pending_bytes += len(data)
-        if self._pending_bytes >= _BATCH_BYTES:
-            self.flush()
-
-    def track_tree(self, path: str) -> None:
-        """Nothing to do: object stores have no fsync."""
-
-    def flush_pending(self) -> None:
-        """Upload the queued objects now."""
-        self.flush()
-
-    def flush(self) -> None:
-        """Upload the queued objects."""
-        if self._pending:
-            self._fs.pipe(self._pending)
-        self._pending, self._pending_bytes = {}, 0
-
-    def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
-        """Read the first ``limit + 1`` bytes of each object (range requests); errors are returned."""
-        paths = list(paths)
-        results = self._fs.cat_ranges(paths, [0] * len(paths), [limit + 1] * len(paths), on_error="return")
-        return [r if isinstance(r, bytes | OSError) else OSError(str(r)) for r in results]
-
-    def check_directory(self, path: str) -> None:
-        """Nothing to check: object stores have neither symlinks nor special files."""
-
-    def reuse(self, source: str, target: str, size: int) -> bool:
-        """Copy ``source`` to ``target`` on the server (no download); ``False`` if that fails."""
-        try:
-            self._fs.copy(source, target)
-        except (OSError, ValueError, NotImplementedError):
-            return False
-        return True
-
-    def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
-        """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
-        self._fs.pipe_file(path, data)
-        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
-
-    def create(self, path: str, data: bytes) -> None:
-        """Create an object that must not exist yet (on S3 a PUT with ``If-None-Match: *``).
-
-        Raises :class:`FileExistsError` if it exists.
-        """
-        self._fs.pipe_file(path, data, mode="create")
-        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
-
-    def sync_folder(self, path: str) -> None:
-        """Nothing to do: an object store's PUT or DELETE is durable when it returns."""
-
-    def remove(self, path: str, sync_folder: bool = True) -> None:
-        """Remove an object if it exists."""
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.rm_file(path)
-        self._fs.invalidate_cache(path.rsplit("/", 1)[0])
-
-    def listdir(self, path: str) -> dict[str, bool]:
-        """Entries directly under ``path``, listed afresh: name → whether it is a "directory"; {} if absent."""
-        self._fs.invalidate_cache(path)
-        try:
-            return {
-                found["name"].rstrip("/").rsplit("/", 1)[-1]: found["type"] == "directory"
-                for found in self._fs.ls(path, detail=True)
-            }
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-
-    def check_sizes(self, files: Sequence[tuple[str, int]]) -> list[SizeProblem]:
-        """Whether each ``(path, size)`` is an object of that size (one listing per folder; nothing is fetched)."""
-        listed: dict[str, dict[str, Any]] = {}
-        problems: list[SizeProblem] = []
-        for path, size in files:
-            folder, name = path.rsplit("/", 1)
-            if folder not in listed:
-                self._fs.invalidate_cache(folder)
-                try:
-                    found = self._fs.ls(folder, detail=True)
-                except (FileNotFoundError, NotADirectoryError):
-                    found = []
-                listed[folder] = {f["name"].rstrip("/").rsplit("/", 1)[-1]: f.get("size") for f in found}
-            actual = listed[folder].get(name, -1)
-            if actual == -1:
-                problems.append("is missing")
-            else:
-                problems.append(None if actual in (size, None) else f"has {actual} bytes, expected {size}")
-        return problems
-
-    def list_tree(self, path: str) -> set[str]:
-        """Paths of the objects under ``path``, relative to it."""
-        self._fs.invalidate_cache(path)
-        root = path.rstrip("/") + "/"
-        return {found[len(root) :] for found in self._fs.find(path) if found.startswith(root)}
-
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
-        """Fetch chunks with bounded range requests in concurrent batches; see :data:`ChunkResult`."""
-        results: list[ChunkResult] = []
-        start = 0
-        while start < len(chunks):
-            end, budget = start, 0
-            while end < len(chunks) and (end == start or budget + chunks[end][2] <= _BATCH_BYTES):
-                budget += chunks[end][2]
-                end += 1
-            batch = chunks[start:end]
-            datas = self._fs.cat_ranges(
-                [path for path, _, _ in batch], [0] * len(batch), [size + 1 for _, _, size in batch], on_error="return"
-            )
-            for (_path, view, size), data in zip(batch, datas, strict=True):
-                if isinstance(data, FileNotFoundError):
-                    results.append((None, "is missing"))
-                elif isinstance(data, BaseException):
-                    raise data
-                elif len(data) != size:
-                    results.append(
-                        (
-                            None,
-                            f"has {len(data) if len(data) <= size else 'more than ' + str(size)} "
-                            f"bytes, expected {size}",
-                        )
-                    )
-                else:
-                    view[:] = memoryview(data)[: len(view)]
-                    results.append((xxhash.xxh3_128(data).hexdigest(), None))
-            start = end
-        return results
-
-
-def files_for(fs: AbstractFileSystem, fsync: bool) -> LocalFiles | RemoteFiles:
-    """The backend for ``fs``."""
-    return LocalFiles(fsync) if isinstance(fs, LocalFileSystem) else RemoteFiles(fs)

@@ -33,7 +33,7 @@ from ._files import LocalFiles
 from ._format import dumps, loads
 
 if TYPE_CHECKING:
-    from ._files import RemoteFiles
+    from ._remote import RemoteFiles
     from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")

@@ -17,9 +17,10 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 from . import _lock
-from ._files import LocalFiles, RemoteFiles, UnsafeFileError, files_for
+from ._files import LocalFiles, UnsafeFileError
 from ._format import MAX_JSON_BYTES
 from ._lock import LOCK_NAME
+from ._remote import RemoteFiles, files_for
 
 OWN = "__daskjobs__"
 """The folder of daskjobs' own files under a prefix (commit records, the lock, staging)."""

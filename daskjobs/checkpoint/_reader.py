@@ -22,8 +22,9 @@ import numpy as np
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 from . import _json
 from ._chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
-from ._files import ChunkRead, ChunkResult, RemoteFiles, SizeProblem, UnsafeFileError, read_chunk_file
+from ._files import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError, read_chunk_file
 from ._format import MAX_JSON_BYTES, loads, validate_node_entry
+from ._remote import RemoteFiles
 from ._zarr import COMPRESSIONS, ENTRY_KEY, Location, decode, expected_metadata
 
 _KNOWN_TYPES = frozenset(

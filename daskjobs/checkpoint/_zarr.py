@@ -47,8 +47,9 @@ from ._chunks import (
     flat_bytes,
     raw_metadata,
 )
-from ._files import LocalFiles, RemoteFiles
+from ._files import LocalFiles
 from ._format import check_blob_name, dumps, storage_dtype
+from ._remote import RemoteFiles
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 ENTRY_KEY = "daskjobs"
@@ -209,12 +210,12 @@ def write_group(
     files = where.files
     reuse_from = _reusable(previous, node, epoch)
     old = where.sibling(f"{node}.{previous['epoch']}") if reuse_from else ""
+    sealed = files.sealed_at(old) if reuse_from else None
 
     def write(item: tuple[str, tuple[str, np.ndarray]]) -> tuple[str, dict[str, Any], int, int]:
         name, (kind, array) = item
-        return name, *_write_blob(
-            files, f"{where.path}/{name}", kind, array, compression, reuse_from.get(name), f"{old}/{name}"
-        )
+        before = (reuse_from.get(name), f"{old}/{name}", sealed)
+        return name, *_write_blob(files, f"{where.path}/{name}", kind, array, compression, before)
 
     try:
         files.mkdir(where.path, parents=True, within=where.anchor)
@@ -348,21 +349,26 @@ def _write_blob(
     kind: str,
     array: np.ndarray,
     codec: str | None,
-    before: Mapping[str, Any] | None,
-    old_path: str,
+    reusable: tuple[Mapping[str, Any] | None, str, int | None],
 ) -> tuple[dict[str, Any], int, int]:
-    """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused."""
+    """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused.
+
+    ``reusable``: the previous epoch's blob entry (``None``: nothing to reuse), the array's path
+    there, and when that group got its entry (see :meth:`~._files.LocalFiles.reuse`).
+    """
+    before, old_path, sealed = reusable
     meta, spans, stored = _layout(kind, array, codec)
     same = _same_layout(before, meta, len(spans))
     files.mkdir(path)
     metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
-    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata))):
+    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed)):
         files.put(f"{path}/zarr.json", metadata)
     hashes, written, reused = [], 0, 0
     for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
         key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)
         hashes.append(digest(*parts))
-        if same and before["hashes"][index] == hashes[-1] and files.reuse(f"{old_path}/{key}", f"{path}/{key}", size):
+        reused_chunk = same and before["hashes"][index] == hashes[-1]
+        if reused_chunk and files.reuse(f"{old_path}/{key}", f"{path}/{key}", size, sealed):
             reused += stop - start
         else:
             files.put(f"{path}/{key}", *parts)
