@@ -430,7 +430,7 @@ def test_corrupt_commit_record(store, fault):
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ({"format_version": RECORD_FORMAT_VERSION + 1}, "format version 3 is newer than supported version 2"),
+        ({"format_version": RECORD_FORMAT_VERSION + 1}, "format version 4 is newer than supported version 3"),
         ({"format_version": 1}, "format version 1 .* is no longer read"),
         ({"format": "orbax"}, "not 'daskjobs-checkpoint'"),
         ({"node_entries": {"a": {"blobs": {}}}, "nodes": ["a"]}, None),

@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ._cleanup import Tree, remove_debris, remove_group
 from ._files import UnsafeFileError
-from ._format import check_epoch, dumps, loads, validate_commit_record
+from ._format import check_epoch, loads, seal, unseal, validate_commit_record
 from ._prefix import OWN, Prefix
 
 logger = logging.getLogger("daskjobs")
@@ -71,7 +71,7 @@ class Commits(Prefix):
             Storage failed.
         """
         epoch = check_epoch(record.get("epoch"))
-        data = dumps(validate_commit_record(dict(record), epoch))
+        data = seal(validate_commit_record(dict(record), epoch))
         self._check_held()
         path = self._commit_file(epoch)
         try:
@@ -120,7 +120,8 @@ class Commits(Prefix):
         if isinstance(data, OSError):
             raise CheckpointError(f"cannot read the commit record of epoch {epoch} ({url}): {data}")
         try:
-            return validate_commit_record(loads(data, f"commit record of epoch {epoch}"), check_epoch(epoch))
+            what = f"commit record of epoch {epoch}"
+            return unseal(data, validate_commit_record(loads(data, what), check_epoch(epoch)), what)
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             raise type(exc)(f"{url}: {exc}") from None
 

@@ -3,7 +3,8 @@
 A node's save returns an *entry* (also stored in its Zarr group's attributes); the client
 gathers the entries of every node into the epoch's *commit record*::
 
-    {"format": "daskjobs-checkpoint", "format_version": 2, "daskjobs_version": "0.1.0",
+    {"sealed": "<32 hex digits>", "format": "daskjobs-checkpoint", "format_version": 3,
+     "daskjobs_version": "0.1.0",
      "created": "2026-01-01T00:00:00+00:00", "job": "train", "epoch": 3,
      "nodes": ["ps", "trainer"],
      "node_entries": {"ps": {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16,
@@ -17,6 +18,13 @@ gathers the entries of every node into the epoch's *commit record*::
 verification on every read path and delta reuse. A ``"json"`` blob is a 1-d ``uint8`` array of
 UTF-8 JSON text. ``codec`` names the compressor (``None``: raw bytes); compressed chunks also
 record their file sizes in ``sizes``.
+
+The record file is *sealed*: it starts with ``{"sealed":"<XXH3-128 of every byte after this
+field>",`` (:func:`seal`), so that a record edited or damaged after it was written — a node's entry
+removed together with its name, a metric or stop value changed, a digit flipped — is refused
+(:func:`unseal`, after the record validated: an unknown dtype stays a format error) instead of
+read as the truth. Records of format version 2 (written before seals existed) are read without
+that check.
 
 Everything read back is validated here before any path is built or byte is decoded: names
 with :func:`~daskjobs._validation.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
@@ -34,18 +42,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from .._validation import check_dtype, validate_name
 from .._version import __version__
 from ..errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
 
 FORMAT_NAME = "daskjobs-checkpoint"
-RECORD_FORMAT_VERSION = 2
-"""Version of the commit-record schema; other versions are refused with :class:`CheckpointFormatError`.
+RECORD_FORMAT_VERSION = 3
+"""Version of the commit-record schema written now: a sealed record (see :func:`seal`).
 
-Version 1 (daskjobs before per-chunk hashes) kept one CRC-32C per blob, which cannot verify a
-lazily read chunk on its own; its records are refused, naming the version, rather than read
-with weaker checks."""
+Version 2 (the same schema, unsealed) is still read; a version-3 record without its seal is
+corrupt. Version 1 (daskjobs before per-chunk hashes) kept one CRC-32C per blob, which cannot
+verify a lazily read chunk on its own; its records are refused, naming the version, rather than
+read with weaker checks. Newer versions are refused with :class:`CheckpointFormatError`."""
+_OLDEST_READ_VERSION = 2
 
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
@@ -148,6 +159,46 @@ def check_blob_name(name: object) -> str:
 def dumps(obj: Any) -> bytes:
     """Compact, strict JSON (no NaN or infinity) as UTF-8 bytes."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+SEAL_KEY = "sealed"
+_SEAL_HEAD = b'{"' + SEAL_KEY.encode() + b'":"'
+_SEAL_END = len(_SEAL_HEAD) + 32 + 2  # the head, 32 hex digits, then '",'
+
+
+def seal(record: Mapping[str, Any]) -> bytes:
+    """The bytes of a commit record file: :func:`dumps` of ``record`` (a non-empty mapping; any old
+    seal dropped), with the XXH3-128 digest of all bytes after it as its first field."""
+    rest = dumps({k: v for k, v in record.items() if k != SEAL_KEY})[1:]  # after the opening brace
+    return _SEAL_HEAD + xxhash.xxh3_128(rest).hexdigest().encode() + b'",' + rest
+
+
+def unseal(data: bytes, record: Any, what: str) -> Any:
+    """``record`` (parsed from ``data``) without its seal, after checking the seal matches ``data``.
+
+    Raises
+    ------
+    CheckpointCorruptError
+        ``record`` is sealed but ``data`` differs from what was sealed: edited, re-formatted or
+        damaged after it was written.
+    """
+    if not isinstance(record, dict):
+        return record
+    if SEAL_KEY not in record:
+        if record.get("format_version") == _OLDEST_READ_VERSION:  # written before seals existed
+            return record
+        raise CheckpointCorruptError(f"{what} lacks its seal: it was edited or damaged after it was written")
+    sealed = data[len(_SEAL_HEAD) : _SEAL_END - 2]
+    if (
+        not data.startswith(_SEAL_HEAD)
+        or data[_SEAL_END - 2 : _SEAL_END] != b'",'
+        or xxhash.xxh3_128(data[_SEAL_END:]).hexdigest().encode() != sealed
+    ):
+        raise CheckpointCorruptError(
+            f"{what} does not match its seal: it was edited, re-formatted or damaged after it was written; "
+            "nothing of it is used"
+        )
+    return {k: v for k, v in record.items() if k != SEAL_KEY}
 
 
 def loads(data: bytes, what: str, error: type[Exception] = CheckpointCorruptError) -> Any:
@@ -378,10 +429,11 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
             f"{where}: checkpoint format version {version} is newer than supported version "
             f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it"
         )
-    if type(version) is int and 1 <= version < RECORD_FORMAT_VERSION:
+    if type(version) is int and 1 <= version < _OLDEST_READ_VERSION:
         raise CheckpointFormatError(
             f"{where}: checkpoint format version {version} (one CRC-32C per blob, written by an older daskjobs) "
-            f"is no longer read; this daskjobs reads version {RECORD_FORMAT_VERSION} (a hash per chunk): restore "
+            f"is no longer read; this daskjobs reads versions {_OLDEST_READ_VERSION}-{RECORD_FORMAT_VERSION} "
+            "(a hash per chunk): restore "
             "it with the daskjobs that wrote it, or start the job afresh under another prefix"
         )
     record = _mapping(obj, where, "record", _RECORD_KEYS)

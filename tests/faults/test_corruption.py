@@ -23,7 +23,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore, _chunks, _reader
-from daskjobs.checkpoint._format import max_stored_size
+from daskjobs.checkpoint._format import max_stored_size, seal
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 NODE = "local"
@@ -99,14 +99,15 @@ def commit_record(prefix: str) -> str:
     return os.path.join(prefix, "__daskjobs__", "commits", "epoch-000000000002.json")
 
 
-def edit_record(change: Callable[[dict], None]) -> Callable[[str], None]:
-    """Edit the commit record of epoch 2 as JSON (``change`` gets the record)."""
+def edit_record(change: Callable[[dict], None], *, reseal: bool = False) -> Callable[[str], None]:
+    """Edit the commit record of epoch 2 as JSON (``change`` gets the record). ``reseal``: seal it
+    again as daskjobs does, to reach the defences behind the seal (a writer's bug, not an editor)."""
 
     def apply(prefix: str) -> None:
         def rewrite(data: bytes) -> bytes:
             record = json.loads(data)
             change(record)
-            return json.dumps(record).encode()
+            return seal(record) if reseal else json.dumps(record).encode()
 
         edit_bytes(commit_record(prefix), rewrite)
 
@@ -125,9 +126,26 @@ def claim_a_tebibyte(prefix: str) -> None:
         blob.update(shape=shape, chunks=chunks, nbytes=blob["nbytes"] + grown, hashes=blob["hashes"][:4])
         entry.update(bytes=entry["bytes"] + grown, bytes_written=entry["bytes_written"] + grown)
 
-    edit_record(change)(prefix)
+    edit_record(change, reseal=True)(prefix)
     metadata = _chunks.raw_metadata("<f4", tuple(shape), tuple(chunks), "array")
     edit_bytes(os.path.join(group(prefix), "w", "zarr.json"), lambda d: metadata)
+
+
+def drop_node(record: dict) -> None:
+    """Remove the node from the record, names and entries alike (a consistent edit)."""
+    record["nodes"].remove(NODE)
+    del record["node_entries"][NODE]
+
+
+def reformat(data: bytes) -> bytes:
+    """The same record, pretty-printed (equal as JSON, not as bytes)."""
+    return json.dumps(json.loads(data), indent=2).encode()
+
+
+def flip_seal(data: bytes) -> bytes:
+    """Change one hex digit of the record's seal."""
+    at = data.index(b'"sealed":"') + len(b'"sealed":"')
+    return data[:at] + (b"0" if data[at : at + 1] != b"0" else b"1") + data[at + 1 :]
 
 
 def drop_blob(record: dict) -> None:
@@ -187,7 +205,15 @@ CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "empty_record": (lambda p: edit_bytes(commit_record(p), lambda d: b""), CheckpointCorruptError),
     "truncated_record": (lambda p: edit_bytes(commit_record(p), lambda d: d[: len(d) // 2]), CheckpointCorruptError),
     "claimed_tebibyte": (claim_a_tebibyte, CheckpointCorruptError),
-    "blob_dropped_from_commit": (edit_record(drop_blob), CheckpointCorruptError),
+    "blob_dropped_from_commit": (edit_record(drop_blob, reseal=True), CheckpointCorruptError),
+    "node_dropped_from_record": (edit_record(drop_node), CheckpointCorruptError),
+    "timing_edited_in_record": (edit_record(lambda r: r["timings"].update(save_seconds=1.5)), CheckpointCorruptError),
+    "creation_time_edited_in_record": (
+        edit_record(lambda r: r.update(created="2020-01-01T00:00:00+00:00")),
+        CheckpointCorruptError,
+    ),
+    "reformatted_record": (lambda p: edit_bytes(commit_record(p), reformat), CheckpointCorruptError),
+    "seal_of_record_flipped": (lambda p: edit_bytes(commit_record(p), flip_seal), CheckpointCorruptError),
     "group_entry_hash_edited": (
         edit_group_entry(lambda entry: entry["blobs"]["w"]["hashes"].__setitem__(0, "0" * 32)),
         CheckpointCorruptError,
@@ -329,7 +355,7 @@ def test_stored_size_larger_than_the_file_is_refused(compressed, path, monkeypat
     def overstate(entry: dict) -> None:
         entry["blobs"]["w"]["sizes"][1] += 1
 
-    edit_record(lambda record: overstate(record["node_entries"][NODE]))(compressed)
+    edit_record(lambda record: overstate(record["node_entries"][NODE]), reseal=True)(compressed)
     edit_group_entry(overstate)(compressed)  # both agree: only the file's size tells
     before = snapshot(compressed)
     with pytest.raises(

@@ -1,0 +1,84 @@
+"""A commit record is sealed (XXH3-128 of its bytes, as its first field): any change to the file
+after it was written is refused, never read as the truth.
+
+Property: flipping any bit of any byte of a record file makes ``read_commit`` raise
+``CheckpointCorruptError`` or ``CheckpointFormatError`` — never return a record, let alone a
+different one. Records of format version 2 (written before seals existed) still read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory) -> tuple[CheckpointStore, bytes, dict]:
+    """A store with epoch 1 committed (two blobs, metrics, stop values); its record's bytes and record."""
+    store = CheckpointStore(tmp_path_factory.mktemp("seal") / "ckpt")
+    entry = store.write_node("n", 1, {"w": np.arange(6.0), "meta": {"step": 3}}, save_id="s1")
+    timings = {"save_seconds": 0.25}
+    record = make_commit_record("sealed", 1, {"n": entry}, {"done": False}, timings, metrics={"loss": 0.5})
+    store.commit(record)
+    with open(_path(store), "rb") as file:
+        return store, file.read(), store.read_commit(1)
+
+
+def _path(store: CheckpointStore) -> str:
+    return os.path.join(store.url, "__daskjobs__", "commits", "epoch-000000000001.json")
+
+
+def _write(store: CheckpointStore, data: bytes) -> None:
+    with open(_path(store), "wb") as file:
+        file.write(data)
+
+
+def test_a_sealed_record_reads_back_without_its_seal(sealed):
+    _store, data, record = sealed
+    assert data.startswith(b'{"sealed":"')
+    assert "sealed" not in record
+    assert record["metrics"] == {"loss": 0.5}
+    assert record["stop_values"] == {"done": False}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.floats(min_value=0, max_value=1, exclude_max=True), bit=st.integers(min_value=0, max_value=7))
+def test_any_flipped_bit_is_refused(sealed, where, bit):
+    store, data, _record = sealed
+    at = int(where * len(data))
+    damaged = bytearray(data)
+    damaged[at] ^= 1 << bit
+    _write(store, bytes(damaged))
+    try:
+        with pytest.raises((CheckpointCorruptError, CheckpointFormatError)):
+            store.read_commit(1)
+    finally:
+        _write(store, data)
+
+
+@pytest.mark.parametrize(("version", "reads"), [(2, True), (3, False)])
+def test_an_unsealed_record_reads_only_as_format_version_2(sealed, version, reads):
+    """A record of format version 2 (written before seals existed, no ``sealed`` field) is validated
+    and read as before; a version-3 record without its seal is corrupt."""
+    store, data, record = sealed
+    plain = json.loads(data)
+    del plain["sealed"]
+    plain["format_version"] = version
+    _write(store, json.dumps(plain).encode())
+    try:
+        if reads:
+            assert store.read_commit(1) == {**record, "format_version": 2}
+        else:
+            with pytest.raises(CheckpointCorruptError, match="lacks its seal"):
+                store.read_commit(1)
+    finally:
+        _write(store, data)
