@@ -8,8 +8,10 @@ both alike:
   ``np.savez`` to one file followed by fsync of the file and of its folder (the same durability);
   and the floor of the format itself: only the file operations a Zarr v3 group with one array
   per blob needs (a folder, ``zarr.json`` and a chunk file per blob, one ``syncfs``), no daskjobs;
-* small restore: ``open_checkpoint(...)[node][blob]`` for every blob, and ``read_node`` (what a
-  resume or ``load`` runs on the node), against ``np.load`` of that ``.npz`` reading every array;
+* small restore: ``open_checkpoint(...)[node][blob]`` for every blob, ``read_node`` (what a
+  resume or ``load`` runs on the node) and a whole resume (``JobRunner(..., resume_from_epoch=e,
+  max_epochs=e).train()`` on a ``LocalSession``: lock, checks, load, no further epoch), against
+  ``np.load`` of that ``.npz`` reading every array;
 * scaling: the same with 1000 blobs, as a ratio to the 100-blob time of the same path;
 * bulk save: ``--size-mib`` (default 1024) of float32 over 2 nodes (4 arrays each) with fsync
   against ``np.save`` of the same arrays, each file and the folder fsynced;
@@ -119,16 +121,26 @@ def small(root: str, runs: int, count: int) -> dict[str, list[float]]:
         for name in node:
             node[name]
 
-    times.update(
-        interleaved(
-            runs,
-            {
-                "npz_load": lambda r: load_npz(os.path.join(folder, f"{r}.npz")),
-                "dj_open_checkpoint": view_loop,
-                "dj_read_node": lambda r: store.read_node("n", r, entries[r]),
-            },
+    with dj.Cluster(), dj.Job(name="bench") as job, dj.Node("n"):
+        dj.Task(lambda ws: None, name="step")
+
+    def resume(run: int) -> None:
+        manager = dj.MultiNodeCheckpointManager(store.url)
+        dj.JobRunner(job, manager, max_epochs=run, resume_from_epoch=run, progress=False).train(session)
+
+    with dj.LocalSession() as session:
+        times.update(
+            interleaved(
+                runs,
+                {
+                    "npz_load": lambda r: load_npz(os.path.join(folder, f"{r}.npz")),
+                    "dj_open_checkpoint": view_loop,
+                    "dj_read_node": lambda r: store.read_node("n", r, entries[r]),
+                    "dj_resume": resume,
+                },
+            )
         )
-    )
+        assert all(np.array_equal(session.fetch(name, node="n"), blobs[name]) for name in blobs)
     check = store.read_node("n", 0, entries[0])
     assert all(np.array_equal(check[name], blobs[name]) for name in blobs)
     return times
@@ -189,6 +201,7 @@ ROWS = [  # label, baseline key, daskjobs key, target
     ("100 x 4 KiB: floor of the format (no daskjobs)", ("small100", "savez"), ("small100", "format_floor"), 2.0),
     ("100 x 4 KiB restore, open_checkpoint", ("small100", "npz_load"), ("small100", "dj_open_checkpoint"), 2.0),
     ("100 x 4 KiB restore, read_node (resume)", ("small100", "npz_load"), ("small100", "dj_read_node"), 2.0),
+    ("100 x 4 KiB restore, a whole resume (train)", ("small100", "npz_load"), ("small100", "dj_resume"), 2.0),
     ("1000 vs 100 blobs: save", ("small100", "dj_save"), ("small1000", "dj_save"), 12.0),
     (
         "1000 vs 100 blobs: open_checkpoint",
@@ -197,6 +210,7 @@ ROWS = [  # label, baseline key, daskjobs key, target
         12.0,
     ),
     ("1000 vs 100 blobs: read_node", ("small100", "dj_read_node"), ("small1000", "dj_read_node"), 12.0),
+    ("1000 vs 100 blobs: a whole resume", ("small100", "dj_resume"), ("small1000", "dj_resume"), 12.0),
     ("bulk save (fsync) vs np.save", ("bulk", "np_save"), ("bulk", "dj_save"), 1.05),
     ("bulk restore (warm, verified) vs np.load", ("bulk", "np_load"), ("bulk", "dj_load"), 1.1),
 ]

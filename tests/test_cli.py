@@ -208,6 +208,25 @@ def test_prune_dry_run_keep_last_keep_every(committed, capsys):
     assert not Path(committed, "__daskjobs__", "lock.json").exists()
 
 
+def test_prune_keeps_at_least_one_epoch_that_verifies(committed, capsys):
+    """The kept epochs are verified newest first before anything goes: when none reads back whole,
+    nothing is deleted (exit 1); when an older kept one does, the prune goes ahead."""
+    (chunk,) = [p for p in Path(committed, "ps.5", "weights").rglob("*") if p.name != "zarr.json"]
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    before = tree(Path(committed))
+    refused = here("checkpoints", "prune", committed, "--keep-last", "1", capsys=capsys)
+    assert refused.returncode == 1
+    assert "kept epoch 5: CORRUPT" in refused.stdout
+    assert "no epoch it would keep verifies, so nothing was deleted" in refused.stderr
+    assert tree(Path(committed)) == before
+    pruned = here("checkpoints", "prune", committed, "--keep-last", "2", capsys=capsys)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "kept epoch 4: OK" in pruned.stdout
+    assert [i.epoch for i in dj.list_checkpoints(committed)] == [4, 5]
+
+
 def test_prune_refuses_a_locked_prefix(committed, capsys):
     """prune takes the writer lock: a running job's prefix is left alone (exit 1)."""
     store = dj.MultiNodeCheckpointManager(committed).store

@@ -1,7 +1,7 @@
 """A commit record is sealed (XXH3-128 of its bytes, as its first field): any change to the file
 after it was written is refused, never read as the truth.
 
-Property: flipping any bit of any byte of a record file makes ``read_commit`` raise
+Exhaustively: flipping any bit of any byte of a record file makes ``read_commit`` raise
 ``CheckpointCorruptError`` or ``CheckpointFormatError`` — never return a record, let alone a
 different one. Records of format version 2 (written before seals existed) still read.
 """
@@ -13,8 +13,6 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._format import make_commit_record
@@ -50,19 +48,24 @@ def test_a_sealed_record_reads_back_without_its_seal(sealed):
     assert record["stop_values"] == {"done": False}
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(where=st.floats(min_value=0, max_value=1, exclude_max=True), bit=st.integers(min_value=0, max_value=7))
-def test_any_flipped_bit_is_refused(sealed, where, bit):
+def test_every_flipped_bit_is_refused(sealed):
+    """Each of the record's bits flipped in turn (some thousands of reads): never a record back."""
     store, data, _record = sealed
-    at = int(where * len(data))
-    damaged = bytearray(data)
-    damaged[at] ^= 1 << bit
-    _write(store, bytes(damaged))
+    believed = []
     try:
-        with pytest.raises((CheckpointCorruptError, CheckpointFormatError)):
-            store.read_commit(1)
+        for at in range(len(data)):
+            for bit in range(8):
+                damaged = bytearray(data)
+                damaged[at] ^= 1 << bit
+                _write(store, bytes(damaged))
+                try:
+                    store.read_commit(1)
+                except (CheckpointCorruptError, CheckpointFormatError):
+                    continue
+                believed.append((at, bit))
     finally:
         _write(store, data)
+    assert believed == []
 
 
 @pytest.mark.parametrize(("version", "reads"), [(2, True), (3, False)])

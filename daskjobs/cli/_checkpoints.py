@@ -250,11 +250,14 @@ def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
 def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
     """Delete what the retention options do not keep, after every commit record was read.
 
+    Before anything is deleted, the kept epochs are verified newest first until one reads back
+    whole (every chunk against its digest): a prune never leaves only damaged checkpoints behind.
+
     Raises
     ------
     CheckFailed
-        A commit record cannot be read: nothing was deleted (retention could keep or delete the
-        wrong epochs, and a prune must not stop midway).
+        A commit record cannot be read, or no kept epoch verifies: nothing was deleted (retention
+        could keep or delete the wrong epochs, and a prune must not stop midway).
     """
     records = dict(scan_commits(store))
     broken = {epoch: error for epoch, error in records.items() if isinstance(error, Exception)}
@@ -270,7 +273,10 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
         keep = set(epochs)
     else:
         keep = kept_epochs(epochs, args.keep_last, args.keep_every)
-    for epoch in [e for e in epochs if e not in keep]:
+    doomed = [e for e in epochs if e not in keep]
+    if doomed:
+        _check_one_kept_epoch_is_sound(store, sorted(keep, reverse=True))
+    for epoch in doomed:
         print(f"{'would delete' if args.dry_run else 'deleting'} epoch {epoch}")
         if not args.dry_run:
             store.delete_epoch(epoch, records[epoch]["nodes"])
@@ -279,6 +285,25 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
             print(f"removed uncommitted {path}")
     print(f"kept epochs {_epochs_text(sorted(keep))}" if keep else f"no committed checkpoints under {store.url}")
     return OK
+
+
+def _check_one_kept_epoch_is_sound(store: CheckpointStore, kept: list[int]) -> None:
+    """Verify ``kept`` (newest first) until one epoch reads back whole; :class:`CheckFailed` if none does."""
+    problems = []
+    for epoch in kept:
+        try:
+            size = open_checkpoint(store.url, epoch, store.storage_options).verify()
+        except CheckpointError as exc:
+            problems.append(f"epoch {epoch}: {exc}")
+            print(f"kept epoch {epoch}: CORRUPT")
+            continue
+        print(f"kept epoch {epoch}: OK ({size} bytes verified)")
+        return
+    raise CheckFailed(
+        f"refusing to prune {store.url}: no epoch it would keep verifies, so nothing was deleted: "
+        + "; ".join(problems)
+        + ". Keep more epochs (--keep-last) or check them with 'daskjobs checkpoints verify'"
+    )
 
 
 def _unlock(store: CheckpointStore, args: argparse.Namespace) -> int:
