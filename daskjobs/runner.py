@@ -189,8 +189,9 @@ class JobRunner:
         manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
         self._resume = None
         if self.resume_from_epoch is not None:
-            self._resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)
-            manager.store.read_commit(self.resume_from_epoch)
+            self._resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)  # reads its record
+            if self.resume_from_epoch not in manager.store.committed_epochs():
+                manager.store.read_commit(self.resume_from_epoch)  # CheckpointNotFoundError naming it
         try:
             manager.store.check_writable()
         except CheckpointWriteError as exc:
