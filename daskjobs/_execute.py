@@ -11,13 +11,14 @@ import inspect
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
+from ._sources import restore_source_files, source_files
 from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
 from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError
@@ -70,6 +71,34 @@ class NodePlan:
     def reserved(self) -> frozenset[str]:
         """Output names of this node's tasks: new blobs with these names live at node level."""
         return frozenset(n for t in self.tasks for out in t.outputs for n in out)
+
+    def steps(self) -> Iterator[tuple[str, Step]]:
+        """Every user callable of the plan with the name of the task it belongs to."""
+
+        def of(spec: TaskSpec) -> Iterator[tuple[str, Step]]:
+            for steps in (spec.task_init, spec.instance_init, spec.steps, spec.instance_exit, spec.task_exit):
+                yield from ((spec.name, step) for step in steps)
+            for sub in spec.subtasks:
+                yield from of(sub)
+
+        for spec in self.tasks:
+            yield from of(spec)
+        for report in self.report_steps:
+            yield f"{self.node}/report_step", report.step
+        for setup in self.local_setups:
+            yield from ((f"{self.node}/local_init", step) for step in setup.init_nets)
+            yield from ((f"{self.node}/local_exit", step) for step in setup.exit_nets)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the source file of every step (see :mod:`._sources`)."""
+        values = tuple(getattr(self, f.name) for f in fields(self))
+        return _unpickle_plan, (values, source_files(step for _, step in self.steps()))
+
+
+def _unpickle_plan(values: tuple[Any, ...], files: tuple[str, ...]) -> NodePlan:
+    plan = NodePlan(*values)
+    restore_source_files((step for _, step in plan.steps()), files)
+    return plan
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import pickle
 import signal
 import threading
 import time
+import types
 
+import cloudpickle
 import dask.config
 import numpy as np
 import psutil
@@ -15,6 +17,7 @@ import pytest
 from distributed import Client, Scheduler, SpecCluster, Worker, get_worker
 
 import daskjobs as dj
+from daskjobs._execute import NodePlan
 from daskjobs.errors import NodeLostError, NodePlacementError, SessionClosedError, TaskFailedError
 from daskjobs.session import as_session
 
@@ -216,6 +219,22 @@ def test_task_failure_names_everything_and_chains_the_cause(dask_session):
     assert isinstance(error.__cause__, ValueError)
     assert "boom on the worker" in error.remote_traceback
     assert pickle.loads(pickle.dumps(error)).task == "b/broken"
+
+
+def test_steps_pickled_by_value_keep_their_source_file():
+    """A step (and a lambda inside it) sent to a worker by value keeps its file, whatever the
+    cloudpickle version, so a worker's traceback shows the line that raised."""
+
+    def outer(ws):
+        return (lambda: ws)()
+
+    plan = NodePlan(
+        "job", "g", "a", dj.WorkspaceType.GLOBAL, (), report_steps=(), local_setups=(dj.SetupNets([outer]),)
+    )
+    (step,) = cloudpickle.loads(cloudpickle.dumps(plan)).local_setups[0].init_nets
+    assert step is not outer
+    inner = next(c for c in step.__code__.co_consts if isinstance(c, types.CodeType))
+    assert step.__code__.co_filename == inner.co_filename == __file__
 
 
 def test_failed_run_with_edges_cleans_up_and_the_next_run_works(dask_session):

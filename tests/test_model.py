@@ -308,7 +308,7 @@ def test_bad_name_errors_are_job_definition_errors():
 
 
 def test_task_default_names():
-    """A task is named after its single step, else task, under its node."""
+    """A task is named after its single step (a lambda's ``__name__`` too), else task, under its node."""
     with dj.TaskGroup() as group:
         with dj.Node("a"):
             named = dj.Task(noop)
@@ -318,9 +318,9 @@ def test_task_default_names():
         explicit = dj.Task(noop, name="custom", node="b")
     assert [named.name, lam.name, many.name, stepless.name, explicit.name] == [
         "a/noop",
+        "a/<lambda>",
         "a/task",
         "a/task:1",
-        "a/task:2",
         "b/custom",
     ]
     assert [t.node for t in group.tasks()] == ["a", "a", "a", "a", "b"]

@@ -129,11 +129,21 @@ def _check_input(owner: str, local_name: object, output: object) -> None:
         )
 
 
+def _check_task_name(name: object) -> str:
+    """``name`` if it can name a task: a ``str`` of 1-128 printable characters (a task name only
+    labels the task in messages and records; it is never a path or a resource name)."""
+    if not isinstance(name, str):
+        raise DefinitionTypeError(f"task name must be a str, got {type(name).__name__}: {name!r}")
+    if not 1 <= len(name) <= 128 or not name.isprintable():
+        raise JobDefinitionError(f"invalid task name {name!r}: use 1-128 printable characters")
+    return name
+
+
 def _default_name(steps: list[Step]) -> str:
-    """A single step's ``__name__`` when it is a valid name, else ``"task"``."""
+    """A single step's ``__name__`` (``"<lambda>"`` for a lambda) when it can name a task, else ``"task"``."""
     base = getattr(steps[0], "__name__", None) if len(steps) == 1 else None
     try:
-        return validate_name(base, "task")
+        return _check_task_name(base)
     except JobDefinitionError:
         return "task"
 
@@ -256,7 +266,7 @@ class Task(Managed):
     group, node
         Where to register; default to the current :class:`TaskGroup` and :class:`Node`.
     name
-        Defaults to the step's ``__name__``, else ``"task"``. The full name is
+        Any 1-128 printable characters; defaults to the step's ``__name__``, else ``"task"``. The full name is
         ``"<node>/<name>"``, made unique within the group with ``:1``, ``:2`` … suffixes.
     num_instances
         Run that many concurrent instances of the steps, each in its own child workspace.
@@ -306,7 +316,7 @@ class Task(Managed):
         if node is not None and not isinstance(node, str | Node):
             raise DefinitionTypeError(f"node must be a str or a Node, got {type(node).__name__}: {node!r}")
         if name is not None:
-            validate_name(name, "task")
+            _check_task_name(name)
         self._steps = as_steps(step, "Task steps")
         self._task_init = as_steps(task_init, "task_init")
         self._task_exit = as_steps(task_exit, "task_exit")

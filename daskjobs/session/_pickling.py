@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
 
 import cloudpickle
 
-from .._execute import NodePlan, RunInfo, TaskSpec
+from .._execute import NodePlan, RunInfo
 from .._lowering import LoweredTask
 from .._model.task import Step
 from ..errors import TaskFailedError
@@ -23,7 +22,7 @@ def unpicklable_step_error(task: LoweredTask) -> TaskFailedError | None:
     """
     run = next((a for a in task.args if isinstance(a, RunInfo)), None)
     for plan in (a for a in task.args if isinstance(a, NodePlan)):
-        for task_name, step in _steps(plan):
+        for task_name, step in plan.steps():
             try:
                 cloudpickle.dumps(step)
             except Exception as cause:
@@ -40,24 +39,6 @@ def unpicklable_step_error(task: LoweredTask) -> TaskFailedError | None:
                 error.__cause__ = cause
                 return error
     return None
-
-
-def _steps(plan: NodePlan) -> Iterator[tuple[str, Step]]:
-    """Every user callable of ``plan`` with the name of the task it belongs to."""
-
-    def of(spec: TaskSpec) -> Iterator[tuple[str, Step]]:
-        for steps in (spec.task_init, spec.instance_init, spec.steps, spec.instance_exit, spec.task_exit):
-            yield from ((spec.name, step) for step in steps)
-        for sub in spec.subtasks:
-            yield from of(sub)
-
-    for spec in plan.tasks:
-        yield from of(spec)
-    for report in plan.report_steps:
-        yield f"{plan.node}/report_step", report.step
-    for setup in plan.local_setups:
-        yield from ((f"{plan.node}/local_init", step) for step in setup.init_nets)
-        yield from ((f"{plan.node}/local_exit", step) for step in setup.exit_nets)
 
 
 def _label(step: Step) -> str:
