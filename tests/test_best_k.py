@@ -41,6 +41,7 @@ def run(prefix: str, epochs: int = 8, job: dj.Job | None = None, **options) -> d
     ("options", "kept"),
     [
         ({"keep_best": 2, "best_metric": "loss"}, [3, 7, 8]),
+        ({"keep_best": 2}, [3, 7, 8]),  # SPEC §1.7: best_metric="loss", best_mode="min" by default
         ({"keep_best": 1, "best_metric": "loss"}, [7, 8]),
         ({"keep_best": 3, "best_metric": "loss", "best_mode": "max"}, [1, 6, 8]),
         ({"keep_best": 2, "best_metric": "loss", "keep_last": 2}, [3, 7, 8]),
@@ -129,7 +130,6 @@ def test_open_best_on_an_empty_prefix(tmp_path):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"keep_best": 2}, "best_metric"),
         ({"keep_best": 0, "best_metric": "loss"}, "keep_best"),
         ({"keep_best": -1, "best_metric": "loss"}, "keep_best"),
         ({"keep_best": 1.5, "best_metric": "loss"}, "keep_best"),

@@ -68,7 +68,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
     keep_best, best_metric, best_mode
         Best-k retention: also keep the ``keep_best`` committed epochs with the lowest
         (``best_mode="min"``, default) or highest (``"max"``) value of metric ``best_metric`` (logged
-        with ``ws.log``; epochs without it never count as best; ties keep the earlier epoch). The
+        with ``ws.log``; default ``"loss"`` when ``keep_best`` is given; epochs without it never
+        count as best; ties keep the earlier epoch). The
         kept sets of ``keep_last``, ``keep_every`` and ``keep_best`` are united, and the newest
         committed epoch is always kept. ``keep_best`` alone keeps the best ``keep_best`` and the
         newest. With ``best_metric`` set (also without ``keep_best``) commit records name the

@@ -14,6 +14,9 @@ from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
 
+DEFAULT_BEST_METRIC = "loss"
+"""The metric best-k retention ranks by when ``keep_best`` is given without ``best_metric``."""
+
 
 def check_retention(
     keep_last: int | None, keep_every: int | None, keep_best: int | None, best_metric: str | None, best_mode: str
@@ -24,7 +27,7 @@ def check_retention(
     ------
     JobDefinitionError
         A count that is not a positive int or ``None``, a ``best_mode`` other than ``"min"`` or
-        ``"max"``, or ``keep_best`` without a ``best_metric``.
+        ``"max"``, or ``keep_best`` with a ``best_metric`` that is not a non-empty ``str``.
     """
     for label, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -260,6 +263,8 @@ class Retention:
         best_metric: str | None,
         best_mode: str,
     ) -> None:
+        if keep_best is not None and best_metric is None:
+            best_metric = DEFAULT_BEST_METRIC
         check_retention(keep_last, keep_every, keep_best, best_metric, best_mode)
         self.keep_last, self.keep_every = keep_last, keep_every
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
