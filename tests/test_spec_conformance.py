@@ -102,10 +102,10 @@ def test_task_name_from_step_list_and_suffixes():
 
 def test_task_names_are_labels_not_paths():
     """§1.3: a lambda's default name is its ``__name__``; an explicit name may hold any printable
-    characters (task names are not node or blob names), but not be empty, too long or multi-line."""
+    characters but ``/`` (task names are not node or blob names), and not be empty, too long or multi-line."""
     assert dj.Task(lambda ws: None).name == "local/<lambda>"
     assert dj.Task(named_step, name="train step (v2)").name == "local/train step (v2)"
-    for bad in ["", "x" * 129, "two\nlines"]:
+    for bad in ["", "x" * 129, "two\nlines", "a/b"]:
         with pytest.raises(ValueError, match="invalid task name"):
             dj.Task(named_step, name=bad)
     with pytest.raises(TypeError, match="task name must be a str"):

@@ -130,12 +130,12 @@ def _check_input(owner: str, local_name: object, output: object) -> None:
 
 
 def _check_task_name(name: object) -> str:
-    """``name`` if it can name a task: a ``str`` of 1-128 printable characters (a task name only
-    labels the task in messages and records; it is never a path or a resource name)."""
+    """``name`` if it can name a task: a ``str`` of 1-128 printable characters without ``/`` (a task
+    name labels the task in messages and records, after ``"<node>/"``; it is never a path)."""
     if not isinstance(name, str):
         raise DefinitionTypeError(f"task name must be a str, got {type(name).__name__}: {name!r}")
-    if not 1 <= len(name) <= 128 or not name.isprintable():
-        raise JobDefinitionError(f"invalid task name {name!r}: use 1-128 printable characters")
+    if not 1 <= len(name) <= 128 or not name.isprintable() or "/" in name:
+        raise JobDefinitionError(f"invalid task name {name!r}: use 1-128 printable characters other than '/'")
     return name
 
 
@@ -266,7 +266,7 @@ class Task(Managed):
     group, node
         Where to register; default to the current :class:`TaskGroup` and :class:`Node`.
     name
-        Any 1-128 printable characters; defaults to the step's ``__name__``, else ``"task"``. The full name is
+        Any 1-128 printable characters but ``/``; defaults to the step's ``__name__``, else ``"task"``. The full name is
         ``"<node>/<name>"``, made unique within the group with ``:1``, ``:2`` … suffixes.
     num_instances
         Run that many concurrent instances of the steps, each in its own child workspace.

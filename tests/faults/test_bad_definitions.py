@@ -249,8 +249,9 @@ def test_wrong_kinds_are_both_type_and_value_errors():
     assert issubclass(StepTypeError, DefinitionTypeError)
 
 
-def test_default_task_name_falls_back_when_the_step_name_is_not_a_valid_name():
-    """A step named like a dunder or with non-ASCII letters gives the default name "task", not an error."""
+def test_default_task_name_is_the_steps_name_or_task():
+    """A step's ``__name__`` names its task, dunder and non-ASCII names too (task names are labels,
+    not paths); a step without one (a partial) gives "task"."""
 
     def __call__(ws):
         pass
@@ -259,8 +260,8 @@ def test_default_task_name_falls_back_when_the_step_name_is_not_a_valid_name():
         pass
 
     with dj.Cluster():
-        assert dj.Task(__call__).name == "local/task"
-        assert dj.Task(étape).name == "local/task"
+        assert dj.Task(__call__).name == "local/__call__"
+        assert dj.Task(étape).name == "local/étape"
         assert dj.Task(functools.partial(noop)).name == "local/task"
 
 
