@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
-from ._sources import restore_source_files, source_files
+from ._sources import SourceFiles, restore_source_files, source_files
 from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
 from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError
@@ -95,7 +95,7 @@ class NodePlan:
         return _unpickle_plan, (values, source_files(step for _, step in self.steps()))
 
 
-def _unpickle_plan(values: tuple[Any, ...], files: tuple[str, ...]) -> NodePlan:
+def _unpickle_plan(values: tuple[Any, ...], files: SourceFiles) -> NodePlan:
     plan = NodePlan(*values)
     restore_source_files((step for _, step in plan.steps()), files)
     return plan

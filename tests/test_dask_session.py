@@ -221,20 +221,41 @@ def test_task_failure_names_everything_and_chains_the_cause(dask_session):
     assert pickle.loads(pickle.dumps(error)).task == "b/broken"
 
 
+def _helper_of_a_step(ws):
+    return ws
+
+
 def test_steps_pickled_by_value_keep_their_source_file():
-    """A step (and a lambda inside it) sent to a worker by value keeps its file, whatever the
-    cloudpickle version, so a worker's traceback shows the line that raised."""
+    """A step sent to a worker by value keeps its file, whatever the cloudpickle version, and so do
+    a lambda inside it, a function it closes over and a function of its module it calls: a
+    worker's traceback shows the lines that raised."""
+
+    def closed_over(ws):
+        return ws
 
     def outer(ws):
-        return (lambda: ws)()
+        return (lambda: _helper_of_a_step(closed_over(ws)))()
 
-    plan = NodePlan(
-        "job", "g", "a", dj.WorkspaceType.GLOBAL, (), report_steps=(), local_setups=(dj.SetupNets([outer]),)
-    )
+    plan = NodePlan("job", "g", "a", dj.WorkspaceType.GLOBAL, (), local_setups=(dj.SetupNets([outer]),))
     (step,) = cloudpickle.loads(cloudpickle.dumps(plan)).local_setups[0].init_nets
     assert step is not outer
     inner = next(c for c in step.__code__.co_consts if isinstance(c, types.CodeType))
-    assert step.__code__.co_filename == inner.co_filename == __file__
+    (cell,) = step.__closure__
+    assert step.__code__.co_filename == inner.co_filename == cell.cell_contents.__code__.co_filename == __file__
+    assert step.__globals__["_helper_of_a_step"].__code__.co_filename == __file__
+
+
+def test_functions_a_notebook_step_calls_keep_their_source_file(tmp_path):
+    """Like a notebook's cells: a step and the helper it calls live in a module no worker can import
+    (both are pickled by value); both keep their file, so a worker's traceback shows both lines."""
+    source = tmp_path / "cell.py"
+    source.write_text("def helper(ws):\n    raise ValueError(ws)\n\ndef step(ws):\n    helper(ws)\n")
+    namespace = {"__name__": "a_notebook_kernel"}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    plan = NodePlan("job", "g", "a", dj.WorkspaceType.GLOBAL, (), local_setups=(dj.SetupNets([namespace["step"]]),))
+    (step,) = cloudpickle.loads(cloudpickle.dumps(plan)).local_setups[0].init_nets
+    assert step is not namespace["step"]
+    assert step.__code__.co_filename == step.__globals__["helper"].__code__.co_filename == str(source)
 
 
 def test_failed_run_with_edges_cleans_up_and_the_next_run_works(dask_session):
