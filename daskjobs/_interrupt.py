@@ -10,7 +10,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .errors import JobInterruptedError
+from .errors import CheckpointError, JobInterruptedError
 
 logger = logging.getLogger("daskjobs")
 
@@ -35,16 +35,47 @@ def interruption(signum: int, job: str, last: int | None, url: str | None, *, ab
     return JobInterruptedError(message, last)
 
 
+def newest_committed(list_committed: Callable[[], list[int]], known: int | None) -> int | None:
+    """The newest committed epoch ``list_committed()`` gives when it is newer than ``known``: a
+    second signal may strike between writing a commit record and the runner noting it, and what a
+    new run resumes from is what is on disk. ``known`` when the prefix cannot be listed."""
+    try:
+        committed = list_committed()
+    except (CheckpointError, OSError):
+        return known
+    newest = committed[-1] if committed else None
+    return newest if newest is not None and (known is None or newest > known) else known
+
+
+class AbandonedRun(KeyboardInterrupt):
+    """What a second signal raises, wherever the main thread is: in a step, a save, a commit.
+
+    A ``KeyboardInterrupt`` (whatever the signal), so that nothing on the way takes it for the
+    failure of a step or a save (they catch ``Exception``) and everything cleans up as for Ctrl-C;
+    the runner then raises the public error of :attr:`signum` (see :func:`interruption`).
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"{SIGNALS[signum]} received twice: abandoning the running epoch")
+        self.signum = signum
+
+
+def signal_of(error: BaseException) -> int:
+    """The signal an interruption stands for: its own, SIGINT for ``KeyboardInterrupt``, else SIGTERM."""
+    if isinstance(error, AbandonedRun):
+        return error.signum
+    return signal.SIGINT if isinstance(error, KeyboardInterrupt) else signal.SIGTERM
+
+
 class GracefulStop:
     """Context manager installing SIGINT/SIGTERM handlers on the main thread (nowhere else).
 
     The first signal sets :attr:`requested`; the runner checks it after each committed epoch.
-    A second one raises ``abandon(signum)`` at once, wherever the main thread is. The previous
+    A second one raises :class:`AbandonedRun` at once, wherever the main thread is. The previous
     handlers are restored on exit.
     """
 
-    def __init__(self, abandon: Callable[[int], BaseException]) -> None:
-        self.abandon = abandon
+    def __init__(self) -> None:
         self.requested: int | None = None
         self._previous: dict[int, Any] = {}
 
@@ -53,7 +84,7 @@ class GracefulStop:
             self.requested = signum
             logger.info("%s: stopping after the running epoch (send it again to abandon it)", SIGNALS[signum])
             return
-        raise self.abandon(signum)
+        raise AbandonedRun(signum)
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():

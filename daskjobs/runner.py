@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._interrupt import GracefulStop, interruption
+from ._interrupt import AbandonedRun, GracefulStop, interruption, newest_committed, signal_of
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
@@ -130,7 +129,7 @@ class JobRunner:
         self.history: list[EpochRecord] = []
         self.dashboard_link: str | None = None
         """The Dask dashboard of the last session trained on, when it has one."""
-        self._signals = GracefulStop(lambda signum: self._interruption(signum, abandoned=True))
+        self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
         """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, in :meth:`_prepare`)."""
@@ -171,9 +170,11 @@ class JobRunner:
                         end_saves(manager, session)
                         if committed and interrupted:
                             # abandoned by a second signal: the error names the epoch just committed
-                            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-                            raise self._interruption(signum, abandoned=True).with_traceback(exc.__traceback__) from None
+                            error = self._interruption(signal_of(exc), abandoned=True)
+                            raise error.with_traceback(exc.__traceback__) from None
                         raise
+        except AbandonedRun as exc:  # a second signal, wherever it struck: the public error of its signal
+            raise self._interruption(exc.signum, abandoned=True).with_traceback(exc.__traceback__) from None
         finally:
             if own:
                 session.close()
@@ -468,7 +469,10 @@ class JobRunner:
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
         manager = self.checkpoint_manager
         url = None if manager is None else manager.store.url
-        return interruption(signum, self.job.name, self._last_committed(), url, abandoned=abandoned)
+        last = self._last_committed()
+        if abandoned and manager is not None:
+            last = newest_committed(manager.store.committed_epochs, last)
+        return interruption(signum, self.job.name, last, url, abandoned=abandoned)
 
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:

@@ -21,30 +21,44 @@ import daskjobs as dj
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
     from pathlib import Path
     import numpy as np
     import daskjobs as dj
+    from daskjobs.checkpoint._metadata import CommitRecordHandler
 
     kind, prefix, markers, sleep = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
+    nodes = sys.argv[5].split(",")
 
     def step(ws):
         (markers / f"started-{ws.epoch}").touch()
-        if ws.epoch >= 2:
+        if ws.epoch >= 2 and kind != "commit":
             time.sleep(sleep)
         ws["n"] = ws["n"] + 1
 
+    class SignalsWhileCommitting(CommitRecordHandler):
+        # kind "commit": the process signals itself twice right after epoch 2's record is written
+        def write(self, epoch):
+            super().write(epoch)
+            if epoch == 2:
+                for _ in range(2):
+                    os.kill(os.getpid(), int(sys.argv[6]))
+                    time.sleep(0.1)
+
     def main():
         with dj.Cluster(), dj.Job(name="graceful") as job:
-            for node in ("a", "b"):
+            for node in nodes:
                 with dj.Node(node):
                     with job.init_group:
                         dj.Task(lambda ws: ws.__setitem__("n", np.int64(0)))
                     dj.Task(step)
-        runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=6, progress=False)
+        manager = dj.MultiNodeCheckpointManager(prefix)
+        if kind == "commit":
+            manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=SignalsWhileCommitting(manager.store))
+        runner = dj.JobRunner(job, manager, max_epochs=6, progress=False)
         started = time.monotonic()
         try:
-            if kind == "local":
+            if kind != "cluster":
                 runner.train(None)
             else:
                 with dj.node_cluster(["a", "b"], nthreads=1) as cluster, dj.DaskSession(cluster) as session:
@@ -67,16 +81,19 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_and_signal(tmp_path: Path, kind: str, signals: list[int], sleep: float) -> tuple[int, str, str, float]:
+def run_and_signal(
+    tmp_path: Path, kind: str, signals: list[int], sleep: float, nodes: str = "a,b"
+) -> tuple[int, str, str, float]:
     """Start the script, wait for epoch 2 to start, send ``signals`` 0.3 s apart; return
-    (return code, stdout, stderr, seconds from the last signal to the exit)."""
+    (return code, stdout, stderr, seconds from the last signal to the exit). Kind ``"commit"``
+    signals itself (twice ``signals[0]``) from inside the commit of epoch 2 instead."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     markers = tmp_path / "markers"
     markers.mkdir()
     prefix = str(tmp_path / "ckpt")
     child = subprocess.Popen(
-        [sys.executable, str(script), kind, prefix, str(markers), str(sleep)],
+        [sys.executable, str(script), kind, prefix, str(markers), str(sleep), nodes, str(int(signals[0]))],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -89,7 +106,7 @@ def run_and_signal(tmp_path: Path, kind: str, signals: list[int], sleep: float) 
             assert time.monotonic() < deadline, "epoch 2 never started"
             time.sleep(0.05)
         time.sleep(0.2)
-        for number, sig in enumerate(signals):
+        for number, sig in enumerate(signals if kind != "commit" else []):
             if number:
                 time.sleep(0.3)
             child.send_signal(sig)
@@ -178,3 +195,38 @@ def test_handlers_are_restored_and_threads_untouched():
     thread.start()
     thread.join(30)
     assert done == [2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_second_signal_abandons_a_step_running_on_the_main_thread(tmp_path, sig):
+    """One node on a LocalSession runs its step on the main thread, where the second signal lands:
+    it still ends the run with the signal's own error (not as a failed step), nothing of epoch 2
+    committed, the lock released."""
+    code, out, err, seconds = run_and_signal(tmp_path, "local", [sig, sig], sleep=20, nodes="a")
+    expected_code, expected_type = EXPECTED[sig]
+    assert code == expected_code, (out, err)
+    assert f"RESULT {expected_type}" in out
+    assert "abandoned" in out
+    assert "TaskFailedError" not in out + err
+    assert seconds < 15
+    assert committed(tmp_path) == [0, 1]
+    assert lock_released(tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_second_signal_during_a_commit_is_not_a_failed_save(tmp_path, sig):
+    """Both signals land while the main thread commits epoch 2 (right after its record is written):
+    the run ends with the signal's error naming the newest committed epoch, never retried as a
+    failed save nor reported as a CheckpointWriteError."""
+    code, out, err, _ = run_and_signal(tmp_path, "commit", [sig], sleep=0)
+    expected_code, expected_type = EXPECTED[sig]
+    assert code == expected_code, (out, err)
+    assert f"RESULT {expected_type}" in out
+    assert "failed (attempt" not in err
+    assert "CheckpointWriteError" not in out + err
+    assert committed(tmp_path)[:3] == [0, 1, 2]
+    newest = committed(tmp_path)[-1]
+    assert f"epoch {newest} is committed" in out
+    if sig == signal.SIGTERM:
+        assert f"RESULT JobInterruptedError {newest} " in out
+    assert lock_released(tmp_path)
