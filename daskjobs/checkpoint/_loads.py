@@ -145,15 +145,22 @@ class Loads:
         return group
 
     def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
-        """The commit record of ``epoch`` if it holds every checkpointed node, else ``None``."""
+        """The commit record of ``epoch`` if it holds every checkpointed node and each node's group
+        is there (as Caffe2 asked each node's database), else ``None``."""
         try:
             record = self.store.read_commit(epoch)
         except CheckpointNotFoundError:
             return None
-        return record if all(n in record["nodes"] for n in self.nodes()) else None
+        if not all(n in record["nodes"] for n in self.nodes()):
+            return None
+        gone = [self.store.db_name(n, epoch) for n in self.nodes() if not self.store.has_group(n, epoch)]
+        if gone:
+            logger.warning("epoch %d is committed under %s but %s no longer exist", epoch, self.store.url, gone)
+            return None
+        return record
 
     def check_db_exists(self, epoch: int) -> bool:
-        """Whether ``epoch`` is committed and holds every checkpointed node."""
+        """Whether ``epoch`` is committed, holds every checkpointed node, and each node's group is there."""
         return self._complete_commit(epoch) is not None
 
     def load_blobs_locally(
@@ -161,7 +168,8 @@ class Loads:
     ) -> bool:
         """Load ``blob_names`` of ``epoch`` into ``nodes``' workspaces in ``session``.
 
-        Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``.
+        Returns ``False`` and loads nothing if any node has no committed checkpoint for ``epoch``,
+        or its group of ``epoch`` no longer exists (deleted after the commit; a warning names it).
         Otherwise each node loads the named blobs its checkpoint holds (skipping the others), and
         only once every node has read and verified them: when one is corrupt, nothing is loaded.
 
@@ -172,7 +180,7 @@ class Loads:
         JobDefinitionError
             ``nodes`` differ from the manager's, or a name is invalid.
         CheckpointCorruptError
-            A node's checkpoint of committed ``epoch`` is damaged or missing; no workspace changed.
+            A node's group of committed ``epoch`` is there but damaged; no workspace changed.
         """
         names = self._node_names(_name_list(nodes, "node"))
         blobs = tuple(validate_name(b, "blob") for b in _name_list(blob_names, "blob"))

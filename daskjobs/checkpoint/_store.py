@@ -93,6 +93,14 @@ class CheckpointStore(Commits):
         """Where ``node``'s group of ``epoch`` lives: ``f"{url}/{node}.{epoch}"`` (Caffe2's naming)."""
         return f"{self.url}/{validate_name(node, 'node')}.{check_epoch(epoch)}"
 
+    def has_group(self, node: str, epoch: int) -> bool:
+        """Whether ``node``'s group of ``epoch`` is there (its folder, or any object under it); what
+        it holds is checked when it is read. A store that cannot tell counts it as there."""
+        try:
+            return bool(self.fs.exists(self._path(f"{node}.{epoch}")))
+        except OSError:
+            return True
+
     def _group(self, node: str, epoch: int) -> Location:
         url = self.db_name(node, epoch)
         return Location(self._files(), self._path(f"{node}.{epoch}"), url, self.anchor)

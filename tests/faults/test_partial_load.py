@@ -94,8 +94,12 @@ DAMAGE = {
     "a_chunk": (lambda p: truncate_a_chunk(p, "a"), r"epoch 3, node 'a', blob 'w'"),
     "b_chunk": (lambda p: truncate_a_chunk(p, "b"), r"epoch 3, node 'b', blob 'w'"),
     "b_json_chunk": (lambda p: truncate_a_chunk(p, "b", "meta"), r"epoch 3, node 'b', blob 'meta'"),
-    "b_group_folder": (lambda p: shutil.rmtree(Path(p) / "b.3"), r"epoch 3, node 'b'.*b\.3"),
     "a_group_zarr_json": (lambda p: (Path(p) / "a.3" / "zarr.json").unlink(), r"epoch 3, node 'a'"),
+}
+
+WHOLE_LOAD_DAMAGE = {
+    **DAMAGE,  # and a group deleted after its commit: a partial load answers False, a whole load cannot
+    "b_group_folder": (lambda p: shutil.rmtree(Path(p) / "b.3"), r"epoch 3, node 'b'.*b\.3"),
 }
 
 
@@ -134,7 +138,7 @@ def test_a_damaged_node_checkpoint_loads_nothing_anywhere(session, committed, ki
     assert np.array_equal(session.fetch("w", node="b"), np.arange(4096) + 2)
 
 
-@pytest.mark.parametrize("kind", ["b_chunk", "b_group_folder"])
+@pytest.mark.parametrize("kind", ["b_chunk", "a_group_zarr_json"])
 def test_runner_and_group_partial_loads_load_nothing_either(session, committed, kind):
     """runner.load_blobs_from_checkpoints and the group of manager.load_blobs_from_checkpoint: the same."""
     damage, message = DAMAGE[kind]
@@ -151,6 +155,32 @@ def test_runner_and_group_partial_loads_load_nothing_either(session, committed, 
     assert untouched(session)
 
 
+def test_a_node_group_deleted_after_its_commit_returns_false_and_loads_nothing(session, committed, caplog):
+    """SPEC §2.11: a node's checkpoint of that epoch is missing (its group was deleted after the
+    commit): the partial loads return False and load nothing, naming it in a warning, and
+    check_db_exists says False (as Caffe2 asked each node's database); a whole load, which cannot
+    answer False, raises CheckpointCorruptError naming it; nothing on disk changes."""
+    shutil.rmtree(Path(committed) / "b.3")
+    before = files(committed)
+    fill(session)
+    manager = dj.MultiNodeCheckpointManager(committed)
+    with caplog.at_level("WARNING", logger="daskjobs"):
+        assert manager.load_blobs_locally(NODES, ["w", "meta"], 3, session) is False
+    assert "b.3" in caplog.text
+    assert manager.check_db_exists(3) is False
+    assert manager.check_db_exists(2) is True
+    runner = dj.JobRunner(define(), dj.MultiNodeCheckpointManager(committed), max_epochs=5, progress=False)
+    assert runner.load_blobs_from_checkpoints(["w", "meta"], 3, session) is False
+    assert untouched(session)
+    assert staged(session) == {"a": False, "b": False}
+    loader = dj.MultiNodeCheckpointManager(committed)
+    loader.set_params(NODES)
+    with pytest.raises(CheckpointCorruptError, match=r"epoch 3, node 'b'.*b\.3"):
+        session.run(loader.load(3))
+    assert untouched(session)
+    assert files(committed) == before
+
+
 def test_an_epoch_missing_for_a_node_returns_false_and_loads_nothing(session, committed):
     """Not committed, or committed without one of the nodes: False, no workspace changed."""
     fill(session)
@@ -161,11 +191,11 @@ def test_an_epoch_missing_for_a_node_returns_false_and_loads_nothing(session, co
     assert untouched(session)
 
 
-@pytest.mark.parametrize("kind", list(DAMAGE))
+@pytest.mark.parametrize("kind", list(WHOLE_LOAD_DAMAGE))
 def test_a_whole_load_of_a_damaged_epoch_changes_no_workspace(session, committed, kind):
     """manager.load and a resume: CheckpointCorruptError, every workspace as it was, nothing kept
     staged after the resume; a whole load of a sound epoch then replaces each workspace exactly."""
-    damage, message = DAMAGE[kind]
+    damage, message = WHOLE_LOAD_DAMAGE[kind]
     damage(committed)
     before = files(committed)
     fill(session)
@@ -222,7 +252,7 @@ def test_names_that_are_not_a_list_of_str_are_refused(committed, nodes, blob_nam
 @pytest.mark.parametrize("kind", ["b_group_folder", "a_group_zarr_json"])
 def test_load_and_resume_of_a_committed_epoch_without_a_group_raise_corrupt(session, committed, kind):
     """manager.init(retrieve_from_epoch)+load and a resume: CheckpointCorruptError naming epoch and node."""
-    damage, message = DAMAGE[kind]
+    damage, message = WHOLE_LOAD_DAMAGE[kind]
     damage(committed)
     before = files(committed)
     manager = dj.MultiNodeCheckpointManager(committed)
