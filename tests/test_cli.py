@@ -149,6 +149,19 @@ def test_a_prefix_without_checkpoints_is_a_usage_error_and_nothing_is_created(tm
     assert prefix.exists() == (kind != "missing")
 
 
+@pytest.mark.parametrize("action", ["list", "show", "verify"])
+def test_a_daskjobs_prefix_without_a_commit_is_a_usage_error(tmp_path, action, capsys):
+    """A prefix whose job never committed (only daskjobs' own folder: its first run failed in the
+    init group) holds no checkpoints: exit 2 naming it, nothing created or changed."""
+    prefix = tmp_path / "never"
+    (prefix / "__daskjobs__" / "commits").mkdir(parents=True)
+    before = tree(tmp_path)
+    result = here("checkpoints", action, str(prefix), capsys=capsys)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"daskjobs checkpoints {action}: error: no committed checkpoint under {prefix}"
+    assert tree(tmp_path) == before
+
+
 def test_mistyped_prefix_through_the_real_command(tmp_path):
     """The real command exits 2 and does not create the prefix."""
     result = daskjobs("checkpoints", "list", str(tmp_path / "nothing"))

@@ -125,13 +125,13 @@ def _list(store: CheckpointStore, args: argparse.Namespace) -> int:
             rows.append({"epoch": epoch, "error": str(record)})
         else:
             rows.append(summary(record))
+    if not rows:  # a prefix holding no checkpoint is a usage error, as for show and verify
+        raise UsageError(f"no committed checkpoint under {store.url}")
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         for row in rows:
             print(_list_line(row))
-        if not rows:
-            print(f"no committed checkpoints under {store.url}")
     if broken:  # marked above; a listing still succeeds (``verify`` is the check that fails)
         print(
             f"warning: {len(broken)} corrupt commit record(s) under {store.url}: " + "; ".join(broken),
