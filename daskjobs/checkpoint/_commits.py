@@ -107,6 +107,16 @@ class Commits(Prefix):
             The record has another ``format_version``, is not a daskjobs record, is not a
             regular file, or its folder is a symbolic link.
         """
+        return self.commit_record_bytes(epoch)[0]
+
+    def commit_record_bytes(self, epoch: int) -> tuple[dict[str, Any], bytes]:
+        """The validated commit record of ``epoch`` and the very bytes it was read from (for a copy).
+
+        Raises
+        ------
+        CheckpointNotFoundError, CheckpointCorruptError, CheckpointFormatError
+            As :meth:`read_commit`.
+        """
         url = self.commit_path(epoch)
         try:
             path = self._commit_file(epoch)
@@ -121,7 +131,7 @@ class Commits(Prefix):
             raise CheckpointError(f"cannot read the commit record of epoch {epoch} ({url}): {data}")
         try:
             what = f"commit record of epoch {epoch}"
-            return unseal(data, validate_commit_record(loads(data, what), check_epoch(epoch)), what)
+            return unseal(data, validate_commit_record(loads(data, what), check_epoch(epoch)), what), data
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             raise type(exc)(f"{url}: {exc}") from None
 

@@ -283,6 +283,26 @@ class GroupReader:
             out[...] = scratch[: out.shape[0]] if shape else scratch
         return out
 
+    def stored_chunks(self, name: str) -> Iterator[tuple[str, memoryview]]:
+        """The chunk files of array blob ``name`` as stored: ``(chunk key, bytes)``, one chunk in
+        memory at a time, each verified against its digest before it is yielded (for a copy).
+
+        Raises
+        ------
+        CheckpointCorruptError, CheckpointFormatError
+            As :meth:`read`, for the first chunk or metadata found damaged.
+        """
+        self.check_group()
+        self._check_metadata([name])
+        for index in range(self._count(name)):
+            path, size = self._chunk_file(name, index)
+            self._check_sizes([(name, [index], size)])
+            with self._allocating(name, size):
+                buffer = memoryview(bytearray(size))
+            (result,) = self._read_chunks([(path, buffer, size)])
+            self._verify(name, index, result)
+            yield chunk_key(index, len(self.blobs[name]["shape"])), buffer
+
     def _read_chunks(self, reads: list[ChunkRead]) -> list[ChunkResult | UnsafeFileError]:
         files = self.where.files
         try:

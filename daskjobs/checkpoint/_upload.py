@@ -9,10 +9,14 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from .._execute import INTERNAL
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
 from ..errors import JobDefinitionError
 from ._files import make_dirs, write_file
+from ._naming import get_ckpt_filename
+from ._store import CheckpointStore
+from ._zarr import expected_metadata, group_document
 
 if TYPE_CHECKING:
     from .._workspace import Workspace
@@ -35,43 +39,82 @@ class UploadTaskGroupBuilder:
 _DONE = "daskjobs.upload_done"
 
 
-@dataclass(frozen=True)
-class _CopyStep:
-    """Copies a file or a folder tree between fsspec locations."""
+class _Destination:
+    """Writes files under an fsspec URL; on a local disk with daskjobs' own file modes (never group-
+    or world-writable)."""
 
-    source: str
+    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
+        self.root = self.root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    def write(self, relative: str, data: bytes | memoryview) -> None:
+        target = f"{self.root}/{relative}"
+        if self.local:
+            make_dirs(target.rsplit("/", 1)[0])
+            write_file(target, [data])
+        else:
+            self.fs.pipe_file(target, bytes(data))
+
+
+@dataclass(frozen=True)
+class _CopyGroupStep:
+    """Copies one node's group of a committed epoch: exactly the files its entry lists, each read
+    like any checkpoint read (regular files only, bounded, every chunk verified against its digest
+    before it is written), the group's own metadata last."""
+
+    prefix: str
+    prefix_options: dict[str, Any]
+    node: str
+    epoch: int
+    entry: dict[str, Any]
     destination: str
-    source_options: dict[str, Any]
     destination_options: dict[str, Any]
 
     def __call__(self, ws: Workspace) -> None:
-        src_fs, src_root = fsspec.core.url_to_fs(self.source, **self.source_options)
-        dst_fs, dst_root = fsspec.core.url_to_fs(self.destination, **self.destination_options)
-        if src_fs.isfile(src_root):
-            pairs = [(src_root, dst_root)]
-        else:
-            pairs = [
-                (path, f"{dst_root.rstrip('/')}/{path[len(src_root.rstrip('/')) + 1 :]}")
-                for path in src_fs.find(src_root)
-            ]
-        local = isinstance(dst_fs, LocalFileSystem)
-        for source, target in pairs:
-            data = src_fs.cat_file(source)
-            if local:  # daskjobs' own file modes: never group- or world-writable
-                make_dirs(target.rsplit("/", 1)[0])
-                write_file(target, [data])
-            else:
-                dst_fs.pipe_file(target, data)
+        store = CheckpointStore(self.prefix, self.prefix_options)
+        reader = store.reader(self.node, self.epoch, self.entry, entry_validated=True)
+        target = _Destination(self.destination, self.destination_options)
+        group = get_ckpt_filename(self.node, self.epoch)
+        for name, meta in self.entry["blobs"].items():
+            for key, data in reader.stored_chunks(name):
+                target.write(f"{group}/{name}/{key}", data)
+            target.write(f"{group}/{name}/zarr.json", expected_metadata(meta))
+        target.write(f"{group}/zarr.json", group_document(self.entry))
         ws[_DONE] = True
-        logger.info("uploaded %s to %s", self.source, self.destination)
+        logger.info("uploaded %s to %s", store.db_name(self.node, self.epoch), self.destination)
+
+
+@dataclass(frozen=True)
+class _CopyCommitStep:
+    """Copies the commit record of a committed epoch, read and validated (seal included), last."""
+
+    prefix: str
+    prefix_options: dict[str, Any]
+    epoch: int
+    destination: str
+    destination_options: dict[str, Any]
+
+    def __call__(self, ws: Workspace) -> None:
+        store = CheckpointStore(self.prefix, self.prefix_options)
+        _record, data = store.commit_record_bytes(self.epoch)
+        _Destination(self.destination, self.destination_options).write(
+            store.commit_path(self.epoch)[len(store.url) + 1 :], data
+        )
+        logger.info("uploaded the commit record of epoch %d to %s", self.epoch, self.destination)
+
+
+for _step in (_CopyGroupStep, _CopyCommitStep):  # their daskjobs errors surface as themselves
+    setattr(_step, INTERNAL, True)
 
 
 class CopyCheckpointUploader(UploadTaskGroupBuilder):
     """Copies the final epoch's checkpoint (every node's group, then its commit record) to ``destination``.
 
     The copy is itself a valid checkpoint prefix that ``dj.open_checkpoint(destination)`` reads.
-    Each node copies its own group on its worker; the commit record is copied last, after all
-    of them (an ``inputs`` edge orders it).
+    Each node copies its own group on its worker: exactly the files the commit record lists, each
+    read and verified like any checkpoint read (a damaged chunk fails the upload instead of being
+    copied); the commit record is copied last, after all of them (an ``inputs`` edge orders it).
 
     Parameters
     ----------
@@ -92,26 +135,32 @@ class CopyCheckpointUploader(UploadTaskGroupBuilder):
         ------
         JobDefinitionError
             ``checkpoint_manager`` is ``None``: the runner has no checkpoints to copy.
+        CheckpointNotFoundError
+            ``epoch`` is not committed (its save failed, or the job ran without checkpoints).
+        CheckpointCorruptError, CheckpointFormatError
+            Its commit record is damaged; the copy itself raises them for a damaged group.
         """
         if checkpoint_manager is None:
             raise JobDefinitionError(
                 "CopyCheckpointUploader needs the job's checkpoint manager: give the JobRunner a checkpoint_manager"
             )
         store = checkpoint_manager.store
+        record = store.read_commit(epoch)
         group = TaskGroup(WorkspaceType.PRIVATE)
         done = {}
         for node in checkpoint_manager.nodes():
-            step = _CopyStep(
-                store.db_name(node, epoch),
-                f"{self.destination}/{node}.{epoch}",
+            step = _CopyGroupStep(
+                store.url,
                 store.storage_options,
+                node,
+                epoch,
+                record["node_entries"][node],
+                self.destination,
                 self.storage_options,
             )
             done[f"{_DONE}.{node}"] = Task(
                 step, group=group, node=node, name="checkpoint_upload", outputs=_DONE
             ).outputs()[0]
-        commit = store.commit_path(epoch)
-        relative = commit[len(store.url) + 1 :]
-        step = _CopyStep(commit, f"{self.destination}/{relative}", store.storage_options, self.storage_options)
+        step = _CopyCommitStep(store.url, store.storage_options, epoch, self.destination, self.storage_options)
         Task(step, group=group, node=checkpoint_manager.nodes()[0], name="checkpoint_upload_commit", inputs=done)
         return group

@@ -220,7 +220,7 @@ def write_group(
     try:
         files.mkdir(where.path, parents=True, within=where.anchor)
         marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
-        files.put_atomic(f"{where.path}/zarr.json", _group_document(marker))
+        files.put_atomic(f"{where.path}/zarr.json", group_document(marker))
         files.flush_pending()
         total = sum(array.nbytes for _, array in stored.values())
         if isinstance(files, LocalFiles) and len(stored) > 1 and total >= _THREADS_FROM:
@@ -238,7 +238,7 @@ def write_group(
             "bytes_reused": sum(r for _, _, _, r in results),
             "seconds": time.perf_counter() - started,
         }
-        files.put_atomic(f"{where.path}/zarr.json", _group_document(entry))
+        files.put_atomic(f"{where.path}/zarr.json", group_document(entry))
         if sync or not isinstance(files, LocalFiles):
             files.flush()
     except CheckpointError:
@@ -250,7 +250,7 @@ def write_group(
     return entry
 
 
-def _group_document(entry: Mapping[str, Any]) -> bytes:
+def group_document(entry: Mapping[str, Any]) -> bytes:
     return dumps({"zarr_format": 3, "node_type": "group", "attributes": {ENTRY_KEY: entry}})
 
 
