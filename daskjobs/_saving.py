@@ -111,6 +111,7 @@ class EpochSaver:
         failed = manager.accept_finished(epoch, finished)
         if in_flight is not None and in_flight not in failed:
             self.last_committed = in_flight
+            self._call_then(in_flight)
         for other, error in sorted(failed.items()):
             if other != epoch:
                 self._give_up(other, error)
@@ -140,11 +141,15 @@ class EpochSaver:
             self._call_then(epoch)
 
     def when_committed(self, call: Callable[[], object]) -> None:
-        """Call ``call`` once the last epoch saved is committed: now, or after its waiting commit."""
-        if not self._waiting:
-            call()
-        else:
+        """Call ``call`` once the last epoch saved is committed: now, or after its waiting commit
+        (or the commit of its asynchronous save)."""
+        in_flight = self.manager.pending_epoch()
+        if self._waiting:
             self._then.append((self._waiting[-1][0], call))
+        elif in_flight is not None:
+            self._then.append((in_flight, call))
+        else:
+            call()
 
     def _call_then(self, epoch: int) -> None:
         """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it."""
@@ -222,19 +227,16 @@ class EpochSaver:
                 self.last_committed = pending
 
             self._with_retries(pending, flush, give_up=manager.discard_pending)
+            self._call_then(pending)
 
-    def bytes(self) -> tuple[int, int]:
-        """Bytes written and reused by the last save: from the nodes' entries of an epoch saved in
-        its graph, else from the last commit (``bytes`` counts as written when a format without
-        delta reports no split)."""
-        if self._written is not None:
-            return self._written
-        record = self.manager.last_commit
-        if record is None:
-            return 0, 0
-        entries = record["node_entries"].values()
-        written = sum(int(e.get("bytes_written", e.get("bytes", 0))) for e in entries)
-        return written, sum(int(e.get("bytes_reused", 0)) for e in entries)
+    def bytes(self, epoch: int) -> tuple[int, int] | None:
+        """Bytes written and reused by the save of ``epoch``: from its commit when it is committed,
+        else from the nodes' entries of an epoch saved in its graph; ``None`` while an asynchronous
+        save is still running (the figures come with its commit)."""
+        committed = self.manager.committed_bytes.get(epoch)
+        if committed is not None:
+            return committed
+        return self._written
 
     def failed(self, epoch: int, error: BaseException | None) -> None:
         """Give up on saving ``epoch``: raise :class:`CheckpointWriteError` or warn, by policy; a lock

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -127,6 +128,7 @@ class JobRunner:
         self.on_epoch = on_epoch
         self.break_lock = break_lock
         self.history: list[EpochRecord] = []
+        self._bytes_pending: list[int] = []
         self.dashboard_link: str | None = None
         """The Dask dashboard of the last session trained on, when it has one."""
         self._signals = GracefulStop()
@@ -150,6 +152,7 @@ class JobRunner:
         own, session = not isinstance(session, Session), as_session(session)
         session.start_job_run(self.job.name)
         self.history = []
+        self._bytes_pending = []
         self._signals.requested = None
         self._saver = None
         try:
@@ -305,9 +308,10 @@ class JobRunner:
         while not stop:
             record = self._run_epoch(session, epoch, failures)
             self.history.append(record)
+            self._settle_bytes()
             bar.update(record)
             if self.on_epoch is not None and self._saver is not None:
-                self._saver.when_committed(partial(self.on_epoch, record))
+                self._saver.when_committed(partial(self._committed, len(self.history) - 1))
             elif self.on_epoch is not None:
                 self.on_epoch(record)
             self._stop_if_interrupted(manager, session)
@@ -317,7 +321,14 @@ class JobRunner:
         bar.complete()
         if self._saver is not None:
             self._saver.flush(session)
+            self._settle_bytes()
         return epoch
+
+    def _committed(self, index: int) -> None:
+        """``on_epoch`` for the epoch of history record ``index``, now committed (with its bytes)."""
+        self._settle_bytes()
+        if self.on_epoch is not None:
+            self.on_epoch(self.history[index])
 
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
@@ -354,8 +365,22 @@ class JobRunner:
                 saved = 0.0
             else:
                 saved = saver.accept(epoch, session, finished, values, metrics)
-            written, reused = saver.bytes()
+            known = saver.bytes(epoch)
+            if known is None:  # an asynchronous save: its figures come with its commit (see _settle_bytes)
+                self._bytes_pending.append(epoch)
+            written, reused = known or (0, 0)
         return EpochRecord(epoch, elapsed, saved, written, reused, values, metrics, failures)
+
+    def _settle_bytes(self) -> None:
+        """Give the history records of asynchronously saved epochs the bytes their commits report."""
+        if not self._bytes_pending or self._saver is None:
+            return
+        committed = self._saver.manager.committed_bytes
+        for epoch in [e for e in self._bytes_pending if e in committed]:
+            self._bytes_pending.remove(epoch)
+            index = next(i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch)
+            written, reused = committed[epoch]
+            self.history[index] = replace(self.history[index], bytes_written=written, bytes_reused=reused)
 
     def _start(
         self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int

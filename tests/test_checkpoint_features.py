@@ -182,3 +182,44 @@ def test_open_checkpoint_views(prefix):
     assert "<table>" in view._repr_html_()
     with pytest.raises(dj.errors.CheckpointNotFoundError):
         dj.open_checkpoint(prefix, epoch=99)
+
+
+def _frozen_then_changed_job() -> dj.Job:
+    """A big blob changed in epoch 3 only, a small one every epoch."""
+
+    def step(ws):
+        ws["n"] = ws["n"] + 1
+        if ws.epoch == 3:
+            ws["frozen"] = ws["frozen"] + 1
+
+    with dj.Cluster(), dj.Job(name="bytes") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.update(frozen=np.arange(100_000.0), n=np.int64(0)))
+        dj.Task(step)
+    return job
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_history_reports_each_epochs_own_bytes(session, tmp_path, async_save):
+    """SPEC §1.7/§1.8: runner.history's bytes written and reused are those of the epoch's own
+    commit, also when the save runs in the background (its figures come with its commit), and
+    on_epoch sees them; an unchanged big blob is reused."""
+    prefix = str(tmp_path / "ckpt")
+    seen = {}
+    runner = dj.JobRunner(
+        _frozen_then_changed_job(),
+        dj.MultiNodeCheckpointManager(prefix, async_save=async_save),
+        max_epochs=5,
+        progress=False,
+        on_epoch=lambda record: seen.__setitem__(record.epoch, (record.bytes_written, record.bytes_reused)),
+    )
+    runner.train(session)
+    committed = {
+        i.epoch: (i.record["node_entries"]["a"]["bytes_written"], i.record["node_entries"]["a"]["bytes_reused"])
+        for i in dj.list_checkpoints(prefix)
+    }
+    history = {r.epoch: (r.bytes_written, r.bytes_reused) for r in runner.history}
+    assert history == {e: committed[e] for e in range(1, 6)}
+    assert seen == history
+    assert committed[3][0] >= 800_000  # the big blob changed in epoch 3
+    assert history[4][1] >= 800_000 or async_save  # and is reused by epoch 4 (async: against epoch 2, see README)

@@ -153,6 +153,9 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
+        self.committed_bytes: dict[int, tuple[int, int]] = {}
+        """Bytes written and reused of the epochs this manager committed lately (the newest 64): an
+        asynchronous save's figures are known only once its epoch is committed."""
         """The commit record written last by this manager."""
 
     keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
@@ -365,6 +368,9 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
         self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
         self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
+        self.committed_bytes[epoch] = (self.last_commit_written, self.last_commit_reused)
+        for old_epoch in sorted(self.committed_bytes)[:-64]:
+            del self.committed_bytes[old_epoch]
         self._remember(epoch, entries)
         self._saves.forget(epoch)
         self._handler.write(epoch=epoch)
