@@ -222,4 +222,4 @@ def test_history_reports_each_epochs_own_bytes(session, tmp_path, async_save):
     assert history == {e: committed[e] for e in range(1, 6)}
     assert seen == history
     assert committed[3][0] >= 800_000  # the big blob changed in epoch 3
-    assert history[4][1] >= 800_000 or async_save  # and is reused by epoch 4 (async: against epoch 2, see README)
+    assert history[4][1] >= 800_000 or async_save  # reused by epoch 4 (async: compared with epoch 2, see README)
