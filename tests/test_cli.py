@@ -149,7 +149,7 @@ def test_a_prefix_without_checkpoints_is_a_usage_error_and_nothing_is_created(tm
     assert prefix.exists() == (kind != "missing")
 
 
-@pytest.mark.parametrize("action", ["list", "show", "verify"])
+@pytest.mark.parametrize("action", ["list", "show", "verify", "prune"])
 def test_a_daskjobs_prefix_without_a_commit_is_a_usage_error(tmp_path, action, capsys):
     """A prefix whose job never committed (only daskjobs' own folder: its first run failed in the
     init group) holds no checkpoints: exit 2 naming it, nothing created or changed."""

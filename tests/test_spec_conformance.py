@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import re
 import threading
 
 import numpy as np
@@ -438,6 +439,20 @@ def test_naming_functions():
     assert dj.CheckpointManager("/tmp/db", "ps").get_ckpt_db_name("ps", 3) == "/tmp/db/ps.3"
     assert dj.db_name(3, "ps", "/tmp/db/") == "/tmp/db/ps.3"
     assert dj.db_name(3, "ps", "/ignored", path_prefix="/other/") == "/other/ps.3"
+
+
+def test_naming_functions_take_paths_and_refuse_names_that_leave_the_prefix(tmp_path):
+    """§1.1/§3: a ``pathlib.Path`` prefix works; a bad node name or epoch raises ValueError naming it
+    (a name never leads out of the prefix), also through ``manager.get_ckpt_db_name``."""
+    assert dj.db_name(3, "ps", tmp_path) == f"{tmp_path}/ps.3"
+    manager = dj.MultiNodeCheckpointManager(tmp_path)
+    for node, epoch, named in [("../etc", 1, "'../etc'"), ("a/b", 1, "'a/b'"), ("a b", 1, "'a b'"), ("ps", -1, "-1")]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            dj.get_ckpt_filename(node, epoch)
+        with pytest.raises(ValueError, match=re.escape(named)):
+            dj.db_name(epoch, node, tmp_path)
+        with pytest.raises(ValueError, match=re.escape(named)):
+            manager.get_ckpt_db_name(node, epoch)
 
 
 @pytest.mark.parametrize("db_prefix", ["relative/db", "file:///tmp/spec-naming", "memory://spec-naming/db"])

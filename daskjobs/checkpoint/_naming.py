@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+import os
+
+from .._validation import validate_name
+from ._format import check_epoch
+
 
 def get_ckpt_filename(node: str, epoch: int) -> str:
-    """The checkpoint name of a node at an epoch: ``"<node>.<epoch>"``."""
-    return f"{node}.{epoch}"
+    """The checkpoint name of a node at an epoch: ``"<node>.<epoch>"``.
+
+    ``node`` is a node name (or a :class:`~daskjobs.Node`), ``epoch`` an int from 0.
+
+    Raises
+    ------
+    JobDefinitionError
+        A bad node name or epoch (a ``ValueError``): a name must never lead out of the prefix.
+
+    Examples
+    --------
+    >>> get_ckpt_filename("trainer_0", 5)
+    'trainer_0.5'
+    """
+    name = node if isinstance(node, str) else str(node)
+    return f"{validate_name(name, 'node')}.{check_epoch(epoch)}"
 
 
-def db_name(epoch: int, node: str, db_prefix: str, path_prefix: str | None = None) -> str:
+def db_name(epoch: int, node: str, db_prefix: str | os.PathLike[str], path_prefix: str | None = None) -> str:
     """Where a node's checkpoint of ``epoch`` lives: ``"<db_prefix>/<node>.<epoch>"``.
 
-    A non-empty ``path_prefix`` is prepended as it is, without a separator (as in Caffe2).
+    ``db_prefix`` is a local path (``str`` or ``pathlib.Path``) or an fsspec URL. A non-empty
+    ``path_prefix`` is prepended as it is, without a separator (as in Caffe2).
+
+    Raises
+    ------
+    JobDefinitionError
+        A bad node name or epoch (see :func:`get_ckpt_filename`).
 
     Examples
     --------
@@ -20,5 +45,5 @@ def db_name(epoch: int, node: str, db_prefix: str, path_prefix: str | None = Non
     """
     name = get_ckpt_filename(node, epoch)
     if path_prefix:
-        return f"{path_prefix}{name}"
-    return f"{db_prefix.rstrip('/')}/{name}"
+        return f"{os.fspath(path_prefix)}{name}"
+    return f"{os.fspath(db_prefix).rstrip('/')}/{name}"

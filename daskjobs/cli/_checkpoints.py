@@ -242,6 +242,8 @@ def _verify(store: CheckpointStore, args: argparse.Namespace) -> int:
 
 
 def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:
+    if not store.committed_epochs():  # a prefix holding no checkpoint is a usage error, as for the others
+        raise UsageError(f"no committed checkpoint under {store.url}")
     if args.dry_run:
         return _prune_locked(store, args)
     store.acquire_lock(local_holder("daskjobs checkpoints prune"))
