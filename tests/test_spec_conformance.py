@@ -596,7 +596,9 @@ def test_list_and_open_checkpoint(session, prefix):
     """§1.7: ``list_checkpoints`` lists committed epochs; ``open_checkpoint`` reads verified arrays."""
     dj.JobRunner(counter_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False).train(session)
     listed = dj.list_checkpoints(prefix)
-    assert [c["epoch"] if isinstance(c, dict) else c.epoch for c in listed] == [0, 1, 2]
+    assert [c.epoch for c in listed] == [c["epoch"] for c in listed] == [0, 1, 2]
+    assert listed[2]["stop_values"] == listed[2].stop_values
+    assert listed[2]["format_version"] == listed[2].record["format_version"]  # the rest of the record
     latest = dj.open_checkpoint(prefix)
     assert latest.epoch == 2
     assert list(latest.nodes) == ["a"]

@@ -33,6 +33,20 @@ class CheckpointInfo:
     metrics: dict[str, float] = field(default_factory=dict)
     """The epoch's metric means (logged with ``ws.log``), from the commit record."""
 
+    def __getitem__(self, key: str) -> Any:
+        """Dict-style access: ``info["epoch"]`` is ``info.epoch``; other keys come from the commit
+        record (``info["timings"]``, ``info["format_version"]`` …).
+
+        Examples
+        --------
+        >>> info = CheckpointInfo(3, "job", ["a"], 8, "", {}, {"timings": {"save_seconds": 0.5}})
+        >>> info["epoch"], info["timings"]
+        (3, {'save_seconds': 0.5})
+        """
+        if key in self.__dataclass_fields__:
+            return getattr(self, key)
+        return self.record[key]
+
 
 def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
     """The committed epochs under ``db_prefix``, oldest first, with their commit metadata.
