@@ -100,7 +100,9 @@ def test_writer_killed_mid_write_fails_the_epoch(tmp_path, caplog, signum, polic
     seen: dict[str, object] = {}
 
     def kill_the_writer(record):
-        if record.epoch != VICTIM_EPOCH:
+        # on_epoch of an epoch comes once it is committed: at the end of the next epoch, whose
+        # snapshot writer is then running
+        if record.epoch != VICTIM_EPOCH - 1:
             return
         wait_for(lambda: ("a", VICTIM_EPOCH) in snapshot_writers().values())
         (pid,) = [p for p, what in snapshot_writers().items() if what == ("a", VICTIM_EPOCH)]
@@ -147,8 +149,8 @@ def test_writer_error_names_node_and_epoch(tmp_path, fault):
         (foreign / "notes.txt").write_text("mine")
     seen: dict[str, dict] = {}
 
-    def remember(record):
-        if record.epoch == VICTIM_EPOCH:
+    def remember(record):  # once the epoch before the victim is committed (the victim's save is running)
+        if record.epoch == VICTIM_EPOCH - 1:
             seen["files"] = committed_files(prefix)
 
     runner = dj.JobRunner(
