@@ -8,6 +8,8 @@ both alike:
   ``np.savez`` to one file followed by fsync of the file and of its folder (the same durability);
   and the floor of the format itself: only the file operations a Zarr v3 group with one array
   per blob needs (a folder, ``zarr.json`` and a chunk file per blob, one ``syncfs``), no daskjobs;
+  and the floor of a layout that is not daskjobs': every array's metadata consolidated into the
+  group's ``zarr.json`` (a folder and a chunk file per blob), what dropping the per-array files would save;
 * small restore: ``open_checkpoint(...)[node][blob]`` for every blob, ``read_node`` (what a
   resume or ``load`` runs on the node) and a whole resume (``JobRunner(..., resume_from_epoch=e,
   max_epochs=e).train()`` on a ``LocalSession``: lock, checks, load, no further epoch), against
@@ -85,6 +87,21 @@ def format_floor(path: str, arrays: dict[str, np.ndarray]) -> None:
     sync_paths([path] * (FSYNC_EACH_UP_TO + 1))  # more paths than fsync-each: one syncfs, as daskjobs does
 
 
+def consolidated_floor(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """The same with every array's metadata consolidated into the group's ``zarr.json`` (a folder and a
+    chunk file per blob): what dropping the per-array ``zarr.json`` would leave. Not daskjobs' format."""
+    os.mkdir(path)
+    for name, array in arrays.items():
+        os.mkdir(f"{path}/{name}")
+        fd = os.open(f"{path}/{name}/c.0", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, array.tobytes())
+        os.close(fd)
+    fd = os.open(f"{path}/zarr.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, b"{" + b" " * (400 * len(arrays)) + b"}")
+    os.close(fd)
+    sync_paths([path] * (FSYNC_EACH_UP_TO + 1))
+
+
 def load_npz(path: str) -> dict[str, np.ndarray]:
     with np.load(path) as archive:
         return {name: archive[name] for name in archive.files}
@@ -113,6 +130,7 @@ def small(root: str, runs: int, count: int) -> dict[str, list[float]]:
             "savez": lambda r: savez_durable(os.path.join(folder, f"{r}.npz"), blobs),
             "dj_save": save,
             "format_floor": lambda r: format_floor(os.path.join(root, f"floor{count}-{r}"), blobs),
+            "consolidated_floor": lambda r: consolidated_floor(os.path.join(root, f"cons{count}-{r}"), blobs),
         },
     )
 
@@ -202,6 +220,12 @@ def bulk(root: str, runs: int, size_mib: int) -> dict[str, list[float]]:
 ROWS = [  # label, baseline key, daskjobs key, target
     ("100 x 4 KiB save (fsync)", ("small100", "savez"), ("small100", "dj_save"), 2.0),
     ("100 x 4 KiB: floor of the format (no daskjobs)", ("small100", "savez"), ("small100", "format_floor"), 2.0),
+    (
+        "100 x 4 KiB: floor, metadata consolidated",
+        ("small100", "savez"),
+        ("small100", "consolidated_floor"),
+        2.0,
+    ),
     ("100 x 4 KiB restore, open_checkpoint", ("small100", "npz_load"), ("small100", "dj_open_checkpoint"), 2.0),
     ("100 x 4 KiB restore, read_node (resume)", ("small100", "npz_load"), ("small100", "dj_read_node"), 2.0),
     ("100 x 4 KiB restore, a whole resume (train)", ("small100", "npz_load"), ("small100", "dj_resume"), 2.0),
