@@ -153,10 +153,10 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
+        """The commit record written last by this manager."""
         self.committed_bytes: dict[int, tuple[int, int]] = {}
         """Bytes written and reused of the epochs this manager committed lately (the newest 64): an
         asynchronous save's figures are known only once its epoch is committed."""
-        """The commit record written last by this manager."""
 
     keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
     keep_every = property(lambda self: self.retention.keep_every, doc="Retention: every epoch divisible by it is kept.")
