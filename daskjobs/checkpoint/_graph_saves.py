@@ -56,7 +56,8 @@ class GraphSaves:
         if self.async_save:
             snapshot = self.async_snapshot
             return {
-                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot) for n in self.nodes()
+                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot, self.delta)
+                for n in self.nodes()
             }
         later = self._nodes_delete = flush_later and self.may_defer_commit and self.store.defers_flush
         doomed = self.retention.retired.hand_out(self.nodes()) if later else {}

@@ -471,9 +471,12 @@ class AsyncSaveFinish:
     save_id: str
     previous_id: str | None
     previous: dict[str, Any] | None = None
-    """The previous committed epoch's node entry, for delta reuse."""
+    """The newest committed epoch's node entry, for delta reuse. The entry of the save in flight,
+    when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
     snapshot_mode: str = "copy"
     """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
+    delta: bool = True
+    """Whether chunks may be reused at all (the manager's ``delta``)."""
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         running = state.services.pop(SAVER, None)
@@ -491,8 +494,13 @@ class AsyncSaveFinish:
                 )
             }
 
+        base = self.previous
+        written = (previous or {}).get("entry") if self.delta else None
+        if written is not None and written.get("epoch", -1) > (base or {}).get("epoch", -1):
+            base = written  # a failed link to it (its epoch given up and deleted) writes the bytes instead
+
         def start() -> dict[str, Any]:
-            start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
+            start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
             return {}
 
         return {"previous": previous, "error": _outcome(start).get("error")}
