@@ -17,10 +17,21 @@ logger = logging.getLogger("daskjobs")
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
-def interruption(signum: int, job: str, last: int | None, url: str | None, *, abandoned: bool) -> BaseException:
+def interruption(
+    signum: int,
+    job: str,
+    last: int | None,
+    url: str | None,
+    *,
+    abandoned: bool,
+    list_committed: Callable[[], list[int]] | None = None,
+) -> BaseException:
     """The error a run of ``job`` interrupted by ``signum`` raises: ``KeyboardInterrupt`` (SIGINT) or
     :class:`~daskjobs.errors.JobInterruptedError` (SIGTERM), naming the epoch ``last`` committed under
-    ``url`` (``None``: nothing committed) and how to resume from it."""
+    ``url`` (``None``: nothing committed) and how to resume from it. An ``abandoned`` run names
+    the newest commit ``list_committed()`` finds, if newer (see :func:`newest_committed`)."""
+    if abandoned and list_committed is not None:
+        last = newest_committed(list_committed, last)
     if last is None or url is None:
         where = "nothing is committed"
     else:

@@ -12,6 +12,7 @@ from .checkpoint import MultiNodeCheckpointManager
 from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
 
 if TYPE_CHECKING:
+    from ._model.group import TaskGroup
     from .session import Session
 
 logger = logging.getLogger("daskjobs")
@@ -74,6 +75,26 @@ class EpochSaver:
         except Exception as exc:  # e.g. the epoch is already committed: a save error, by policy, not retried
             self.failed(epoch, exc)
             return {}
+
+    def run_init(self, session: Session, init_group: TaskGroup, nodes: list[str], *, attempt: int) -> None:
+        """Run the job's ``init_group`` and save epoch 0 (inside its graph when possible, see :meth:`hooks`)."""
+        manager, job = self.manager, self.job
+        hooks = self.hooks(0, init_group.used_nodes(), session)
+        if hooks:
+            # The driver checked the prefix before anything ran (prepare_manager); on the nodes,
+            # the save's write is the check, so the group manager.init returns is not run (it
+            # registers the nodes) unless a subclass of the manager overrides init().
+            check = manager.init(nodes)
+            if overrides(manager, "init"):
+                session.run_group(check, job=job, attempt=attempt)
+        finished: dict[str, Any] = {}
+        session.run_group(init_group, job=job, attempt=attempt, finish=hooks or None, finished=finished)
+        if hooks:
+            self.accept(0, session, finished, {}, {})
+            return
+        session.run_group(manager.init(nodes), job=job, attempt=attempt)
+        if hooks is None:
+            self.save(0, session, {}, {})
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:
         """Save ``epoch`` as a group run of its own and commit it; returns the seconds it took."""

@@ -380,3 +380,12 @@ def stop_value(name: str, value: Any) -> bool:
         return bool(value.reshape(()))
     kind = f"array of dtype {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else type(value)
     raise StopConditionError(f"stop condition {name!r} must be a bool or a one-element bool array, got {kind}")
+
+
+def stop_condition_values(outputs: list[Any]) -> dict[str, bool]:
+    """The checked value of each stop condition output, by its name (``name#i`` for a repeated name)."""
+    values: dict[str, bool] = {}
+    for i, output in enumerate(outputs):
+        key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
+        values[key] = stop_value(output.names[0], output.fetch())
+    return values

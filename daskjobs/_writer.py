@@ -8,8 +8,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .checkpoint._lock import local_holder
+from .errors import CheckpointWriteError
 
 if TYPE_CHECKING:
+    from ._model.job import Job
     from .checkpoint import MultiNodeCheckpointManager
     from .session import Session
 
@@ -49,3 +51,28 @@ def end_saves(manager: MultiNodeCheckpointManager, session: Session) -> None:
         manager.end_saves(session)
     except Exception as exc:
         logger.warning("could not stop the background checkpoint writes of %s: %s", manager.store.url, exc)
+
+
+def prepare_manager(
+    manager: MultiNodeCheckpointManager, job: Job, resume_from_epoch: int | None, *, warn_unwritable: bool
+) -> tuple[MultiNodeCheckpointManager | None, int | None]:
+    """Check ``manager``'s prefix for a run of ``job`` before anything runs.
+
+    Returns the manager to use (``None``: run without checkpoints, when the prefix is not
+    writable and ``warn_unwritable``) and the metadata handler's answer to ``resume_from_epoch``
+    (``None`` when that is ``None``). Only reads: the epoch to resume from must be committed.
+    """
+    manager.set_params(nodes=job.nodes_to_checkpoint(), job_name=job.name)
+    resume = None
+    if resume_from_epoch is not None:
+        resume = manager.get_resume_from_epoch_id(resume_from_epoch)  # reads its record
+        if resume_from_epoch not in manager.store.committed_epochs():
+            manager.store.read_commit(resume_from_epoch)  # CheckpointNotFoundError naming it
+    try:
+        manager.store.check_writable()
+    except CheckpointWriteError as exc:
+        if not warn_unwritable:
+            raise
+        logger.warning("%s; running job %r without checkpoints (on_save_error='warn')", exc, job.name)
+        return None, None
+    return manager, resume

@@ -11,7 +11,7 @@ import importlib
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._notebook import show_figures_inline
@@ -62,6 +62,16 @@ class MetricLog:
         """A copy of what was logged."""
         with self._lock:
             return dict(self._sums)
+
+
+def settle_bytes(records: list[EpochRecord], pending: list[int], committed: Mapping[int, tuple[int, int]]) -> None:
+    """Give the records of the ``pending`` epochs (saved asynchronously) the bytes written and
+    reused that their commits report (``committed``: epoch -> bytes); drop those from ``pending``."""
+    for epoch in [e for e in pending if e in committed]:
+        pending.remove(epoch)
+        index = next(i for i in range(len(records) - 1, -1, -1) if records[i].epoch == epoch)
+        written, reused = committed[epoch]
+        records[index] = replace(records[index], bytes_written=written, bytes_reused=reused)
 
 
 def merge_sums(parts: Iterable[Mapping[str, tuple[float, int]]]) -> MetricSums:

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._interrupt import AbandonedRun, GracefulStop, interruption, newest_committed, signal_of
+from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver, overrides
-from ._validation import resume_epoch, stop_value
-from ._writer import end_saves, holding_lock
+from ._validation import resume_epoch, stop_condition_values
+from ._writer import end_saves, holding_lock, prepare_manager
 from .data import epochs_until_finished
 from .errors import (
-    CheckpointWriteError,
     JobDefinitionError,
     JobInterruptedError,
     NodeLostError,
     SessionLostError,
 )
-from .history import EpochRecord, history_frame, history_html, means, plot_history
+from .history import EpochRecord, history_frame, history_html, means, plot_history, settle_bytes
 from .session import Session, as_session
 
 if TYPE_CHECKING:
@@ -134,7 +132,7 @@ class JobRunner:
         self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
-        """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, in :meth:`_prepare`)."""
+        """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, before it starts)."""
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -148,7 +146,11 @@ class JobRunner:
                 f"job {self.job.name!r} has no stop condition and no max_epochs: it would never stop; "
                 "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
             )
-        manager = self._prepare(self.checkpoint_manager)
+        manager = self.checkpoint_manager
+        if manager is not None:
+            manager, self._resume = prepare_manager(
+                manager, self.job, self.resume_from_epoch, warn_unwritable=self.on_save_error == "warn"
+            )
         own, session = not isinstance(session, Session), as_session(session)
         session.start_job_run(self.job.name)
         self.history = []
@@ -183,27 +185,6 @@ class JobRunner:
                 session.close()
 
     __call__ = train
-
-    def _prepare(self, manager: MultiNodeCheckpointManager | None) -> MultiNodeCheckpointManager | None:
-        """Check the prefix before anything runs: the epoch to resume from (read only; the
-        handler's answer is kept for :meth:`_train`), then that it is writable. Returns the
-        manager to use (``None``: run without checkpoints)."""
-        if manager is None:
-            return None
-        manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
-        self._resume = None
-        if self.resume_from_epoch is not None:
-            self._resume = manager.get_resume_from_epoch_id(self.resume_from_epoch)  # reads its record
-            if self.resume_from_epoch not in manager.store.committed_epochs():
-                manager.store.read_commit(self.resume_from_epoch)  # CheckpointNotFoundError naming it
-        try:
-            manager.store.check_writable()
-        except CheckpointWriteError as exc:
-            if self.on_save_error == "raise":
-                raise
-            logger.warning("%s; running job %r without checkpoints (on_save_error='warn')", exc, self.job.name)
-            return None
-        return manager
 
     def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
         """Save every checkpointed node's workspace as ``epoch`` and commit it.
@@ -248,7 +229,7 @@ class JobRunner:
         if manager is None:
             resume = self.resume_from_epoch
         elif self.resume_from_epoch is not None:
-            resume = self._resume  # the handler answered in _prepare
+            resume = self._resume  # the handler answered before the run started
         else:
             resume = manager.get_resume_from_epoch_id()
         if manager is not None:
@@ -355,7 +336,7 @@ class JobRunner:
             if saver is not None:
                 saver.check_meanwhile()
         elapsed = time.perf_counter() - started
-        values, metrics = self._stop_values(), means(sums)
+        values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
         if saver is None:
             saved, (written, reused) = 0.0, (0, 0)
         else:
@@ -373,14 +354,8 @@ class JobRunner:
 
     def _settle_bytes(self) -> None:
         """Give the history records of asynchronously saved epochs the bytes their commits report."""
-        if not self._bytes_pending or self._saver is None:
-            return
-        committed = self._saver.manager.committed_bytes
-        for epoch in [e for e in self._bytes_pending if e in committed]:
-            self._bytes_pending.remove(epoch)
-            index = next(i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch)
-            written, reused = committed[epoch]
-            self.history[index] = replace(self.history[index], bytes_written=written, bytes_reused=reused)
+        if self._bytes_pending and self._saver is not None:
+            settle_bytes(self.history, self._bytes_pending, self._saver.manager.committed_bytes)
 
     def _start(
         self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
@@ -390,24 +365,10 @@ class JobRunner:
         job = self.job
         nodes = job.nodes_to_checkpoint()
         if resume is None:
-            saver = self._saver
-            hooks = None if saver is None else saver.hooks(0, job.init_group.used_nodes(), session)
-            if saver is not None and hooks:
-                # Epoch 0 is saved at the end of the init group's own graph. The driver checked the
-                # prefix before anything ran (see _prepare); on the nodes, the save's write is the
-                # check, so the group manager.init returns is not run (it registers the nodes)
-                # unless a subclass of the manager overrides init().
-                check = saver.manager.init(nodes)
-                if overrides(saver.manager, "init"):
-                    session.run_group(check, job=job.name, attempt=failures)
-            finished: dict[str, Any] = {}
-            session.run_group(job.init_group, job=job.name, attempt=failures, finish=hooks or None, finished=finished)
-            if saver is not None and hooks:
-                saver.accept(0, session, finished, {}, {})
-            elif manager is not None and saver is not None:
-                session.run_group(manager.init(nodes), job=job.name, attempt=failures)
-                if hooks is None:
-                    saver.save(0, session, {}, {})
+            if self._saver is None:
+                session.run_group(job.init_group, job=job.name, attempt=failures)
+            else:
+                self._saver.run_init(session, job.init_group, nodes, attempt=failures)
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
@@ -449,13 +410,6 @@ class JobRunner:
             return epoch, True
         return epoch + 1, False
 
-    def _stop_values(self) -> dict[str, bool]:
-        values: dict[str, bool] = {}
-        for i, output in enumerate(self.job.stop_conditions):
-            key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
-            values[key] = stop_value(output.names[0], output.fetch())
-        return values
-
     def _restore(
         self, session: Session, manager: MultiNodeCheckpointManager | None, failures: int
     ) -> tuple[int, bool] | None:
@@ -492,12 +446,11 @@ class JobRunner:
         raise error
 
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
-        manager = self.checkpoint_manager
-        url = None if manager is None else manager.store.url
-        last = self._last_committed()
-        if abandoned and manager is not None:
-            last = newest_committed(manager.store.committed_epochs, last)
-        return interruption(signum, self.job.name, last, url, abandoned=abandoned)
+        store = None if self.checkpoint_manager is None else self.checkpoint_manager.store
+        url, listing = (None, None) if store is None else (store.url, store.committed_epochs)
+        return interruption(
+            signum, self.job.name, self._last_committed(), url, abandoned=abandoned, list_committed=listing
+        )
 
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:
