@@ -207,6 +207,35 @@ def test_list_and_verify_mark_a_corrupt_commit_record_by_name(committed, damage,
     assert "commit record of epoch 2" in verified.stderr
 
 
+@pytest.mark.parametrize("damage", [b"", b"{not json", b"[]"])
+def test_show_marks_corrupt_newest_records_and_shows_the_newest_readable(committed, damage, capsys):
+    """SPEC §3: show marks a corrupt commit record and still shows the others: by default the
+    newest epoch whose record reads, after naming the newer damaged ones (exit 0); the damaged
+    epoch asked for by number, or a prefix of damaged records only, fails (exit 1)."""
+    commits = Path(committed, "__daskjobs__", "commits")
+    for epoch in (4, 5):
+        Path(commits, f"epoch-{epoch:012d}.json").write_bytes(damage)
+    shown = here("checkpoints", "show", committed, capsys=capsys)
+    assert shown.returncode == 0
+    lines = shown.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == [
+        "CORRUPT commit record of epoch 5",
+        "CORRUPT commit record of epoch 4",
+    ]
+    assert lines[2].startswith("job cli_job, epoch 3, created ")
+    assert "2 newer corrupt commit record(s)" in shown.stderr
+    assert "epoch 5" in shown.stderr
+    as_json = json.loads(here("checkpoints", "show", committed, "--json", capsys=capsys).stdout)
+    assert as_json["epoch"] == 3
+    assert here("checkpoints", "show", committed, "--epoch", "5", capsys=capsys).returncode == 1
+    for epoch in range(4):
+        Path(commits, f"epoch-{epoch:012d}.json").write_bytes(damage)
+    failed = here("checkpoints", "show", committed, capsys=capsys)
+    assert failed.returncode == 1
+    assert "every commit record" in failed.stderr
+    assert "epoch 0" in failed.stderr
+
+
 def test_prune_dry_run_keep_last_keep_every(committed, capsys):
     """--dry-run deletes nothing; --keep-last/--keep-every keep those and the newest epoch."""
     before = tree(Path(committed))

@@ -153,9 +153,7 @@ def _list_line(row: Mapping[str, Any]) -> str:
 
 def _committed_or_usage_error(store: CheckpointStore, epoch: int | None) -> int:
     """``epoch`` if committed (default: the latest); a usage error listing the committed epochs otherwise."""
-    committed = store.committed_epochs()
-    if not committed:
-        raise UsageError(f"no committed checkpoint under {store.url}")
+    committed = _committed(store)
     if epoch is None:
         return committed[-1]
     if epoch not in committed:
@@ -165,17 +163,50 @@ def _committed_or_usage_error(store: CheckpointStore, epoch: int | None) -> int:
     return epoch
 
 
+def _committed(store: CheckpointStore) -> list[int]:
+    """The committed epochs, ascending; a usage error if there is none."""
+    committed = store.committed_epochs()
+    if not committed:
+        raise UsageError(f"no committed checkpoint under {store.url}")
+    return committed
+
+
 def _epochs_text(epochs: list[int]) -> str:
     shown = [str(e) for e in epochs] if len(epochs) <= 20 else [*map(str, epochs[:10]), "...", *map(str, epochs[-10:])]
     return ", ".join(shown)
 
 
+def _shown_epoch(store: CheckpointStore, epoch: int | None) -> tuple[int, list[str]]:
+    """The epoch ``show`` shows: ``epoch`` if committed, by default the newest commit whose record
+    reads; and the newer commits whose records are corrupt (marked, not shown)."""
+    if epoch is not None:
+        return _committed_or_usage_error(store, epoch), []
+    broken = []
+    for candidate in reversed(_committed(store)):
+        try:
+            store.read_commit(candidate)
+        except CheckpointNotFoundError:  # deleted since it was listed
+            continue
+        except CheckpointError as exc:
+            broken.append(f"epoch {candidate}: {exc}")
+            continue
+        return candidate, broken
+    raise CheckFailed(f"every commit record under {store.url} is corrupt: " + "; ".join(broken))
+
+
 def _show(store: CheckpointStore, args: argparse.Namespace) -> int:
-    epoch = _committed_or_usage_error(store, args.epoch)
+    epoch, broken = _shown_epoch(store, args.epoch)
     view = open_checkpoint(store.url, epoch, store.storage_options)
+    if broken:
+        print(
+            f"warning: {len(broken)} newer corrupt commit record(s) under {store.url}: " + "; ".join(broken),
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(view.record, indent=2))
         return OK
+    for line in broken:
+        print(f"CORRUPT commit record of {line}")
     record = view.record
     print(f"job {view.job}, epoch {view.epoch}, created {record.get('created', '?')}")
     stops = dict(record.get("stop_values", {}))
