@@ -70,6 +70,9 @@ class AbandonedRun(KeyboardInterrupt):
         super().__init__(f"{SIGNALS[signum]} received twice: abandoning the running epoch")
         self.signum = signum
 
+    def __reduce__(self) -> tuple[type[AbandonedRun], tuple[int]]:
+        return type(self), (self.signum,)
+
 
 def signal_of(error: BaseException) -> int:
     """The signal an interruption stands for: its own, SIGINT for ``KeyboardInterrupt``, else SIGTERM."""

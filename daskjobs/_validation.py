@@ -389,3 +389,14 @@ def stop_condition_values(outputs: list[Any]) -> dict[str, bool]:
         key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
         values[key] = stop_value(output.names[0], output.fetch())
     return values
+
+
+def check_label(name: object, what: str, *, forbidden: str = "") -> str:
+    """``name`` if it can label a task or a metric: a ``str`` of 1-128 printable characters, none of
+    ``forbidden`` (a label shows in messages, records and tables; it is never a path)."""
+    if not isinstance(name, str):
+        raise DefinitionTypeError(f"{what} name must be a str, got {type(name).__name__}: {name!r}")
+    if not 1 <= len(name) <= 128 or not name.isprintable() or any(c in name for c in forbidden):
+        other = f" other than {', '.join(map(repr, forbidden))}" if forbidden else ""
+        raise JobDefinitionError(f"invalid {what} name {name!r}: use 1-128 printable characters{other}")
+    return name

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._validation import Value, as_value, validate_name
+from ._validation import Value, as_value, check_label, validate_name
 
 if TYPE_CHECKING:
     from .history import MetricLog
@@ -169,9 +169,9 @@ class Workspace(MutableMapping[str, Value]):
         TypeError
             ``value`` is not a real number (a one-element array is fine).
         ValueError
-            ``value`` is NaN or infinite, or ``name`` is not a valid name.
+            ``value`` is NaN or infinite, or ``name`` is not 1-128 printable characters.
         """
-        validate_name(name, "metric")
+        check_label(name, "metric")
         if isinstance(value, np.ndarray) and value.size == 1:
             value = value.reshape(())[()]
         if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import signal
 
 import pytest
 
 import daskjobs as dj
 from daskjobs import errors
+from daskjobs._interrupt import AbandonedRun
 
 BUILTIN = {
     "DaskJobsError": Exception,
@@ -160,3 +162,13 @@ def test_library_errors_are_in_the_tree(misuse, expected, builtin):
         misuse()
     assert isinstance(caught.value, errors.DaskJobsError)
     assert isinstance(caught.value, builtin)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_abandoned_run_pickles(signum):
+    """What a second signal raises internally is the ``__context__`` of the public error; it
+    pickles too (tblib, which distributed installs, pickles the chain)."""
+    copy = pickle.loads(pickle.dumps(AbandonedRun(signum)))
+    assert isinstance(copy, KeyboardInterrupt)
+    assert copy.signum == signum
+    assert str(copy) == str(AbandonedRun(signum))

@@ -86,6 +86,29 @@ def test_history_frame_of_a_run_without_metrics_or_checkpoints():
     assert frame["bytes_written"].tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("name", ["val/loss", "train loss", "lößs", "__x", "a" * 128])
+def test_any_printable_metric_name_is_logged(prefix, name):
+    """SPEC §1.10 puts no rule on metric names (TensorBoard-style ``val/loss`` included): any 1-128
+    printable characters reach history, the progress of a run and the commit record."""
+    with dj.Job(name="names") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("n", 0))
+        dj.Task(lambda ws: ws.log(name, float(ws.epoch)))
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
+    runner.train(None)
+    assert [r.metrics for r in runner.history] == [{name: 1.0}, {name: 2.0}]
+    assert dj.list_checkpoints(prefix)[-1].metrics == {name: 2.0}
+
+
+@pytest.mark.parametrize("name", ["", "a" * 129, "tab\there", 7])
+def test_a_metric_name_that_cannot_label_fails_the_step(name):
+    with dj.Job(name="names") as job:
+        dj.Task(lambda ws: ws.log(name, 1.0))
+    with pytest.raises(dj.errors.TaskFailedError, match="metric name") as failed:
+        dj.JobRunner(job, max_epochs=1, progress=False).train(None)
+    assert isinstance(failed.value.__cause__, dj.errors.JobDefinitionError)
+
+
 def test_metric_named_like_a_column_keeps_both():
     record = EpochRecord(1, 0.5, 0.1, 10, 0, {"done": True}, {"seconds": 3.0, "stop:done": 1.0, "loss": 2.0})
     (row,) = history_rows([record])

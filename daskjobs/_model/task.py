@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._context import Managed
-from .._validation import check_count, validate_name
+from .._validation import check_count, check_label, validate_name
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError, OutputNotReadyError, StepTypeError
 from .node import Cluster, Node
 
@@ -130,13 +130,8 @@ def _check_input(owner: str, local_name: object, output: object) -> None:
 
 
 def _check_task_name(name: object) -> str:
-    """``name`` if it can name a task: a ``str`` of 1-128 printable characters without ``/`` (a task
-    name labels the task in messages and records, after ``"<node>/"``; it is never a path)."""
-    if not isinstance(name, str):
-        raise DefinitionTypeError(f"task name must be a str, got {type(name).__name__}: {name!r}")
-    if not 1 <= len(name) <= 128 or not name.isprintable() or "/" in name:
-        raise JobDefinitionError(f"invalid task name {name!r}: use 1-128 printable characters other than '/'")
-    return name
+    """``name`` if it can name a task: it follows ``"<node>/"`` in messages and records."""
+    return check_label(name, "task", forbidden="/")
 
 
 def _default_name(steps: list[Step]) -> str:
