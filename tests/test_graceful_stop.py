@@ -30,9 +30,11 @@ SCRIPT = textwrap.dedent(
     kind, prefix, markers, sleep = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
     nodes = sys.argv[5].split(",")
 
+    QUICK = []  # kind "reuse": set before the second run, whose steps do not sleep
+
     def step(ws):
         (markers / f"started-{ws.epoch}").touch()
-        if ws.epoch >= 2 and kind != "commit":
+        if ws.epoch >= 2 and kind != "commit" and not QUICK:
             time.sleep(sleep)
         ws["n"] = ws["n"] + 1
 
@@ -58,14 +60,28 @@ SCRIPT = textwrap.dedent(
         runner = dj.JobRunner(job, manager, max_epochs=6, progress=False)
         started = time.monotonic()
         try:
-            if kind != "cluster":
+            if kind not in ("cluster", "reuse"):
                 runner.train(None)
             else:
-                with dj.node_cluster(["a", "b"], nthreads=1) as cluster, dj.DaskSession(cluster) as session:
+                with dj.node_cluster(["a", "b"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
                     try:
                         runner.train(session)
-                    finally:
+                    except KeyboardInterrupt:
                         print(f"RAISED-AFTER {time.monotonic() - started:.2f}", flush=True)
+                        if kind != "reuse":
+                            raise
+                        # The same session again: the abandoned step still sleeps on a worker.
+                        QUICK.append(True)
+                        again = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=4, progress=False)
+                        try:
+                            last = again.train(session)
+                        except dj.errors.SessionClosedError as exc:
+                            print(f"CLOSED {exc}", flush=True)
+                            os._exit(0)
+                        print(f"REUSED {last} {[int(session.fetch('n', node)) for node in nodes]}", flush=True)
+                        time.sleep(sleep)  # the abandoned step would have written by now
+                        print(f"LATER {[int(session.fetch('n', node)) for node in nodes]}", flush=True)
+                        os._exit(0)
         except KeyboardInterrupt as exc:
             print(f"RESULT KeyboardInterrupt - {exc}", flush=True)
             os._exit(130)
@@ -169,6 +185,36 @@ def test_second_signal_abandons_the_running_epoch(tmp_path, kind, sig):
     runner = dj.JobRunner(_resumed_job(), dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt")), max_epochs=3)
     assert runner.train(None) == 3
     assert [r.epoch for r in runner.history] == [2, 3]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_session_reused_after_an_abandoned_epoch_waits_for_its_step(tmp_path):
+    """SPEC §1.8/§4: after a second SIGINT on a DaskSession the abandoned step still runs on its
+    worker; a new run on the same session waits for it (bounded), so it cannot write into the
+    restored workspaces, and nothing floods stderr (the dropped gather is not left unretrieved)."""
+    code, out, err, _ = run_and_signal(tmp_path, "reuse", [signal.SIGINT, signal.SIGINT], sleep=4)
+    assert code == 0, (out, err)
+    assert "RAISED-AFTER" in out
+    assert "REUSED 4 [4, 4]" in out
+    assert "LATER [4, 4]" in out
+    assert committed(tmp_path) == [0, 1, 2, 3, 4]
+    assert "Traceback" not in err, err
+    assert "never retrieved" not in err, err
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_step_that_outlives_the_straggler_timeout_closes_the_session(tmp_path, monkeypatch):
+    """The wait for an abandoned step is bounded (daskjobs.straggler-timeout): then the session
+    is closed with SessionClosedError naming the timeout, never left half-broken."""
+    monkeypatch.setenv("DASK_DASKJOBS__STRAGGLER_TIMEOUT", "1s")
+    code, out, err, seconds = run_and_signal(tmp_path, "reuse", [signal.SIGINT, signal.SIGINT], sleep=30)
+    assert code == 0, (out, err)
+    assert "CLOSED DaskSession" in out
+    assert "daskjobs.straggler-timeout" in out
+    assert seconds < 20
+    assert committed(tmp_path) == [0, 1]
 
 
 def _resumed_job() -> dj.Job:

@@ -25,7 +25,7 @@ from ._base import Session
 from ._client import connect, dashboard_link, send_at_once
 from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
-from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session
+from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
 
 T = TypeVar("T")
 
@@ -72,7 +72,12 @@ async def _gather_within(
     """On the client's loop: ``(results of the successful futures, None)`` once all are done, or
     ``(None, the gather still in flight)`` after ``timeout`` seconds. The gather itself is never
     interrupted (a cancelled gather could leave the client's shared transfer state broken)."""
-    gathering = pending or asyncio.ensure_future(client.gather(futures, errors="skip", asynchronous=True))
+    if pending is None:
+        pending = asyncio.ensure_future(client.gather(futures, errors="skip", asynchronous=True))
+        # An interrupted run drops its gather: its error (e.g. the client closed meanwhile) is
+        # taken here, never logged by asyncio as "Task exception was never retrieved".
+        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+    gathering = pending
     try:
         return await asyncio.wait_for(asyncio.shield(gathering), timeout), None
     except TimeoutError:
@@ -156,6 +161,8 @@ class DaskSession(Session):
         self._states = WorkerStates(self.session_id)
         self._node_resources: dict[str, dict[str, float]] = {}
         self._placed: dict[str, frozenset[str]] = {}
+        self._interrupted = False
+        """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         try:
             client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
             # While this future is held, the scheduler keeps the one task group all of the
@@ -182,6 +189,30 @@ class DaskSession(Session):
     def dashboard_link(self) -> str | None:
         """The URL of the scheduler's Dask dashboard, or ``None`` if it serves none."""
         return self._dashboard
+
+    def start_job_run(self, job: str) -> None:
+        """Start a new run of ``job`` (see :meth:`Session.start_job_run`).
+
+        After an interrupted run (a second Ctrl-C abandons an epoch at once) its steps may still
+        run on the workers, and would write into the workspaces the new run uses: the new run
+        first waits for them, at most ``daskjobs.straggler-timeout`` (60 s); then the session
+        is closed, with :class:`~daskjobs.errors.SessionClosedError`.
+        """
+        super().start_job_run(job)
+        if self._interrupted:
+            self._await_stragglers()
+
+    def _await_stragglers(self) -> None:
+        timeout = config_timeout("straggler-timeout")
+        keys = wait_for_steps(self._client, f"daskjobs-{self.session_id}-", timeout)
+        if keys:
+            self.close()
+            raise SessionClosedError(
+                f"DaskSession {self.session_id} closed: steps of an interrupted run still run on the workers "
+                f"after {timeout:g} s (daskjobs.straggler-timeout): {', '.join(keys[:3])}; they could change the "
+                "workspaces of a new run. Restart the workers (client.restart()) and open a new DaskSession"
+            )
+        self._interrupted = False
 
     # -- seams ----------------------------------------------------------------------------
     def _provider(self) -> WorkerStates:
@@ -404,6 +435,9 @@ class DaskSession(Session):
                     error = CancelledError("the run's Dask futures were cancelled")
         except (CancelledError, CommClosedError) as exc:
             error = exc
+        except (KeyboardInterrupt, SystemExit):  # the run's steps may run on: the next run waits for them
+            self._interrupted = True
+            raise
         finally:
             futures.clear()
             every.clear()

@@ -15,7 +15,11 @@ Waits are bounded by two Dask config values (seconds or strings such as ``"10s"`
 ``daskjobs.connect-timeout``
     how long a :class:`DaskSession` waits to connect to its scheduler, for the scheduler to
     answer, and for a lost connection to come back before raising
-    :class:`~daskjobs.errors.SessionLostError` (default 30 s).
+    :class:`~daskjobs.errors.SessionLostError` (default 30 s);
+``daskjobs.straggler-timeout``
+    how long the next run of a :class:`DaskSession` waits for the steps an interrupted run left
+    running on the workers before it closes the session with
+    :class:`~daskjobs.errors.SessionClosedError` (default 60 s).
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ from ..errors import NodePlacementError
 RESOURCE_PREFIX = "daskjobs-node-"
 
 dask.config.update_defaults(
-    {"daskjobs": {"preflight-timeout": "2s", "placement-timeout": "10s", "connect-timeout": "30s"}}
+    {
+        "daskjobs": {
+            "preflight-timeout": "2s",
+            "placement-timeout": "10s",
+            "connect-timeout": "30s",
+            "straggler-timeout": "60s",
+        }
+    }
 )
 
 WorkerTable = Mapping[str, Mapping[str, Any]]

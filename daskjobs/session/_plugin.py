@@ -10,13 +10,15 @@ workspace.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from distributed import Worker, get_worker
+from distributed import Client, Worker, get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._execute import NodeState
@@ -26,6 +28,8 @@ from ._placement import node_resource
 T = TypeVar("T")
 
 PLUGIN_NAME = "daskjobs-workspaces"
+
+logger = logging.getLogger("daskjobs")
 
 
 class WorkspacePlugin(WorkerPlugin):
@@ -111,3 +115,30 @@ def drop_session(session: str, dask_worker: Worker) -> None:
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
     if isinstance(plugin, WorkspacePlugin):
         plugin.drop_session(session)
+
+
+def running_keys(prefix: str, dask_worker: Any = None) -> list[str]:
+    """On a worker: the keys starting with ``prefix`` whose code still runs in a thread, also
+    after the scheduler released them (state ``cancelled``: a step of a dropped run)."""
+    running = ("executing", "long-running")
+    return [
+        str(ts.key)
+        for ts in list(dask_worker.state.tasks.values())
+        if str(ts.key).startswith(prefix) and (ts.state in running or ts.previous in running)
+    ]
+
+
+def wait_for_steps(client: Client, prefix: str, timeout: float) -> list[str]:
+    """Wait up to ``timeout`` seconds until no task whose key starts with ``prefix`` runs on any
+    worker; return the keys still running then (``[]``: none)."""
+    deadline, logged = time.monotonic() + timeout, False
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        found = client.run(running_keys, prefix, on_error="ignore", callback_timeout=max(left, 1.0))
+        keys = sorted(key for keys in found.values() for key in keys)
+        if not keys or not left:
+            return keys
+        if not logged:
+            logger.info("waiting for %d step(s) of an interrupted run to end on the workers", len(keys))
+            logged = True
+        time.sleep(min(0.1, left))
