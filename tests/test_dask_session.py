@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import types
@@ -540,3 +543,22 @@ def test_dashboard_link_is_logged_shown_and_serves_the_status_page(cluster, capl
         page = response.read().decode(errors="replace")
     assert "Dask" in page
     assert "needs bokeh" not in page.lower()
+
+
+def test_timeouts_survive_a_config_block_that_created_their_section():
+    """A ``dask.config.set`` block entered before daskjobs' sessions were imported creates the
+    ``daskjobs`` section and removes it on exit: the timeouts then fall back to their defaults
+    instead of failing every later session with ``KeyError``."""
+    script = textwrap.dedent(
+        """
+        import dask
+        with dask.config.set({"daskjobs.connect-timeout": "5s"}):
+            import daskjobs
+            from daskjobs.session._placement import config_timeout
+            inside = config_timeout("connect-timeout")
+        print(inside, config_timeout("connect-timeout"), config_timeout("straggler-timeout"))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [float(x) for x in done.stdout.split()] == [5, 30, 60]

@@ -36,16 +36,8 @@ from ..errors import NodePlacementError
 
 RESOURCE_PREFIX = "daskjobs-node-"
 
-dask.config.update_defaults(
-    {
-        "daskjobs": {
-            "preflight-timeout": "2s",
-            "placement-timeout": "10s",
-            "connect-timeout": "30s",
-            "straggler-timeout": "60s",
-        }
-    }
-)
+TIMEOUTS = {"preflight-timeout": "2s", "placement-timeout": "10s", "connect-timeout": "30s", "straggler-timeout": "60s"}
+dask.config.update_defaults({"daskjobs": TIMEOUTS})
 
 WorkerTable = Mapping[str, Mapping[str, Any]]
 """``client.scheduler_info()["workers"]``: worker address -> its identity (name, resources, …)."""
@@ -84,8 +76,9 @@ def worker_resources(nodes: Iterable[str], nthreads: int, extra: Mapping[str, fl
 
 
 def config_timeout(name: str) -> float:
-    """A ``daskjobs.<name>`` timeout from the Dask config, in seconds."""
-    return parse_timedelta(dask.config.get(f"daskjobs.{name}"), default="s")
+    """A ``daskjobs.<name>`` timeout from the Dask config, in seconds (its default when unset: a
+    ``dask.config.set`` block that first created the ``daskjobs`` section removes it on exit)."""
+    return parse_timedelta(dask.config.get(f"daskjobs.{name}", default=TIMEOUTS[name]), default="s")
 
 
 def _live(workers: WorkerTable) -> dict[str, Mapping[str, Any]]:
