@@ -254,6 +254,27 @@ def test_other_job_on_the_same_prefix_is_refused(prefix):
         dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
 
 
+def test_a_manager_without_a_job_name_takes_the_prefix_job(prefix):
+    """Caffe2-style use of a bare manager (``set_params(nodes)``, no job name): the prefix's job is
+    not refused for its name; the nodes are still checked, and later commits keep the job's name."""
+    job, _ = make_job(name="first")
+    dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
+    manager = dj.MultiNodeCheckpointManager(prefix)
+    manager.set_params(["trainer_0"])
+    assert manager.get_resume_from_epoch_id() == 4
+    assert manager.get_resume_from_epoch_id(2) == 2
+    with dj.LocalSession() as session:
+        session.run(manager.init(["trainer_0"], retrieve_from_epoch=4))
+        session.run(manager.load(4))
+        session.run(manager.save(5))
+        manager.write_checkpoint_metadata(5)
+    assert [(i.epoch, i.job) for i in dj.list_checkpoints(prefix)][-2:] == [(4, "first"), (5, "first")]
+    other = dj.MultiNodeCheckpointManager(prefix)
+    other.set_params(["trainer_1"])
+    with pytest.raises(CheckpointError, match="trainer_1"):
+        other.get_resume_from_epoch_id()
+
+
 def test_unwritable_prefix_is_detected_before_init(session, tmp_path):
     """A prefix that cannot be created fails with CheckpointWriteError before the init group runs."""
     blocker = tmp_path / "file.txt"

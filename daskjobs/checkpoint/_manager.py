@@ -139,6 +139,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
+        self._job_named = False
+        """Whether :meth:`set_params` was given the job's name (else a resume adopts the prefix's)."""
         self._saves = Saves()
         self._stats: dict[str, int] = {}
         self._blob_names: dict[str, list[str]] = {}
@@ -180,7 +182,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._nodes = self._node_names(nodes)
         self._newest_seen = None
         if job_name is not None:
-            self._job_name = validate_name(job_name, "job")
+            self._job_name, self._job_named = validate_name(job_name, "job"), True
         self._handler.set_params(
             db_prefix=self.db_prefix,
             db_type=self.db_type,
@@ -207,6 +209,9 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         is given (newer records are not read: one of them may be the unreadable commit the user
         skips), else against the latest commit.
 
+        Without a job name given to :meth:`set_params`, only the nodes are checked, and the
+        manager takes the job name of the checked commit (for the commits it writes next).
+
         Raises
         ------
         DefinitionTypeError, JobDefinitionError
@@ -218,7 +223,9 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """
         if user_epoch is not None:
             user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
-        check_same_job(self.store, self._job_name, self._nodes, user_epoch)
+        job = check_same_job(self.store, self._job_name if self._job_named else None, self._nodes, user_epoch)
+        if job is not None and not self._job_named:  # no name given: this is the prefix's job
+            self._job_name = job
         return self._handler.last_epoch(user_epoch=user_epoch)
 
     def cp_accessible(self, epoch: int | None = None) -> bool:

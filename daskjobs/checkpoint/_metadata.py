@@ -14,9 +14,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-def check_same_job(store: CheckpointStore, job: str, nodes: list[str] | None, epoch: int | None = None) -> None:
+def check_same_job(
+    store: CheckpointStore, job: str | None, nodes: list[str] | None, epoch: int | None = None
+) -> str | None:
     """Refuse to resume ``job`` (with ``nodes``; ``None``: not known yet) from a prefix holding
-    another job's checkpoints, or checkpoints of other nodes.
+    another job's checkpoints, or checkpoints of other nodes; return the name of the job whose
+    record was checked (``None``: none was). ``job=None``: the name is not checked.
 
     Parameters
     ----------
@@ -33,23 +36,24 @@ def check_same_job(store: CheckpointStore, job: str, nodes: list[str] | None, ep
         ``resume_from_epoch`` that skips it.
     """
     if nodes is None:
-        return
+        return None
     if epoch is None:
         record = store.latest_commit()
     else:
         try:
             record = store.read_commit(epoch)
         except CheckpointNotFoundError:
-            return
+            return None
     if record is None:
-        return
-    if record["job"] != job or sorted(record["nodes"]) != sorted(nodes):
+        return None
+    if record["job"] != (job or record["job"]) or sorted(record["nodes"]) != sorted(nodes):
         which = "latest epoch" if epoch is None else "epoch"
         raise CheckpointError(
             f"{store.url} holds checkpoints of job {record['job']!r} with nodes {record['nodes']} "
             f"({which} {record['epoch']}), but this job is {job!r} with nodes {nodes}; "
             "use another db_prefix or delete the old checkpoints"
         )
+    return record["job"]
 
 
 @runtime_checkable
