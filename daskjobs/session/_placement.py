@@ -5,7 +5,7 @@ Every task of the node asks for one unit of it, so a worker with ``nthreads`` un
 ``nthreads`` of the node's Dask tasks at once. The pre-flight check reads the scheduler's worker
 table and explains, before anything is submitted, why a node cannot be placed.
 
-Waits are bounded by two Dask config values (seconds or strings such as ``"10s"``):
+Waits are bounded by Dask config values (seconds or strings such as ``"10s"``):
 
 ``daskjobs.preflight-timeout``
     how long the check before a node's first run waits for a missing worker (default 2 s);
