@@ -218,9 +218,9 @@ BAD = {
     "limiter-zero": (lambda: dj.epoch_limiter(_job(), 0), JobDefinitionError, "num_epochs"),
     "limiter-bad-node": (lambda: dj.epoch_limiter(_job(), 3, node="../x"), JobDefinitionError, "'../x'"),
     "metric-bad-name": (
-        lambda: dj.LocalSession().run(lambda ws: ws.log("a/b", 1.0)),
+        lambda: dj.LocalSession().run(lambda ws: ws.log("a\nb", 1.0)),
         TaskFailedError,
-        "'a/b'",
+        "invalid metric name 'a\\nb'",
     ),
     "feed-bad-blob": (lambda: dj.LocalSession().feed("a/b", 1, node="a"), JobDefinitionError, "'a/b'"),
     "feed-int-blob": (lambda: dj.LocalSession().feed(3, 1, node="a"), DefinitionTypeError, "3"),
