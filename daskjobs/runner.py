@@ -253,7 +253,7 @@ class JobRunner:
                         restored = self._restore(session, manager, failures)
                         phase, resume = ("loop", resume) if restored is not None else ("start", None)
                         epoch, stop = restored or (0, False)
-                        rerun = epoch if restored is not None else 1  # one history record per epoch:
+                        rerun = epoch + stop if restored is not None else 1  # one history record per epoch:
                         self.history = [r for r in self.history if r.epoch < rerun]  # those run again go
                         self._bytes_pending = [e for e in self._bytes_pending if e < rerun]
                     if phase == "start":
