@@ -152,6 +152,21 @@ class EpochSaver:
             self._with_retries(epoch, lambda: self._commit(epoch, stop_values, metrics, timings))
         return node_seconds + time.perf_counter() - started
 
+    def drop(self, epoch: int, finished: dict[str, Any]) -> None:
+        """``epoch`` ran but is not committed (e.g. a stop value is invalid): take what its save hooks
+        reported of earlier epochs' saves (a flush, the async save in flight), so that those are
+        still committed, and forget its own save (its files are debris for the next run's cleanup)."""
+        in_flight = self.manager.pending_epoch()
+        if finished:
+            failed = self.manager.accept_finished(epoch, finished)
+            if in_flight is not None and in_flight not in failed:
+                self.last_committed = in_flight
+                self._call_then(in_flight)
+            for other, error in sorted(failed.items()):
+                if other != epoch:
+                    self._give_up(other, error)
+        self.manager.forget_save(epoch)
+
     def commit_deferred(self) -> None:
         """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
         ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""

@@ -339,7 +339,12 @@ class JobRunner:
             if saver is not None:
                 saver.check_meanwhile()
         elapsed = time.perf_counter() - started
-        values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
+        try:
+            values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
+        except Exception:
+            if saver is not None and hooks:
+                saver.drop(epoch, finished)
+            raise
         if saver is None:
             saved, (written, reused) = 0.0, (0, 0)
         else:
@@ -465,14 +470,11 @@ class JobRunner:
         asking the nodes through ``session`` for the flushes not yet reported; ``True`` if it did."""
         return self._saver is not None and self._saver.settle(session)
 
-    def _require_manager(self) -> MultiNodeCheckpointManager:
-        if self.checkpoint_manager is None:
-            raise JobDefinitionError("this JobRunner has no checkpoint manager")
-        return self.checkpoint_manager
-
     def _set_up_manager(self) -> MultiNodeCheckpointManager:
         """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""
-        manager = self._require_manager()
+        manager = self.checkpoint_manager
+        if manager is None:
+            raise JobDefinitionError("this JobRunner has no checkpoint manager")
         manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
         return manager
 

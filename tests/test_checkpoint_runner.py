@@ -275,6 +275,27 @@ def test_a_manager_without_a_job_name_takes_the_prefix_job(prefix):
         other.get_resume_from_epoch_id()
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_an_invalid_stop_value_keeps_the_epochs_before_it_committed(session, prefix, async_save):
+    """A stop condition giving an int in epoch 3 raises StopConditionError; epoch 3 is not
+    committed, and epoch 2, saved before (its flush or async write reported in epoch 3's graph),
+    still is, on every session."""
+    with dj.Cluster(), dj.Job(name="stops") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("k", 0))
+
+        def step(ws):
+            ws["k"] = ws["k"] + 1
+            ws["stop"] = False if ws["k"] < 3 else 1
+
+        job.add_stop_condition(dj.Task(step, outputs="stop").outputs()[0])
+    runner = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix, async_save=async_save), progress=False)
+    with pytest.raises(dj.errors.StopConditionError, match="stop"):
+        runner.train(session)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2]
+    assert dj.open_checkpoint(prefix).verify() > 0
+
+
 def test_unwritable_prefix_is_detected_before_init(session, tmp_path):
     """A prefix that cannot be created fails with CheckpointWriteError before the init group runs."""
     blocker = tmp_path / "file.txt"
