@@ -128,14 +128,7 @@ class EpochSaver:
         node_seconds = max(
             (float(r["entry"].get("seconds", 0.0)) for r in finished.values() if r and "entry" in r), default=0.0
         )
-        in_flight = manager.pending_epoch()
-        failed = manager.accept_finished(epoch, finished)
-        if in_flight is not None and in_flight not in failed:
-            self.last_committed = in_flight
-            self._call_then(in_flight)
-        for other, error in sorted(failed.items()):
-            if other != epoch:
-                self._give_up(other, error)
+        failed = self._take_reports(epoch, finished)
         if epoch in failed:
             self._check_lock()
             logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
@@ -156,16 +149,22 @@ class EpochSaver:
         """``epoch`` ran but is not committed (e.g. a stop value is invalid): take what its save hooks
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are
         still committed, and forget its own save (its files are debris for the next run's cleanup)."""
-        in_flight = self.manager.pending_epoch()
         if finished:
-            failed = self.manager.accept_finished(epoch, finished)
-            if in_flight is not None and in_flight not in failed:
-                self.last_committed = in_flight
-                self._call_then(in_flight)
-            for other, error in sorted(failed.items()):
-                if other != epoch:
-                    self._give_up(other, error)
+            self._take_reports(epoch, finished)
         self.manager.forget_save(epoch)
+
+    def _take_reports(self, epoch: int, finished: dict[str, Any]) -> dict[int, CheckpointWriteError]:
+        """Give the manager what ``epoch``'s save hooks returned (committing the asynchronous save
+        they waited for); give up the earlier epochs whose saves failed; return the failed saves."""
+        in_flight = self.manager.pending_epoch()
+        failed = self.manager.accept_finished(epoch, finished)
+        if in_flight is not None and in_flight not in failed:
+            self.last_committed = in_flight
+            self._call_then(in_flight)
+        for other, error in sorted(failed.items()):
+            if other != epoch:
+                self._give_up(other, error)
+        return failed
 
     def commit_deferred(self) -> None:
         """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
