@@ -253,8 +253,9 @@ class JobRunner:
                         restored = self._restore(session, manager, failures)
                         phase, resume = ("loop", resume) if restored is not None else ("start", None)
                         epoch, stop = restored or (0, False)
-                        rerun = epoch + stop if restored is not None else 1  # one history record per epoch:
-                        self.history = [r for r in self.history if r.epoch < rerun]  # those run again go
+                        # One history record per epoch: those of the epochs run again go.
+                        rerun = 1 if restored is None else epoch + 1 if stop else epoch
+                        self.history = [r for r in self.history if r.epoch < rerun]
                         self._bytes_pending = [e for e in self._bytes_pending if e < rerun]
                     if phase == "start":
                         epoch, stop = self._start(session, manager, resume, failures)

@@ -48,10 +48,10 @@ def check_same_job(
         return None
     if record["job"] != (job or record["job"]) or sorted(record["nodes"]) != sorted(nodes):
         which = "latest epoch" if epoch is None else "epoch"
+        this = f"this job is {job!r} with nodes {nodes}" if job else f"this manager checkpoints nodes {nodes}"
         raise CheckpointError(
             f"{store.url} holds checkpoints of job {record['job']!r} with nodes {record['nodes']} "
-            f"({which} {record['epoch']}), but this job is {job!r} with nodes {nodes}; "
-            "use another db_prefix or delete the old checkpoints"
+            f"({which} {record['epoch']}), but {this}; use another db_prefix or delete the old checkpoints"
         )
     return record["job"]
 
