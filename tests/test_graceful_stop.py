@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
                 with dj.node_cluster(["a", "b"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
                     try:
                         runner.train(session)
-                    except KeyboardInterrupt:
+                    except (KeyboardInterrupt, dj.errors.JobInterruptedError):
                         print(f"RAISED-AFTER {time.monotonic() - started:.2f}", flush=True)
                         if kind != "reuse":
                             raise
@@ -189,11 +189,12 @@ def test_second_signal_abandons_the_running_epoch(tmp_path, kind, sig):
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_session_reused_after_an_abandoned_epoch_waits_for_its_step(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_session_reused_after_an_abandoned_epoch_waits_for_its_step(tmp_path, sig):
     """SPEC §1.8/§4: after a second SIGINT on a DaskSession the abandoned step still runs on its
     worker; a new run on the same session waits for it (bounded), so it cannot write into the
     restored workspaces, and nothing floods stderr (the dropped gather is not left unretrieved)."""
-    code, out, err, _ = run_and_signal(tmp_path, "reuse", [signal.SIGINT, signal.SIGINT], sleep=4)
+    code, out, err, _ = run_and_signal(tmp_path, "reuse", [sig, sig], sleep=4)
     assert code == 0, (out, err)
     assert "RAISED-AFTER" in out
     assert "REUSED 4 [4, 4]" in out
