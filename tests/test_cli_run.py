@@ -30,7 +30,7 @@ JOBS = textwrap.dedent(
     import daskjobs as dj
 
 
-    def counter(stop_at=5, fail_at=None, sleep=0.0, stop=True, name="counter"):
+    def counter(stop_at=5, fail_at=None, sleep=0.0, stop=True, name="counter", resources=None):
         def init(ws):
             ws["count"] = np.int64(0)
 
@@ -43,7 +43,7 @@ JOBS = textwrap.dedent(
             ws["done"] = np.bool_(count >= stop_at)
 
         with dj.Cluster(), dj.Job(name=name) as job:
-            with job.init_group, dj.Node("a"):
+            with job.init_group, dj.Node("a", **(resources or {})):
                 dj.Task(init)
             with dj.Node("a"):
                 done = dj.Task(step, outputs="done").outputs()[0]
@@ -53,6 +53,10 @@ JOBS = textwrap.dedent(
 
 
     job = counter()
+
+
+    def gpu():
+        return counter(resources={"GPU": 1})
 
 
     def failing():
@@ -316,9 +320,10 @@ def test_storage_option_reaches_s3(jobs, s3_prefix, monkeypatch, capsys):
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
-    """Without --local/--scheduler the job runs on a node_cluster of its nodes; the dashboard link is printed."""
+    """Without --local/--scheduler the job runs on a node_cluster of its nodes, whose workers have the
+    resources of the job's Nodes (node 'a' needs GPU=1); the dashboard link is printed."""
     prefix = jobs / "ckpt"
-    result = daskjobs("run", "jobs.py:job", "--checkpoint", str(prefix), "--async-save", cwd=jobs, timeout=80)
+    result = daskjobs("run", "jobs.py:gpu", "--checkpoint", str(prefix), "--async-save", cwd=jobs, timeout=80)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0] == "starting a local Dask cluster with one worker per node: a"

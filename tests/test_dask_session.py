@@ -379,6 +379,23 @@ def test_extra_resources_are_provided_by_node_cluster():
         assert int(session.fetch("counter")) == 1
 
 
+def test_node_cluster_of_a_job_gives_its_nodes_their_resources():
+    """node_cluster(job) starts one worker per node of the job, with its Nodes' extra resources."""
+    global_type = dj.WorkspaceType.GLOBAL
+    with dj.Cluster(), dj.Job(name="gpu", epoch_group=dj.TaskGroup(global_type)) as job:
+        with job.init_group, dj.Node("t", GPU=2):
+            dj.Task(lambda ws: ws.update(counter=np.int64(0)), workspace_type=global_type)
+        with dj.Node("t"):
+            dj.Task(add_one)
+        with dj.Node("a"):
+            dj.Task(add_one)
+            dj.epoch_limiter(job, 2)
+    assert job.node_resources() == {"t": {"GPU": 2}, "a": {}}
+    with dj.node_cluster(job, processes=False) as cluster, dj.DaskSession(cluster) as session:
+        assert dj.JobRunner(job, progress=False).train(session) == 2
+        assert int(session.fetch("counter", node="t")) == 2
+
+
 def test_node_served_by_two_workers_fails_placement_quickly(tmp_path):
     """Two workers providing one node's resource raise NodePlacementError naming both."""
     options = {

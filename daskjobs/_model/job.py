@@ -148,6 +148,20 @@ class Job(Managed):
         names = [n for group in self.groups().values() for n in group.used_nodes()]
         return list(dict.fromkeys(names + self._nodes_to_checkpoint))
 
+    def node_resources(self) -> dict[str, dict[str, float]]:
+        """Every node of :meth:`nodes` with the extra Dask resources its worker must provide.
+
+        They come from the :class:`Node` objects the job's tasks were placed on, e.g.
+        ``{"ps": {}, "trainer": {"GPU": 1}}``; :func:`~daskjobs.node_cluster` accepts the job itself
+        and gives each node's worker these resources.
+        """
+        needs: dict[str, dict[str, float]] = {name: {} for name in self.nodes()}
+        for group in self.groups().values():
+            for task in group._tasks + group._pending:
+                for resource, amount in task._node_resources.items():
+                    needs[task.node][resource] = max(needs[task.node].get(resource, 0), amount)
+        return needs
+
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={g.num_registered_tasks()}" for k, g in self.groups().items())
         return (

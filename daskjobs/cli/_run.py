@@ -141,7 +141,7 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
     else:
         nodes = job.nodes()
         print(f"starting a local Dask cluster with one worker per node: {', '.join(nodes)}", flush=True)
-        with node_cluster(nodes, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:
+        with node_cluster(job, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:
             _print_dashboard(cluster.dashboard_link)
             yield session
 

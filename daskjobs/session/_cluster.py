@@ -12,6 +12,7 @@ from typing import Any
 import dask.config
 from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
+from .._model.job import Job
 from .._model.node import Node
 from .._validation import validate_name
 from ..errors import DefinitionTypeError, JobDefinitionError
@@ -32,28 +33,40 @@ CLUSTER_CONFIG = {
 connection and event topic for debugging (with every task's run spec); 100 instead of 1000 keeps
 that bounded memory small and reached after a few hundred epochs."""
 
-NodesLike = Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
-"""Node names or Nodes (one worker each), or worker name -> the nodes that worker serves."""
+NodesLike = Job | Sequence[str | Node] | Mapping[str, Sequence[str | Node]]
+"""A Job (one worker per node it uses, with its Nodes' resources), node names or Nodes (one worker
+each), or worker name -> the nodes that worker serves."""
+
+
+def _needs(node: str | Node) -> tuple[str, dict[str, float]]:
+    return validate_name(str(node), "node"), node.kwargs() if isinstance(node, Node) else {}
 
 
 def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float]]]:
     """Worker name -> (nodes it serves, extra resources those nodes need)."""
     if isinstance(nodes, str | Node):
         raise DefinitionTypeError(f"node_cluster needs a list of nodes, got {nodes!r}")
-    groups = nodes if isinstance(nodes, Mapping) else {str(n): [n] for n in nodes}
+    if isinstance(nodes, Job):
+        groups = {name: [(name, needs)] for name, needs in nodes.node_resources().items()}
+    elif isinstance(nodes, Mapping):
+        groups = {
+            worker: [_needs(n) for n in ([served] if isinstance(served, str | Node) else served)]
+            for worker, served in nodes.items()
+        }
+    else:
+        groups = {str(n): [_needs(n)] for n in nodes}
     plan: dict[str, tuple[list[str], dict[str, float]]] = {}
     owner: dict[str, str] = {}
     for worker, served in groups.items():
         names, extra = [], {}
-        for node in [served] if isinstance(served, str | Node) else served:
-            name = validate_name(str(node), "node")
+        for name, needs in served:
             if name in owner:
                 raise JobDefinitionError(
                     f"node {name!r} is listed for workers {owner[name]!r} and {worker!r}; one per node"
                 )
             owner[name] = worker
             names.append(name)
-            for resource, amount in (node.kwargs() if isinstance(node, Node) else {}).items():
+            for resource, amount in needs.items():
                 extra[resource] = max(extra.get(resource, 0), amount)
         plan[validate_name(str(worker), "worker")] = (names, extra)
     if not owner:
@@ -82,9 +95,10 @@ def node_cluster(
 
     Parameters
     ----------
-    nodes : sequence of str or Node, or mapping
+    nodes : Job, sequence of str or Node, or mapping
         The nodes, one worker each; or a mapping worker name -> nodes, for a worker that
-        serves several nodes.
+        serves several nodes. A :class:`~daskjobs.Job` stands for every node it uses, with the
+        resources of the :class:`~daskjobs.Node` objects its tasks were placed on.
     nthreads : int
         Threads per worker.
     processes : bool
