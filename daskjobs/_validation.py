@@ -391,6 +391,28 @@ def stop_condition_values(outputs: list[Any]) -> dict[str, bool]:
     return values
 
 
+def check_can_stop(job: Any, max_epochs: int | None) -> str | None:
+    """Refuse a job that could never stop; a warning when some of its stop conditions never change.
+
+    Raises
+    ------
+    JobDefinitionError
+        ``job`` has no stop condition and ``max_epochs`` is ``None``.
+    """
+    if not job.stop_conditions and max_epochs is None:
+        raise JobDefinitionError(
+            f"job {job.name!r} has no stop condition and no max_epochs: it would never stop; "
+            "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
+        )
+    if fixed := job._fixed_stop_conditions():
+        return (
+            f"stop conditions {fixed} of job {job.name!r} are outputs of tasks outside the epoch group: each "
+            "keeps the value captured when its task ran and never changes between epochs; make it an epoch-group "
+            "task's output (job.add_stop_condition('<blob>') reads a blob after every epoch)"
+        )
+    return None
+
+
 def check_label(name: object, what: str, *, forbidden: str = "") -> str:
     """``name`` if it can label a task or a metric: a ``str`` of 1-128 printable characters, none of
     ``forbidden`` (a label shows in messages, records and tables; it is never a path)."""

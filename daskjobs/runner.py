@@ -12,7 +12,7 @@ from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver, overrides
-from ._validation import resume_epoch, stop_condition_values
+from ._validation import check_can_stop, resume_epoch, stop_condition_values
 from ._writer import end_saves, holding_lock, prepare_manager
 from .data import epochs_until_finished
 from .errors import (
@@ -141,11 +141,8 @@ class JobRunner:
         ``session`` may be a :class:`~daskjobs.Session`, a ``distributed.Client`` or ``None``
         (a :class:`~daskjobs.LocalSession` created and closed here).
         """
-        if not self.job.stop_conditions and self.max_epochs is None:
-            raise JobDefinitionError(
-                f"job {self.job.name!r} has no stop condition and no max_epochs: it would never stop; "
-                "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
-            )
+        if warning := check_can_stop(self.job, self.max_epochs):
+            logger.warning("%s", warning)
         manager = self.checkpoint_manager
         if manager is not None:
             manager, self._resume = prepare_manager(

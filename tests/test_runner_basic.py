@@ -163,6 +163,28 @@ def test_no_stop_condition_and_no_max_epochs(session):
     assert session.blobs("a") == []
 
 
+def test_stop_condition_outside_the_epoch_group_warns(session, caplog):
+    """An init-group output as stop condition never changes (a snapshot): one warning names it; the
+    epoch-group condition beside it still stops the job."""
+    global_ = dj.WorkspaceType.GLOBAL
+    with dj.Job(name="fixed", epoch_group=dj.TaskGroup(global_)) as job, dj.Node("a"):
+        with job.init_group:
+            fixed = dj.Task(lambda ws: ws.update(done=False), outputs="done", workspace_type=global_)
+        dj.Task(lambda ws: ws.update(done=True))
+        job.add_stop_condition(fixed.outputs()[0])
+        dj.epoch_limiter(job, 2)
+    with caplog.at_level("WARNING", logger="daskjobs"):
+        assert runner(job).train(session) == 2
+    warned = [r.getMessage() for r in caplog.records if "outside the epoch group" in r.getMessage()]
+    assert len(warned) == 1
+    assert "stop conditions ['done'] of job 'fixed'" in warned[0]
+    assert session.fetch("done", node="a")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="daskjobs"):
+        runner(counting_job(name="fine"), max_epochs=1).train(session)
+    assert not [r for r in caplog.records if "outside the epoch group" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "bad",
     [

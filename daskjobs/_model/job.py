@@ -148,6 +148,12 @@ class Job(Managed):
         names = [n for group in self.groups().values() for n in group.used_nodes()]
         return list(dict.fromkeys(names + self._nodes_to_checkpoint))
 
+    def _fixed_stop_conditions(self) -> list[str]:
+        """Names of the stop conditions no epoch-group task produces: captured once, they never change."""
+        group = self.epoch_group
+        produced = {id(output) for task in group._tasks + group._pending for output in task.outputs()}
+        return [output.names[0] for output in self.stop_conditions if id(output) not in produced]
+
     def node_resources(self) -> dict[str, dict[str, float]]:
         """Every node of :meth:`nodes` with the extra Dask resources its worker must provide.
 
