@@ -14,7 +14,7 @@ from .._model.node import Node
 from .._model.task import Task, WorkspaceType
 from .._validation import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, DefinitionTypeError, JobDefinitionError
-from ._steps import READ_BLOB, AssignStep, DiscardStep, ReadStep
+from ._load_steps import READ_BLOB, AssignStep, DiscardStep, ReadStep
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:

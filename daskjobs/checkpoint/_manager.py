@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._model.group import TaskGroup
 from .._model.node import Node
@@ -19,18 +19,14 @@ from ._fork import resolve_snapshot
 from ._format import make_commit_record
 from ._graph_saves import GraphSaves
 from ._inspect import prefix_html
+from ._load_steps import CheckStep
 from ._loads import Loads
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
 from ._retention import Retention, best_epochs, retention_warning
 from ._saves import Saves, previous_entries
 from ._staging import Staging, discard_after
-from ._steps import (
-    ENTRY_BLOB,
-    AsyncSaveStep,
-    CheckStep,
-    SaveStep,
-)
+from ._steps import ENTRY_BLOB, AsyncSaveStep, SaveStep
 from ._store import CheckpointStore
 
 __all__ = [
@@ -39,9 +35,6 @@ __all__ = [
     "db_name",
     "get_ckpt_filename",
 ]
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("daskjobs")
 

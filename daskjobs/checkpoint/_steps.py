@@ -1,7 +1,7 @@
-"""Checkpoint steps that run on a node's worker: save (now or in the background), wait, load, check.
+"""Checkpoint steps that run on a node's worker: save (now or in the background) and wait for it.
 
 Each step class is marked :data:`~daskjobs._execute.INTERNAL`: the daskjobs errors it raises
-(a corrupt checkpoint, a failed write) surface as themselves, not as a user's task failure.
+(a failed write) surface as themselves, not as a user's task failure.
 The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's own Dask task
 (:meth:`~daskjobs.Session.run_group` ``finish=``); they return their outcome instead of raising.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from .._execute import INTERNAL
 from .._validation import copy_value
-from ..errors import CheckpointCorruptError, CheckpointError, CheckpointLockedError, CheckpointNotFoundError
+from ..errors import CheckpointError, CheckpointLockedError
 from ._commits import RetiredEpoch
 from ._durable import in_background
 from ._fork import ForkedSave, forks
@@ -41,12 +41,6 @@ ENTRY_BLOB = "daskjobs.checkpoint_entry"
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
 FLUSH = "daskjobs.pending_flush"
-STAGED = "daskjobs.staged_load"
-"""Node service holding ``(load_id, blobs)`` a partial load read and verified, until it assigns them."""
-DISCARDED = "daskjobs.discarded_load"
-"""Node service holding the ``load_id`` of the last partial load that failed: a read of it ending late keeps nothing."""
-READ_BLOB = "daskjobs.blobs_read"
-"""Output blob through which a partial load's read task tells every node's assignment it succeeded."""
 
 
 def entry_array(entry: dict[str, Any]) -> np.ndarray:
@@ -282,102 +276,6 @@ class SaveStep:
 
 
 @dataclass(frozen=True)
-class ReadStep:
-    """The first half of a load: reads and verifies the node's blobs (``names``, skipping those the
-    entry lacks; ``None``: all) and keeps them on the node, outside its workspace, for :class:`AssignStep`.
-
-    The task's output (``READ_BLOB``) is what every node's :class:`AssignStep` waits for: no
-    workspace changes before every node read its blobs.
-    """
-
-    store: CheckpointStore
-    node: str
-    epoch: int
-    entry: dict[str, Any]
-    names: tuple[str, ...] | None
-    load_id: str
-
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        state.services.pop(STAGED, None)  # what a failed earlier load left
-        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names, entry_validated=True)
-        with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
-            if state.services.get(DISCARDED) != self.load_id:
-                state.services[STAGED] = (self.load_id, blobs)
-        ws[READ_BLOB] = True
-
-
-@dataclass(frozen=True)
-class AssignStep:
-    """The second half of a load: puts the blobs :class:`ReadStep` kept into the node's GLOBAL
-    workspace (run once every node's read succeeded): added to it, or with ``replace`` in place of
-    everything it held (a whole load)."""
-
-    node: str
-    epoch: int
-    load_id: str
-    replace: bool = False
-
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        staged = state.services.pop(STAGED, None)
-        if staged is None or staged[0] != self.load_id:
-            raise CheckpointError(
-                f"node {self.node!r} holds no blobs read for this load of epoch {self.epoch} "
-                "(its worker restarted?); load again"
-            )
-        if self.replace:
-            state.replace_blobs(staged[1])
-            return
-        with state.lock:
-            state.scope.blobs.update(staged[1])
-
-
-@dataclass(frozen=True)
-class DiscardStep:
-    """After a failed partial load: drop the blobs the node read for it, and keep a read of that
-    load still running on the node from keeping them."""
-
-    load_id: str
-
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        with state.lock:
-            state.services[DISCARDED] = self.load_id
-            staged = state.services.get(STAGED)
-            if staged is not None and staged[0] == self.load_id:
-                del state.services[STAGED]
-
-
-@dataclass(frozen=True)
-class CheckStep:
-    """Pre-flight on the node: the prefix is writable, or the epoch to resume from is readable.
-
-    A committed epoch without the node's group is corrupt (:class:`CheckpointCorruptError`); an
-    epoch that is not committed is not found (:class:`CheckpointNotFoundError`).
-    """
-
-    store: CheckpointStore
-    node: str
-    epoch: int | None
-
-    def __call__(self, ws: Workspace) -> None:
-        if self.epoch is None:
-            self.store.check_writable()
-            return
-        try:
-            self.store.read_node_entry(self.node, self.epoch)
-        except CheckpointNotFoundError:
-            if self.epoch not in self.store.committed_epochs():
-                raise
-            group = self.store.db_name(self.node, self.epoch)
-            raise CheckpointCorruptError(
-                f"epoch {self.epoch}, node {self.node!r}: the node's group {group} (or its zarr.json) is missing, "
-                f"although epoch {self.epoch} is committed; resume from another committed epoch"
-            ) from None
-
-
-@dataclass(frozen=True)
 class SaveFinish:
     """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``, and
     under ``"flushed"`` the outcome of the node's previous background flush (see :func:`settle_flush`).
@@ -506,5 +404,5 @@ class AsyncSaveFinish:
         return {"previous": previous, "error": _outcome(start).get("error")}
 
 
-for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep, ReadStep, AssignStep, CheckStep):
+for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep):
     setattr(_step, INTERNAL, True)

@@ -1,9 +1,15 @@
-"""The distributed client a DaskSession talks through: connecting, and sending runs at once."""
+"""The distributed client a DaskSession talks through: connecting, sending runs at once, and
+waiting for a run's futures."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
 import dask.config
-from distributed import Client
+from distributed import Client, Future
 
 from ..errors import DefinitionTypeError, SessionLostError
 from ._placement import config_timeout
@@ -60,3 +66,40 @@ def dashboard_link(client: Client) -> str | None:
         return client.dashboard_link
     except (KeyError, AttributeError, TypeError):
         return None
+
+
+def when_all_done(futures: Sequence[Future]) -> threading.Event:
+    """An event set once every future has finished, erred or been cancelled."""
+    event = threading.Event()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                event.set()
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    if not futures:
+        event.set()
+    return event
+
+
+async def gather_within(
+    client: Client, futures: list[Future], timeout: float, pending: asyncio.Future | None = None
+) -> tuple[list[Any] | None, asyncio.Future | None]:
+    """On the client's loop: ``(results of the successful futures, None)`` once all are done, or
+    ``(None, the gather still in flight)`` after ``timeout`` seconds. The gather itself is never
+    interrupted (a cancelled gather could leave the client's shared transfer state broken)."""
+    if pending is None:
+        pending = asyncio.ensure_future(client.gather(futures, errors="skip", asynchronous=True))
+        # An interrupted run drops its gather: its error (e.g. the client closed meanwhile) is
+        # taken here, never logged by asyncio as "Task exception was never retrieved".
+        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
+    gathering = pending
+    try:
+        return await asyncio.wait_for(asyncio.shield(gathering), timeout), None
+    except TimeoutError:
+        return None, gathering

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import html
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
@@ -22,7 +20,7 @@ from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
-from ._client import connect, dashboard_link, send_at_once
+from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
 from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
@@ -45,43 +43,6 @@ _DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, Cancel
 
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
-
-
-def _when_all_done(futures: Sequence[Future]) -> threading.Event:
-    """An event set once every future has finished, erred or been cancelled."""
-    event = threading.Event()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0] == 0:
-                event.set()
-
-    for future in futures:
-        future.add_done_callback(one_done)
-    if not futures:
-        event.set()
-    return event
-
-
-async def _gather_within(
-    client: Client, futures: list[Future], timeout: float, pending: asyncio.Future | None = None
-) -> tuple[list[Any] | None, asyncio.Future | None]:
-    """On the client's loop: ``(results of the successful futures, None)`` once all are done, or
-    ``(None, the gather still in flight)`` after ``timeout`` seconds. The gather itself is never
-    interrupted (a cancelled gather could leave the client's shared transfer state broken)."""
-    if pending is None:
-        pending = asyncio.ensure_future(client.gather(futures, errors="skip", asynchronous=True))
-        # An interrupted run drops its gather: its error (e.g. the client closed meanwhile) is
-        # taken here, never logged by asyncio as "Task exception was never retrieved".
-        pending.add_done_callback(lambda done: done.cancelled() or done.exception())
-    gathering = pending
-    try:
-        return await asyncio.wait_for(asyncio.shield(gathering), timeout), None
-    except TimeoutError:
-        return None, gathering
 
 
 class _Watchdog:
@@ -453,17 +414,17 @@ class DaskSession(Session):
 
     def _gather_watched(self, futures: list[Future], watchdog: _Watchdog) -> list[Any] | NodeLostError:
         """The results of the successful ``futures`` once all are done, or the watchdog's error."""
-        results, pending = self._client.sync(_gather_within, self._client, futures, _WATCH_INTERVAL)
+        results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL)
         while pending is not None:
             lost = watchdog.check()
             if lost is not None:
                 return lost
-            results, pending = self._client.sync(_gather_within, self._client, futures, _WATCH_INTERVAL, pending)
+            results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL, pending)
         return results
 
     def _drain(self, watchdog: _Watchdog) -> NodeLostError | None:
         """Block until all of the run's futures are done, or return the watchdog's error."""
-        done = _when_all_done(watchdog.futures)
+        done = when_all_done(watchdog.futures)
         while not done.wait(_WATCH_INTERVAL):
             lost = watchdog.check()
             if lost is not None:
