@@ -10,6 +10,7 @@ import pytest
 import zarr
 
 import daskjobs as dj
+from daskjobs.data import epochs_until_finished
 from daskjobs.errors import JobDefinitionError, StepTypeError, TaskFailedError
 
 
@@ -268,6 +269,29 @@ def test_custom_reader_with_json_state_resumes_exactly(prefix):
     assert np.array_equal(seen_epoch, expected_epoch)
 
 
+@pytest.mark.parametrize(
+    ("source", "options"),
+    [
+        (np.zeros(0, dtype=np.int64), {"batch_size": 2}),
+        (np.arange(3), {"batch_size": 1, "shard": (5, 8), "num_passes": 3}),
+        (np.arange(3), {"batch_size": 4, "drop_last": True}),
+    ],
+    ids=["empty-source", "empty-shard", "no-whole-batch"],
+)
+def test_a_reader_without_a_batch_is_exhausted_in_the_first_epoch(prefix, source, options):
+    """An empty source or shard (finite passes) reads nothing: data_finished is true after epoch 1,
+    and epoch 1's checkpoint holds the exhausted position."""
+    job, limited = reading_job(source, num_iter=2, **options)
+    assert epochs_until_finished(limited.data_finished()) == 1
+    last, seen, _ = run_reading(job)
+    assert (last, seen.tolist()) == (1, [])
+    job, limited = reading_job(source, **options)
+    run_reading(job, checkpoint_manager=dj.MultiNodeCheckpointManager(prefix))
+    assert list(dj.list_checkpoints(prefix)[-1].stop_values.values()) == [True]
+    position = dj.open_checkpoint(prefix)["a"][limited.reader.blob("position")]
+    assert position.tolist() == [options.get("num_passes", 1), 0]
+
+
 # -- bad input --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("sources", "options", "match"),
@@ -281,8 +305,9 @@ def test_custom_reader_with_json_state_resumes_exactly(prefix):
         ((np.arange(5),), {"batch_size": 2, "num_passes": 0}, "num_passes"),
         ((np.arange(5),), {"batch_size": 2, "num_passes": 1.5}, "num_passes"),
         ((np.arange(5),), {"batch_size": 2, "seed": -1}, "seed"),
-        ((np.arange(3),), {"batch_size": 4, "drop_last": True}, "not one batch"),
-        ((np.arange(3),), {"batch_size": 1, "shard": (5, 8)}, "not one batch"),
+        ((np.arange(3),), {"batch_size": 4, "drop_last": True, "num_passes": None}, "not one batch"),
+        ((np.arange(3),), {"batch_size": 1, "shard": (5, 8), "num_passes": None}, "read it forever"),
+        ((np.zeros(0),), {"batch_size": 1, "num_passes": None}, "not one batch"),
         ((np.array(3),), {"batch_size": 1}, "0-d"),
         ((np.array([object()]),), {"batch_size": 1}, "dtype object"),
         ((np.ma.masked_array([1, 2]),), {"batch_size": 1}, "subclass"),

@@ -79,7 +79,8 @@ class ArrayReader(Reader):
     ------
     JobDefinitionError
         A ``ValueError`` naming the reader: sources of different lengths, a bad ``batch_size``,
-        ``shard``, ``seed`` or ``num_passes``, a shard without a batch. A Zarr URL that is
+        ``shard``, ``seed`` or ``num_passes``, a shard without a batch when ``num_passes`` is ``None``
+        (with finite passes such a reader is exhausted at once: it reads nothing). A Zarr URL that is
         missing or not an array fails the init group, naming the reader, before any epoch runs.
 
     Examples
@@ -160,12 +161,12 @@ class ArrayReader(Reader):
             self._check_batches(next(iter(lengths.values())), label)
 
     def _check_batches(self, records: int, label: str) -> None:
-        if self.batches_per_pass(records) == 0:
+        if self.batches_per_pass(records) == 0 and self.num_passes is None:
             index, count = self.shard
             raise JobDefinitionError(
                 f"reader {label!r}: shard {index} of {count} of {records} records holds "
                 f"{self._shard_size(records)} records: not one batch of {self.batch_size}"
-                f"{' (drop_last=True)' if self.drop_last else ''}"
+                f"{' (drop_last=True)' if self.drop_last else ''}, and num_passes=None would read it forever"
             )
 
     def _shard_size(self, records: int) -> int:
@@ -254,6 +255,9 @@ class ArrayReader(Reader):
         records = self._records(ws)
         size = self._shard_size(records)
         usable = size - size % self.batch_size if self.drop_last else size
+        if usable == 0 and offset == 0 and self.num_passes is not None:  # not one batch: exhausted at once
+            ws[self.blob("position")] = np.array([self.num_passes, 0], dtype=np.int64)
+            return None
         stop = min(offset + self.batch_size, usable)
         if stop <= offset:
             raise JobDefinitionError(

@@ -130,7 +130,7 @@ class ReaderWithLimit(Reader):
         total = getattr(self.reader, "total_batches", lambda: None)()
         if total is None or self.num_iter == 0:
             return None
-        return 1 if self.num_iter is None else -(-total // self.num_iter)
+        return 1 if self.num_iter is None else max(1, -(-total // self.num_iter))
 
     def counter(self) -> TaskOutput:
         """The number of batches read in the last epoch."""
