@@ -21,7 +21,7 @@ from ._model.task import SetupNets, Step, WorkspaceType
 from ._sources import SourceFiles, restore_source_files, source_files
 from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
-from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError
+from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
 from .history import MetricLog, MetricSums
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
@@ -239,7 +239,7 @@ class _Failure:
             f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
             f"on node {self.plan.node!r}{epoch}: {type(exc).__name__}: {exc}"
         )
-        return TaskFailedError(
+        return _failure_class(exc)(
             message,
             self.plan.job,
             self.plan.group,
@@ -248,6 +248,17 @@ class _Failure:
             self.run.epoch,
             "".join(traceback.format_exception(exc)),
         )
+
+
+def _failure_class(cause: BaseException) -> type[TaskFailedError]:
+    """The :class:`TaskFailedError` for ``cause``: one that also is the builtin error of a daskjobs
+    ``TypeError``/``ValueError`` (a refused blob value, an invalid reader source); else the plain one."""
+    if isinstance(cause, DaskJobsError):
+        if isinstance(cause, TypeError):
+            return TaskTypeError
+        if isinstance(cause, ValueError):
+            return TaskValueError
+    return TaskFailedError
 
 
 def _call_steps(steps: Sequence[Step], ws: Workspace) -> None:

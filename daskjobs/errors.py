@@ -12,6 +12,8 @@ The tree::
     ├── OutputNotReadyError(RuntimeError)     a TaskOutput fetched before its task ran
     ├── SessionClosedError(RuntimeError)      a session used after close()
     ├── TaskFailedError(RuntimeError)         user code raised; the cause is chained
+    │   ├── TaskValueError(ValueError)        ... on a daskjobs ValueError (e.g. a reader source invalid on its node)
+    │   └── TaskTypeError(TypeError)          ... on a daskjobs TypeError (e.g. a blob value no checkpoint holds)
     ├── NodePlacementError(RuntimeError)      a node has no worker, or more than one
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
     ├── SessionLostError(ConnectionError)     the Dask scheduler went away
@@ -53,6 +55,8 @@ __all__ = [
     "StepTypeError",
     "StopConditionError",
     "TaskFailedError",
+    "TaskTypeError",
+    "TaskValueError",
 ]
 
 
@@ -148,6 +152,17 @@ class TaskFailedError(DaskJobsError, RuntimeError):
 
     def __setstate__(self, state: dict) -> None:
         self.__cause__ = state.get("cause")
+
+
+class TaskValueError(TaskFailedError, ValueError):
+    """A task failed on a daskjobs ``ValueError`` (its ``__cause__``, e.g. a
+    :class:`JobDefinitionError` for an ``ArrayReader`` source that turned out invalid on its node):
+    caught by ``except TaskFailedError`` and by ``except ValueError`` alike."""
+
+
+class TaskTypeError(TaskFailedError, TypeError):
+    """A task failed on a daskjobs ``TypeError`` (its ``__cause__``, e.g. a :class:`BlobTypeError`
+    for a value assigned to a blob): caught by ``except TaskFailedError`` and by ``except TypeError``."""
 
 
 class _NodesError(DaskJobsError, RuntimeError):

@@ -22,6 +22,8 @@ BUILTIN = {
     "OutputNotReadyError": RuntimeError,
     "SessionClosedError": RuntimeError,
     "TaskFailedError": RuntimeError,
+    "TaskValueError": ValueError,
+    "TaskTypeError": TypeError,
     "NodePlacementError": RuntimeError,
     "NodeLostError": RuntimeError,
     "SessionLostError": ConnectionError,

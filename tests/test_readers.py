@@ -333,6 +333,7 @@ def test_unreadable_zarr_fails_the_init_group_before_anything_is_committed(tmp_p
     with pytest.raises(TaskFailedError, match="'ids'") as info:
         dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None)
     assert isinstance(info.value.__cause__, JobDefinitionError)
+    assert isinstance(info.value, ValueError)  # a TaskValueError: except ValueError catches it too
     assert ("no Zarr array" if kind == "missing" else "group") in str(info.value)
     assert dj.list_checkpoints(prefix) == []
 

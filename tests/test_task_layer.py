@@ -718,6 +718,7 @@ def test_task_failed_error_names_everything(session):
         f"task 'b/explode' failed in the {group.label} group of job 'session' on node 'b': ValueError: kaboom 42"
     )
     assert isinstance(error.__cause__, ValueError)
+    assert type(error) is TaskFailedError  # a user's own ValueError: never caught by `except ValueError`
     assert str(error.__cause__) == "kaboom 42"
     assert 'raise ValueError(f"kaboom {value}")  # the line the traceback must show' in error.remote_traceback
     assert "in explode" in error.remote_traceback

@@ -278,6 +278,7 @@ def test_refused_value_from_a_step_fails_its_task(kind):
         with pytest.raises(TaskFailedError, match="'a/assigner'") as info:
             session.run(group)
         assert isinstance(info.value.__cause__, BlobTypeError)
+        assert isinstance(info.value, TypeError)  # a TaskTypeError: except TypeError catches it too
         assert "'bad'" in str(info.value)
         assert session.blobs("a") == []
 
