@@ -70,6 +70,18 @@ def in_background(job: Callable[[], T]) -> Future[T]:
         return _background[1].submit(job)
 
 
+def fsync_soon(fd: int) -> None:
+    """fsync then close the open file ``fd`` in a background thread (nothing waits for it)."""
+
+    def sync_and_close() -> None:
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    _fsync_pool().submit(sync_and_close)
+
+
 def fsync_path(path: str) -> None:
     """fsync a file or directory by path."""
     fd = os.open(path, os.O_RDONLY)

@@ -26,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from ._durable import fsync_path, sync_paths
+from ._durable import fsync_path, fsync_soon, sync_paths
 
 logger = logging.getLogger("daskjobs")
 
@@ -301,18 +301,19 @@ class LocalFiles:
         self._unsynced.append(os.path.dirname(target))
         return True
 
-    def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
+    def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:
         """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder.
 
         ``sync_folder=False`` leaves the folder's fsync to a later :meth:`sync_folder` (the file is
-        then complete whenever it is there, but may vanish again in a crash until then).
+        then complete whenever it is there, but may vanish again in a crash until then);
+        ``sync_file=False`` skips the file's own fsync too (a file that need not survive a crash).
         """
         if not os.path.isdir(os.path.dirname(path)):
             make_dirs(os.path.dirname(path))
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             write_file(temp, [data])
-            if self._fsync:
+            if self._fsync and sync_file:
                 fsync_path(temp)
             os.replace(temp, path)
         finally:
@@ -326,12 +327,22 @@ class LocalFiles:
         if self._fsync:
             fsync_path(path)
 
-    def create(self, path: str, data: bytes) -> None:
-        """Create a small file that must not exist yet (``O_EXCL``); raises :class:`FileExistsError`."""
+    def create(self, path: str, data: bytes, sync_soon: bool = False) -> None:
+        """Create a small file that must not exist yet (``O_EXCL``); raises :class:`FileExistsError`.
+
+        ``sync_soon``: its fsync runs in the background instead of being waited for.
+        """
         make_dirs(os.path.dirname(path))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             os.write(fd, data)
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._fsync and sync_soon:
+            fsync_soon(fd)
+            return
+        try:
             if self._fsync:
                 os.fsync(fd)
         finally:

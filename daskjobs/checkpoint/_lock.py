@@ -186,8 +186,8 @@ def acquire(
     token = uuid.uuid4().hex
     data = dumps({**holder, "token": token})
     for _ in range(_ATTEMPTS):
-        try:
-            files.create(path, data)
+        try:  # made durable in the background: exclusion needs no fsync, and a run's first commit comes later
+            files.create(path, data, sync_soon=True)
             return token
         except FileExistsError:  # s3fs reports a failed If-None-Match precondition as this too
             pass
@@ -259,7 +259,9 @@ def release(files: LocalFiles | RemoteFiles, path: str, url: str, token: str | N
     if token is not None and parse(current).get("token") != token:
         logger.warning("not releasing the checkpoint lock of %s: it is now held by %s", url, describe(parse(current)))
         return
-    files.remove(path)
+    # Not made durable: a lock that a power loss brings back names a process that no longer runs
+    # (stale, taken over by the next run), like the lock of a run the power loss itself ended.
+    files.remove(path, sync_folder=False)
 
 
 def read(files: LocalFiles | RemoteFiles, path: str) -> dict[str, Any] | None:

@@ -126,8 +126,8 @@ class Prefix:
         probe = f"{self.own_folder()}/probe.tmp-{uuid.uuid4().hex}"
         data = uuid.uuid4().hex.encode()
         files = self._files()
-        try:  # the probe's own fsync checks the disk syncs; its name need not be durable
-            files.replace(probe, data, sync_folder=False)
+        try:  # a probe need not survive a crash: no fsync (every save syncs, and fails if it cannot)
+            files.replace(probe, data, sync_folder=False, sync_file=False)
             back = self._read(probe)
             files.remove(probe, sync_folder=False)
         except OSError as exc:

@@ -83,12 +83,12 @@ class RemoteFiles:
             return False
         return True
 
-    def replace(self, path: str, data: bytes, sync_folder: bool = True) -> None:
+    def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:
         """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
         self._fs.pipe_file(path, data)
         self._fs.invalidate_cache(path.rsplit("/", 1)[0])
 
-    def create(self, path: str, data: bytes) -> None:
+    def create(self, path: str, data: bytes, sync_soon: bool = False) -> None:
         """Create an object that must not exist yet (on S3 a PUT with ``If-None-Match: *``).
 
         Raises :class:`FileExistsError` if it exists.
