@@ -378,7 +378,7 @@ class JobRunner:
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
-            return resume + 1, self._reached_max(resume)
+            return (resume, True) if self._reached_max(resume) else (resume + 1, False)
         newer = manager.resume_older(resume)
         if newer:
             logger.info(

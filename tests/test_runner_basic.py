@@ -434,6 +434,17 @@ def test_resume_without_manager_skips_init(session):
     assert session.blobs("a") == ["epochs", "n"]
 
 
+@pytest.mark.parametrize("resume", [5, 6])
+def test_resume_without_manager_at_or_past_max_epochs_runs_nothing(session, resume):
+    """Resuming (no manager) from an epoch >= max_epochs runs no epoch and returns that epoch."""
+    session.feed("n", 0, node="a")
+    session.feed("epochs", EMPTY, node="a")
+    run = runner(counting_job(), resume_from_epoch=resume, max_epochs=5)
+    assert run.train(session) == resume
+    assert session.fetch("epochs", node="a").tolist() == []
+    assert run.history == []
+
+
 def test_train_with_no_session_uses_local_session():
     """train(None) runs the job in a LocalSession of its own and returns the last epoch."""
     job = counting_job()

@@ -33,7 +33,9 @@ _KNOWN_TYPES = frozenset(
         *("float16", "float32", "float64", "complex64", "complex128", "fixed_length_utf32", "null_terminated_bytes"),
     ]
 )
-_KNOWN_CODECS = frozenset(["bytes", *COMPRESSIONS])
+_KNOWN_CODECS = frozenset(["bytes", "crc32c", "transpose", "sharding_indexed", *COMPRESSIONS])
+"""The codecs of the Zarr v3 specification: an array's ``zarr.json`` naming one of them that its
+commit record does not is corrupt (it disagrees with the record); any other codec is unknown."""
 _PARALLEL_FROM = 32 << 20
 """Local reads of at least this many bytes run chunk by chunk in a thread pool."""
 _META_LIMIT = 1 << 20
@@ -394,8 +396,8 @@ def _explain_metadata(label: str, data: bytes | OSError, expected: bytes) -> Non
     ):
         raise CheckpointFormatError(
             f"{label}: zarr.json has data type {type_name!r}, codecs {names}, extensions {unknown} and storage "
-            f"transformers {meta.get('storage_transformers')}; daskjobs reads only {sorted(_KNOWN_TYPES)} with codecs "
-            f"{sorted(_KNOWN_CODECS)} and no extensions; nothing was decoded"
+            f"transformers {meta.get('storage_transformers')}; daskjobs reads only {sorted(_KNOWN_TYPES)} with Zarr "
+            f"v3 codecs ({sorted(_KNOWN_CODECS)}) and no extensions; nothing was decoded"
         )
     fields = sorted(k for k in set(meta) | set(want) if meta.get(k) != want.get(k))
     details = ", ".join(f"{k} is {meta.get(k)!r} instead of {want.get(k)!r}" for k in fields)

@@ -191,6 +191,14 @@ CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
         edit_meta("codecs", lambda m: [*m["codecs"], {"name": "gzip", "configuration": {"level": 1}}]),
         CheckpointCorruptError,
     ),
+    "added_crc32c_codec": (
+        edit_meta("codecs", lambda m: [*m["codecs"], {"name": "crc32c"}]),
+        CheckpointCorruptError,
+    ),
+    "added_transpose_codec": (
+        edit_meta("codecs", lambda m: [{"name": "transpose", "configuration": {"order": [1, 0]}}, *m["codecs"]]),
+        CheckpointCorruptError,
+    ),
     "unknown_codec": (
         edit_meta("codecs", lambda m: [*m["codecs"], {"name": "numcodecs.pickle"}]),
         CheckpointFormatError,
