@@ -153,6 +153,16 @@ class EpochSaver:
             self._take_reports(epoch, finished)
         self.manager.forget_save(epoch)
 
+    def salvage(self, epoch: int, finished: dict[str, Any]) -> None:
+        """``epoch``'s run failed: take the flush reports its save hooks gave on the nodes that finished,
+        so that the epochs before it are still committed when the failed run settles (a node whose
+        hook ran has no flush of them left to report); ``epoch`` itself is not committed. A flush
+        that failed is logged: the run's own error is what surfaces."""
+        for other, error in sorted(self.manager.salvage_finished(epoch, finished).items()):
+            self._waiting = [w for w in self._waiting if w[0] != other]
+            logger.warning("could not write the checkpoint of epoch %d: %s", other, error)
+            self._call_then(other)
+
     def _take_reports(self, epoch: int, finished: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Give the manager what ``epoch``'s save hooks returned (committing the asynchronous save
         they waited for); give up the earlier epochs whose saves failed; return the failed saves."""
@@ -226,10 +236,11 @@ class EpochSaver:
             raise error
 
     def settle(self, session: Session | None = None) -> bool:
-        """On the way out of a failed run: commit the waiting epochs (they finished), once durable.
-        Their flushes are asked of the nodes through ``session`` (when it still works); a flush no
-        node can report (its worker died) is made from here. A failure is logged, and epochs that
-        cannot be committed are forgotten. ``True`` if an epoch was committed."""
+        """On the way out of a failed run: commit the waiting epochs (they finished), once durable,
+        and, through ``session``, the asynchronous save in flight. The flushes are asked of the
+        nodes through ``session`` (when it still works); a flush no node can report (its worker
+        died) is made from here. A failure is logged, and epochs that cannot be committed are
+        forgotten. ``True`` if an epoch was committed."""
         before = self.last_committed
         try:
             if session is not None:
@@ -243,6 +254,14 @@ class EpochSaver:
             self.commit_deferred()
         except Exception as exc:
             logger.warning("%s", exc)
+        pending = self.manager.pending_epoch()
+        if session is not None and pending is not None:  # the asynchronous save of a finished epoch
+            try:
+                self.manager.flush(session)
+                self.last_committed = pending
+            except Exception as exc:
+                logger.warning("could not commit the asynchronous save of epoch %d: %s", pending, exc)
+                self.manager.discard_pending()
         for epoch, *_ in self._waiting:
             self.manager.forget_save(epoch)
         self._waiting, self._then = [], []

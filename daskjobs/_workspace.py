@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._validation import Value, as_value, check_label, validate_name
+from .errors import DefinitionTypeError, JobDefinitionError
 
 if TYPE_CHECKING:
     from .history import MetricLog
@@ -166,19 +167,25 @@ class Workspace(MutableMapping[str, Value]):
 
         Raises
         ------
-        TypeError
-            ``value`` is not a real number (a one-element array is fine).
-        ValueError
-            ``value`` is NaN or infinite, or ``name`` is not 1-128 printable characters.
+        DefinitionTypeError
+            A ``TypeError``: ``value`` is not a real number (a one-element array is fine).
+        JobDefinitionError
+            A ``ValueError``: ``value`` is NaN, infinite or beyond a float, or ``name`` is not
+            1-128 printable characters.
         """
         check_label(name, "metric")
         if isinstance(value, np.ndarray) and value.size == 1:
             value = value.reshape(())[()]
         if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-            raise TypeError(f"metric {name!r} must be a real number, got {type(value).__name__}: {value!r}")
-        number = float(value)
+            raise DefinitionTypeError(
+                f"metric {name!r} must be a real number, got {type(value).__name__}: {value!r}"[:300]
+            )
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         if not math.isfinite(number):
-            raise ValueError(f"metric {name!r} must be finite, got {number}")
+            raise JobDefinitionError(f"metric {name!r} must be a finite float, got {number}")
         if self._metrics is not None:
             self._metrics.add(name, number)
 

@@ -12,7 +12,7 @@ from ._model.job import Job
 from ._progress import EpochProgress, known_total
 from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver, overrides
-from ._validation import check_can_stop, resume_epoch, stop_condition_values
+from ._validation import check_can_stop, check_count, resume_epoch, stop_condition_values
 from ._writer import end_saves, holding_lock, prepare_manager
 from .data import epochs_until_finished
 from .errors import (
@@ -106,14 +106,11 @@ class JobRunner:
     ) -> None:
         if not isinstance(job, Job):
             raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
-        if max_epochs is not None and (
-            isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1
-        ):
-            raise JobDefinitionError(f"max_epochs must be a positive int or None, got {max_epochs!r}")
+        if max_epochs is not None:
+            max_epochs = check_count(max_epochs, "max_epochs (or None)")
         if on_save_error not in ("raise", "warn"):
             raise JobDefinitionError(f"on_save_error must be 'raise' or 'warn', got {on_save_error!r}")
-        if not isinstance(max_failures, int) or max_failures < 0:
-            raise JobDefinitionError(f"max_failures must be an int >= 0, got {max_failures!r}")
+        max_failures = check_count(max_failures, "max_failures", 0)
         self.job = job
         self.checkpoint_manager = checkpoint_manager
         self.resume_from_epoch = resume_epoch(resume_from_epoch)
@@ -333,6 +330,10 @@ class JobRunner:
                 finished=finished,
                 meanwhile=None if saver is None else saver.meanwhile,
             )
+        except Exception:
+            if saver is not None and hooks and finished:
+                saver.salvage(epoch, finished)
+            raise
         finally:
             if saver is not None:
                 saver.check_meanwhile()

@@ -296,6 +296,41 @@ def test_an_invalid_stop_value_keeps_the_epochs_before_it_committed(session, pre
     assert dj.open_checkpoint(prefix).verify() > 0
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_a_failing_task_keeps_the_epochs_before_it_committed(session, prefix, async_save, fail_at):
+    """Node b's step raises in epoch ``fail_at``: TaskFailedError, and every epoch before it is
+    committed (node a's save hook already reported the earlier flush or async write: it is not
+    lost), on every session; a re-run resumes from the epoch before and ends like an unbroken run."""
+
+    def build(fail):
+        with dj.Cluster(), dj.Job(name="fails") as job:
+            for node in ("a", "b"):
+                with job.init_group, dj.Node(node):
+                    dj.Task(lambda ws: ws.__setitem__("k", 0))
+
+                def step(ws, node=node):
+                    ws["k"] = ws["k"] + 1
+                    if fail and node == "b" and ws.epoch == fail_at:
+                        raise ZeroDivisionError("node b fails")
+
+                with dj.Node(node):
+                    dj.Task(step)
+            with dj.Node("a"):
+                dj.epoch_limiter(job, 5)
+        return job
+
+    manager = dj.MultiNodeCheckpointManager(prefix, async_save=async_save)
+    with pytest.raises(TaskFailedError, match="node b fails"):
+        dj.JobRunner(build(True), manager, progress=False).train(session)
+    assert [i.epoch for i in dj.list_checkpoints(prefix)] == list(range(fail_at))
+    assert dj.open_checkpoint(prefix).verify() > 0
+    runner = dj.JobRunner(build(False), dj.MultiNodeCheckpointManager(prefix, async_save=async_save), progress=False)
+    assert runner.train(session) == 5
+    assert [r.epoch for r in runner.history] == list(range(fail_at, 6))
+    assert [int(dj.open_checkpoint(prefix)[n]["k"]) for n in ("a", "b")] == [5, 5]
+
+
 def test_unwritable_prefix_is_detected_before_init(session, tmp_path):
     """A prefix that cannot be created fails with CheckpointWriteError before the init group runs."""
     blocker = tmp_path / "file.txt"

@@ -343,7 +343,8 @@ def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
 @pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
 def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, times):
     """SIGINT exits 130, SIGTERM 143 (also when a second signal follows), with one line and no traceback;
-    what is committed verifies."""
+    what is committed verifies. The signal goes to the whole process group, as a terminal's Ctrl-C
+    does: a node_cluster's worker processes get it too (and ignore it)."""
     prefix = jobs / "ckpt"
     process = subprocess.Popen(
         [sys.executable, "-m", "daskjobs", "run", "jobs.py:slow", *where, "--checkpoint", str(prefix)],
@@ -361,7 +362,7 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, 
             assert time.monotonic() < deadline, "no epoch committed in time"
             time.sleep(0.05)
         for _ in range(times):
-            process.send_signal(sig)
+            os.killpg(process.pid, sig)
             time.sleep(0.1)
         _out, err = process.communicate(timeout=30)
     finally:

@@ -36,6 +36,8 @@ def test_demo_job_converges_in_process():
     assert runner.history[-1].stop_values[demo.job.stop_conditions[0].names[0]] is True
     assert float(demo.loss.fetch()) < 0.4
     assert float(demo.test_accuracy.fetch()) > 0.8
+    losses = [record.metrics["loss"] for record in runner.history]  # what `daskjobs demo` prints per epoch
+    assert losses[-1] == float(demo.loss.fetch()) < DemoConfig.target_loss <= min(losses[:-1])
 
 
 @pytest.mark.cluster

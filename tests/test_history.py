@@ -109,6 +109,30 @@ def test_a_metric_name_that_cannot_label_fails_the_step(name):
     assert isinstance(failed.value.__cause__, dj.errors.JobDefinitionError)
 
 
+@pytest.mark.parametrize(
+    ("value", "builtin"),
+    [
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (10**400, ValueError),
+        ("0.5", TypeError),
+        (1j, TypeError),
+        (True, TypeError),
+        (np.zeros(2), TypeError),
+    ],
+    ids=["nan", "inf", "huge-int", "str", "complex", "bool", "array"],
+)
+def test_a_metric_value_that_is_not_a_finite_float_fails_the_step(value, builtin):
+    """A refused metric value is a daskjobs error of the matching builtin, and so is the run's error."""
+    with dj.Job(name="values") as job:
+        dj.Task(lambda ws: ws.log("loss", value))
+    with pytest.raises(builtin, match="metric 'loss'") as failed:
+        dj.JobRunner(job, max_epochs=1, progress=False).train(None)
+    assert isinstance(failed.value, dj.errors.TaskFailedError)
+    assert isinstance(failed.value.__cause__, dj.errors.DaskJobsError)
+    assert isinstance(failed.value.__cause__, builtin)
+
+
 def test_metric_named_like_a_column_keeps_both():
     record = EpochRecord(1, 0.5, 0.1, 10, 0, {"done": True}, {"seconds": 3.0, "stop:done": 1.0, "loss": 2.0})
     (row,) = history_rows([record])

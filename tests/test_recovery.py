@@ -118,3 +118,28 @@ def test_node_loss_without_checkpoints_is_an_error(cluster, tmp_path):
     runner = dj.JobRunner(define_job(str(tmp_path / "killed")), max_epochs=5, progress=False)
     with dj.DaskSession(cluster) as session, pytest.raises(NodeLostError, match="'b'"):
         runner.train(session)
+
+
+@pytest.mark.parametrize("manager", [False, True], ids=["no-manager", "max-failures-0"])
+def test_the_session_stays_usable_after_a_node_loss_error(cluster, tmp_path, manager):
+    """After NodeLostError (no manager, or max_failures=0) the same session runs on: a plain run on
+    the lost node, and a new runner that resumes (with a manager) or starts afresh, with no
+    recovery counted and the final blobs of an unbroken run."""
+    prefix = str(tmp_path / "ckpt")
+
+    def runner(job: dj.Job) -> dj.JobRunner:
+        checkpoints = dj.MultiNodeCheckpointManager(prefix) if manager else None
+        return dj.JobRunner(job, checkpoints, max_epochs=5, max_failures=0, progress=False)
+
+    with dj.DaskSession(cluster) as session:
+        with pytest.raises(NodeLostError, match="'b'"):
+            runner(define_job(str(tmp_path / "killed"))).train(session)
+        session.wait_for_nodes(["b"], timeout=30)
+        session.run(dj.Task(lambda ws: ws.__setitem__("probe", 1), node="b"))
+        assert session.fetch("probe", node="b") == 1
+        again = runner(define_job())
+        assert again.train(session) == 5
+        history = session.fetch("history", "b")
+    assert np.array_equal(history, reference(5)[1])
+    assert [r.recoveries for r in again.history] == [0] * len(again.history)
+    assert [r.epoch for r in again.history] == (list(range(3, 6)) if manager else list(range(1, 6)))

@@ -515,7 +515,6 @@ HOSTILE_METADATA = {
     "datetime_dtype": lambda m: {**m, "data_type": "numpy.datetime64"},
     "pickle_codec": lambda m: {**m, "codecs": [*m["codecs"], {"name": "numcodecs.pickle"}]},
     "vlen_codec": lambda m: {**m, "codecs": [{"name": "vlen-bytes"}]},
-    "sharding": lambda m: {**m, "codecs": [{"name": "sharding_indexed", "configuration": {}}]},
     "unknown_extension": lambda m: {**m, "my_extension": {"must_understand": True}},
     "storage_transformer": lambda m: {**m, "storage_transformers": [{"name": "chunk-manifest-json"}]},
     "bad_codec_config": lambda m: {**m, "codecs": [{"name": "bytes", "configuration": "little"}]},
@@ -532,6 +531,26 @@ def test_hostile_array_metadata_is_refused_before_decoding(store, no_unpickling,
         store.read_node("a", 3, entry)
 
 
+DAMAGED_METADATA = {
+    "sharding": lambda m: {**m, "codecs": [{"name": "sharding_indexed", "configuration": {}}]},
+    "flipped_key": lambda m: {("shapf" if k == "shape" else k): v for k, v in m.items()},
+    "not_an_array": lambda m: {**m, "node_type": "group"},
+    "a_list": lambda m: [m],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGED_METADATA))
+def test_damaged_array_metadata_is_corrupt_and_never_decoded(store, no_unpickling, kind):
+    """Metadata that names nothing unknown but disagrees with the commit record (a known Zarr codec
+    added, a key's byte flipped, another node type) is corruption, refused before decoding."""
+    entry = _corrupt_store(store)
+    path = fs_path(store, "a.3", "w", "zarr.json")
+    store.fs.pipe_file(path, json.dumps(DAMAGED_METADATA[kind](json.loads(store.fs.cat_file(path)))).encode())
+    store.fs.pipe_file(fs_path(store, "a.3", "w", "c.0.0"), no_unpickling)
+    with pytest.raises(CheckpointCorruptError, match=r"blob 'w': .*nothing was decoded"):
+        store.read_node("a", 3, entry)
+
+
 def test_zarr_v2_pickled_object_array_is_refused(store, no_unpickling):
     entry = _corrupt_store(store)
     _zarr_v2_object_array(store.fs, fs_path(store, "a.3", "w"), no_unpickling)
@@ -542,10 +561,10 @@ def test_zarr_v2_pickled_object_array_is_refused(store, no_unpickling):
 def test_pickle_instead_of_metadata_or_record(store, no_unpickling):
     entry = _corrupt_store(store)
     store.fs.pipe_file(fs_path(store, "a.3", "w", "zarr.json"), no_unpickling)
-    with pytest.raises(CheckpointFormatError, match="not valid JSON"):
+    with pytest.raises(CheckpointCorruptError, match="not valid JSON"):
         store.read_node("a", 3, entry)
     store.fs.pipe_file(fs_path(store, "a.3", "zarr.json"), no_unpickling)
-    with pytest.raises(CheckpointFormatError, match="not valid JSON"):
+    with pytest.raises(CheckpointCorruptError, match="not valid JSON"):
         store.read_node_entry("a", 3)
     store.fs.pipe_file(fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"), no_unpickling)
     with pytest.raises(CheckpointCorruptError, match="not valid JSON"):

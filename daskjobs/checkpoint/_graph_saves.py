@@ -35,6 +35,7 @@ class GraphSaves:
     async_snapshot: str
     holds_lock: bool
     _saves: Saves
+    _salvaged: dict[str, Any]
     _staging: Staging
     _job_name: str
     _nodes_delete: bool
@@ -81,13 +82,27 @@ class GraphSaves:
         return self._saves.accept(epoch, results, self.nodes(), self.async_save, self._commit)
 
     def flush(self, session: Session) -> int | None:
-        """Wait for an asynchronous save to finish on every node and commit it; return its epoch."""
+        """Wait for an asynchronous save to finish on every node and commit it; return its epoch.
+
+        The nodes that already reported its outcome (see :meth:`salvage_finished`) are not asked again.
+        """
         epoch = self._saves.pending_epoch()
         if epoch is None:
             return None
         save_id = self._saves.ids[epoch]
-        group = self._entry_group(epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait")
-        session.run_group(group, job=self._job_name, epoch=epoch)
+        known, self._salvaged = self._salvaged, {}
+        waiting = [n for n in self.nodes() if n not in known]
+        if waiting:
+            group = self._entry_group(
+                epoch, lambda node: WaitSaveStep(node, epoch, save_id), "checkpoint_wait", nodes=waiting
+            )
+            session.run_group(group, job=self._job_name, epoch=epoch)
+        if known:
+            failed: dict[int, CheckpointWriteError] = {}
+            waited = self._saves.finished(epoch) if waiting else {}
+            if not self._saves.take(epoch, {**known, **{n: {"entry": e} for n, e in waited.items()}}, failed):
+                self._saves.pending = None
+                raise failed[epoch]
         self._commit(*self._saves.take_pending())
         return epoch
 
@@ -131,6 +146,19 @@ class GraphSaves:
     def discard_pending(self) -> None:
         """Forget an asynchronous save that will not be committed (its node was lost, or saving gave up)."""
         self._saves.discard_pending()
+        self._salvaged = {}
+
+    def salvage_finished(self, epoch: int, results: dict[str, Any]) -> dict[int, CheckpointWriteError]:
+        """After ``epoch``'s run failed: take what the hooks of the nodes that finished reported
+        (``results``) of the earlier saves (background flushes; the asynchronous save in flight, for
+        :meth:`flush`), so that those can still be committed, and forget ``epoch``'s own save (its
+        files are debris); return the earlier epochs whose flush failed (forgotten too)."""
+        failed: dict[int, CheckpointWriteError] = {}
+        self._saves.note_flushes(results, failed)
+        if self.async_save and self._saves.pending is not None:  # the save in flight those hooks waited for
+            self._salvaged = {n: (r or {}).get("previous") for n, r in results.items()}
+        self._saves.forget(epoch)
+        return failed
 
     def forget_save(self, epoch: int) -> None:
         """Forget the save of ``epoch``, written but never to be committed (its commit gave up)."""

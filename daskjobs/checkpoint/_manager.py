@@ -135,6 +135,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._job_named = False
         """Whether :meth:`set_params` was given the job's name (else a resume adopts the prefix's)."""
         self._saves = Saves()
+        self._salvaged: dict[str, Any] = {}
+        """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
         self._stats: dict[str, int] = {}
         self._blob_names: dict[str, list[str]] = {}
         self._staging = Staging()
@@ -226,19 +228,24 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         return self._handler.cp_accessible(epoch)
 
     # -- task groups ----------------------------------------------------------------------
-    def _group(self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL) -> TaskGroup:
+    def _group(
+        self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL, nodes: list[str] | None = None
+    ) -> TaskGroup:
         group = TaskGroup(workspace_type)
-        for node in self.nodes():
+        for node in self.nodes() if nodes is None else nodes:
             make_task(group, node)
         return group
 
-    def _entry_group(self, epoch: int, make_step: Callable[[str], Any], name: str) -> TaskGroup:
-        """A PRIVATE group of one task per node whose output is that node's checkpoint entry;
-        :meth:`_commit` reads the entries of ``epoch`` from those tasks."""
+    def _entry_group(
+        self, epoch: int, make_step: Callable[[str], Any], name: str, nodes: list[str] | None = None
+    ) -> TaskGroup:
+        """A PRIVATE group of one task per node (of ``nodes``, default all) whose output is that node's
+        checkpoint entry; :meth:`_commit` reads the entries of ``epoch`` from those tasks."""
         tasks: list[Task] = []
         group = self._group(
             lambda g, node: tasks.append(Task(make_step(node), group=g, node=node, name=name, outputs=ENTRY_BLOB)),
             WorkspaceType.PRIVATE,
+            nodes,
         )
         self._saves.tasks[epoch] = tasks
         return group

@@ -79,9 +79,11 @@ def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool =
         raise CheckpointFormatError(f"{label}: {data}")
     if isinstance(data, OSError):
         raise CheckpointError(f"cannot read the checkpoint of node {node!r} at epoch {epoch}: {data}")
-    group = loads(data, label, CheckpointFormatError)
+    group = loads(data, label)  # damaged: CheckpointCorruptError
+    if isinstance(group, dict) and group.get("zarr_format") not in (3, None):
+        raise CheckpointFormatError(f"{label} is Zarr format {group.get('zarr_format')!r}, not 3; nothing was decoded")
     if not isinstance(group, dict) or group.get("zarr_format") != 3 or group.get("node_type") != "group":
-        raise CheckpointFormatError(f"{label} is not a Zarr v3 group; nothing was decoded")
+        raise CheckpointCorruptError(f"{label} is not the Zarr v3 group daskjobs wrote; nothing was decoded")
     attributes = group.get("attributes")
     if not isinstance(attributes, dict) or not isinstance(attributes.get(ENTRY_KEY), dict):
         raise CheckpointCorruptError(f"{label} holds no daskjobs entry (a foreign group)")
@@ -370,34 +372,46 @@ def _read_local(read: ChunkRead) -> ChunkResult | UnsafeFileError:
 def _explain_metadata(label: str, data: bytes | OSError, expected: bytes) -> None:
     """Raise the error saying how stored ``zarr.json`` bytes differ from the ``expected`` ones.
 
-    Anything daskjobs does not understand (another Zarr version, unknown data types, codecs,
-    extensions or storage transformers) is a :class:`CheckpointFormatError`; understood metadata
-    that disagrees with the commit record is a :class:`CheckpointCorruptError`.
+    Metadata naming what daskjobs does not read (another Zarr version, unknown data types or
+    codecs, extensions that must be understood, storage transformers) is a
+    :class:`CheckpointFormatError`; anything else that disagrees with the commit record (damaged
+    bytes too) is a :class:`CheckpointCorruptError`.
     """
-    if not isinstance(data, bytes) or len(data) > _META_LIMIT:
-        raise CheckpointFormatError(f"{label}: zarr.json is unreadable or larger than {_META_LIMIT} bytes")
-    meta = loads(data, f"{label}: zarr.json", CheckpointFormatError)
+    if isinstance(data, OSError):
+        raise CheckpointCorruptError(f"{label}: zarr.json cannot be read: {data}")
+    if len(data) > _META_LIMIT:
+        raise CheckpointCorruptError(f"{label}: zarr.json is larger than {_META_LIMIT} bytes; nothing was decoded")
+    meta = loads(data, f"{label}: zarr.json")
     want = json.loads(expected)
+    if isinstance(meta, dict) and meta.get("zarr_format") not in (3, None):
+        raise CheckpointFormatError(
+            f"{label}: zarr.json is Zarr format {meta.get('zarr_format')!r}; daskjobs reads only 3, nothing was decoded"
+        )
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
-        raise CheckpointFormatError(f"{label}: zarr.json is not a Zarr v3 array; nothing was decoded")
+        raise CheckpointCorruptError(f"{label}: zarr.json is not the Zarr v3 array daskjobs wrote; nothing was decoded")
     data_type = meta.get("data_type")
     type_name = data_type.get("name") if isinstance(data_type, dict) else data_type
     codecs = meta.get("codecs")
     codecs = codecs if isinstance(codecs, list) else [codecs]
     names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
-    unknown = sorted(set(meta) - set(want) - {"dimension_names"})
     strange = [c for c in codecs if not isinstance(c, dict) or not isinstance(c.get("configuration", {}), dict)]
-    if (
-        type_name not in _KNOWN_TYPES
-        or any(n not in _KNOWN_CODECS for n in names)
-        or unknown
-        or strange
-        or meta.get("storage_transformers")
-    ):
+    if type_name not in _KNOWN_TYPES or any(n not in _KNOWN_CODECS for n in names) or strange:
         raise CheckpointFormatError(
-            f"{label}: zarr.json has data type {type_name!r}, codecs {names}, extensions {unknown} and storage "
-            f"transformers {meta.get('storage_transformers')}; daskjobs reads only {sorted(_KNOWN_TYPES)} with Zarr "
-            f"v3 codecs ({sorted(_KNOWN_CODECS)}) and no extensions; nothing was decoded"
+            f"{label}: zarr.json has data type {type_name!r} and codecs {names}; daskjobs reads only "
+            f"{sorted(_KNOWN_TYPES)} with Zarr v3 codecs ({sorted(_KNOWN_CODECS)}); nothing was decoded"
+        )
+    extensions = sorted(
+        k for k, v in meta.items() if k not in want and isinstance(v, dict) and v.get("must_understand")
+    )
+    if extensions:
+        raise CheckpointFormatError(
+            f"{label}: zarr.json has extensions {extensions} that must be understood; daskjobs knows none, "
+            "nothing was decoded"
+        )
+    if meta.get("storage_transformers"):
+        raise CheckpointFormatError(
+            f"{label}: zarr.json has storage transformers {meta['storage_transformers']}; daskjobs reads none, "
+            "nothing was decoded"
         )
     fields = sorted(k for k in set(meta) | set(want) if meta.get(k) != want.get(k))
     details = ", ".join(f"{k} is {meta.get(k)!r} instead of {want.get(k)!r}" for k in fields)

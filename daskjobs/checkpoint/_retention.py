@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .._validation import check_count
 from ..errors import CheckpointLockedError, JobDefinitionError
 from ._commits import RetiredEpoch
 from ._store import CheckpointStore
@@ -30,8 +31,8 @@ def check_retention(
         ``"max"``, or ``keep_best`` with a ``best_metric`` that is not a non-empty ``str``.
     """
     for label, value in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise JobDefinitionError(f"{label} must be a positive int or None, got {value!r}")
+        if value is not None:
+            check_count(value, f"{label} (or None)")
     if best_mode not in ("min", "max"):
         raise JobDefinitionError(f"best_mode must be 'min' or 'max', got {best_mode!r}")
     if keep_best is not None and not (isinstance(best_metric, str) and best_metric):

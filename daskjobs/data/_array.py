@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._validation import check_count
 from ..errors import JobDefinitionError
 from ._reader import Reader
 from ._sources import ZarrSource, as_source
@@ -18,9 +19,7 @@ if TYPE_CHECKING:
 
 
 def _positive_int(value: object, what: str, reader: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise JobDefinitionError(f"reader {reader!r}: {what} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+    return check_count(value, f"reader {reader!r}: {what}", minimum)
 
 
 @dataclass(frozen=True)

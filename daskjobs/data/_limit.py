@@ -11,6 +11,7 @@ import numpy as np
 from .._model.group import TaskGroup
 from .._model.job import Job
 from .._model.task import SetupNets, Task, TaskOutput
+from .._validation import check_count
 from ..errors import JobDefinitionError
 from ._reader import Reader, check_node, current_group
 
@@ -89,10 +90,8 @@ class ReaderWithLimit(Reader):
     def __init__(self, reader: Reader, num_iter: int | None = None) -> None:
         if not isinstance(reader, Reader):
             raise JobDefinitionError(f"ReaderWithLimit needs a dj.Reader, got {reader!r}")
-        if num_iter is not None and (isinstance(num_iter, bool) or not isinstance(num_iter, int) or num_iter < 0):
-            raise JobDefinitionError(
-                f"ReaderWithLimit of reader {reader.name!r}: num_iter must be None or an int >= 0, got {num_iter!r}"
-            )
+        if num_iter is not None:
+            num_iter = check_count(num_iter, f"ReaderWithLimit of reader {reader.name!r}: num_iter (or None)", 0)
         group = current_group(reader.name, "ReaderWithLimit")
         job = Job.current(required=False)
         if job is not None and group is job.init_group:

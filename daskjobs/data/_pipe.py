@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._model.task import Task, not_plain
+from .._validation import check_count
 from ..errors import JobDefinitionError, StepTypeError
 from ._reader import Reader, check_node, current_group
 
@@ -108,10 +109,7 @@ def pipe(reader: Reader, processor: Processor, num_threads: int = 1, name: str |
             f"pipe of reader {reader.name!r}: the processor {processor!r} is {kind}, so calling it would not "
             "process the batch; use a plain function processor(ws, batch)"
         )
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        raise JobDefinitionError(
-            f"pipe of reader {reader.name!r}: num_threads must be an int >= 1, got {num_threads!r}"
-        )
+    num_threads = check_count(num_threads, f"pipe of reader {reader.name!r}: num_threads")
     group = current_group(reader.name, "pipe")
     check_node(reader, "pipe")
     loop = _PipeLoop(reader, processor)

@@ -17,7 +17,7 @@ from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType, as_workspace_type
 from .._validation import Value, as_value, copy_value, validate_name
-from ..errors import JobDefinitionError, SessionClosedError
+from ..errors import JobDefinitionError, NodeLostError, SessionClosedError
 from ..history import MetricSums, merge_sums
 
 T = TypeVar("T")
@@ -86,6 +86,8 @@ class Session(abc.ABC):
         self._run_counter = itertools.count()
         self._tokens: dict[str, str] = {}
         self._warned_traps: set[tuple[str, str, str]] = set()
+        self._partial: dict[str, NodeResult] = {}
+        """Results, by Dask key, of the nodes whose share of the last failed run finished."""
 
     # -- seams ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -166,7 +168,12 @@ class Session(abc.ABC):
         )
         try:
             results = self._execute(graph, meanwhile)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, NodeLostError):  # reported once: the next run takes the new (empty) workspace
+                self.forget_tokens([n for n in exc.nodes if n in self._tokens])
+            for node, result in self._finished_before_failure(graph).items():
+                if finished is not None and finish and node in finish:
+                    finished[node] = result.finished
             if plan.has_edges:
                 self._abandon(graph, run_key)
             raise
@@ -179,6 +186,12 @@ class Session(abc.ABC):
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
+
+    def _finished_before_failure(self, graph: LoweredGraph) -> dict[str, NodeResult]:
+        """After ``graph``'s run failed: the results of the nodes whose share of it finished (their
+        ``finish`` hooks ran: a save hook's report must not be lost), as ``_execute`` left them."""
+        partial, self._partial = self._partial, {}
+        return {node: partial[key] for node, key in graph.result_keys.items() if key in partial}
 
     def start_job_run(self, job: str) -> None:
         """Start a new run of ``job``: its accumulate-in-PRIVATE warnings are logged again.

@@ -14,8 +14,9 @@ from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
 from .._model.job import Job
 from .._model.node import Node
-from .._validation import validate_name
+from .._validation import check_count, validate_name
 from ..errors import DefinitionTypeError, JobDefinitionError
+from . import _worker_process
 from ._placement import worker_resources
 
 _HOST = "127.0.0.1"
@@ -136,18 +137,19 @@ def node_cluster(
     >>> cluster = dj.node_cluster({"machine0": ["ps", "trainer"]}, processes=False)  # doctest: +SKIP
     >>> secure = dj.node_cluster(["ps"], security=True)  # doctest: +SKIP
     """
-    if not isinstance(nthreads, int) or isinstance(nthreads, bool) or nthreads < 1:
-        raise JobDefinitionError(f"nthreads must be a positive integer, got {nthreads!r}")
+    nthreads = check_count(nthreads, "nthreads")
     plan = _worker_plan(nodes)
     if security is True:
         security = Security.temporary()
     tls = {"security": security, "protocol": "tls://"} if security else {}
     silence_logs = kwargs.pop("silence_logs", logging.ERROR)
     directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
+    own_processes = {"preload": [_worker_process.__name__]} if processes else {}
     workers = {
         name: {
             "cls": Nanny if processes else Worker,
             "options": {
+                **own_processes,
                 "nthreads": nthreads,
                 "host": _HOST,
                 "resources": worker_resources(served, nthreads, extra),

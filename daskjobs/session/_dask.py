@@ -382,10 +382,15 @@ class DaskSession(Session):
         every = list(futures.values())
         watchdog = _Watchdog(self, every, node_of)
         tb = None
+        self._partial = {}
         try:
             results = self._gather_watched([futures[k] for k in keys], watchdog)
             if isinstance(results, list) and len(results) == len(keys):
                 return results
+            if isinstance(results, list):  # the failed ones skipped: keep what the others returned
+                done = [k for k in keys if futures[k].status == "finished"]
+                if len(done) == len(results):
+                    self._partial = dict(zip(done, results, strict=True))
             error: BaseException | None = results if isinstance(results, NodeLostError) else self._drain(watchdog)
             if error is None:
                 erred = [f for f in every if f.status == "error"][:1]

@@ -32,6 +32,29 @@ class _LocalStates:
             return state
 
 
+class _Failure:
+    """A task's error, handed to the tasks that depend on it instead of their inputs."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Settled:
+    """A task function that returns its error as a :class:`_Failure` (and passes one on) instead of raising."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        for arg in args:
+            if isinstance(arg, _Failure):
+                return arg
+        try:
+            return self.fn(*args)
+        except BaseException as exc:  # raised in the caller's thread once every task ended
+            return _Failure(exc)
+
+
 class LocalSession(Session):
     """Runs jobs in this process, with one workspace per node and no cluster.
 
@@ -62,9 +85,16 @@ class LocalSession(Session):
         keys = list(graph.result_keys.values())
         if len(graph.tasks) == 1:
             results = dask.get(graph.to_dask(), keys)
-        else:
-            results = dask.threaded.get(graph.to_dask(), keys, pool=self._pool)
-        return dict(zip(graph.result_keys, results, strict=True))
+            return dict(zip(graph.result_keys, results, strict=True))
+        # Every task runs to its end, a failure passed on to its dependents instead of raised at
+        # once: no task runs on after the run failed, and the nodes that finished are known.
+        dsk = {key: (_Settled(task[0]), *task[1:]) for key, task in graph.to_dask().items()}
+        values = dict(zip(dsk, dask.threaded.get(dsk, list(dsk), pool=self._pool), strict=True))
+        failure = next((values[t.key] for t in graph.tasks if isinstance(values[t.key], _Failure)), None)
+        if failure is not None:
+            self._partial = {key: values[key] for key in keys if not isinstance(values[key], _Failure)}
+            raise failure.error
+        return {node: values[key] for node, key in graph.result_keys.items()}
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._states.node_state(node, None), *args)

@@ -101,6 +101,25 @@ def _job() -> dj.Job:
     return dj.Job(name="j")
 
 
+def _reader(**options: object) -> dj.ArrayReader:
+    with dj.Job(name="j") as job, job.init_group:
+        return dj.ArrayReader(np.arange(4), name="r", **{"batch_size": 2, **options})
+
+
+def _limited(**options: object) -> dj.ReaderWithLimit:
+    with dj.Cluster(), dj.Job(name="j") as job:  # the valid reader's node stays out of the test's cluster
+        with job.init_group:
+            reader = dj.ArrayReader(np.arange(4), batch_size=2, name="r")
+        return dj.ReaderWithLimit(reader, **options)
+
+
+def _piped(num_threads: object) -> dj.Task:
+    with dj.Cluster(), dj.Job(name="j") as job:
+        with job.init_group:
+            reader = dj.ArrayReader(np.arange(4), batch_size=2, name="r")
+        return dj.pipe(reader, lambda ws, batch: None, num_threads=num_threads)
+
+
 BAD = {
     # id: (call, exact error type, text the message must contain)
     "node-int-name": (lambda: dj.Node(3), DefinitionTypeError, "3"),
@@ -222,6 +241,28 @@ BAD = {
         TaskValueError,  # a TaskFailedError that is also the ValueError of the bad name
         "invalid metric name 'a\\nb'",
     ),
+    "reader-float-batch": (lambda: _reader(batch_size=1.5), DefinitionTypeError, "reader 'r': batch_size"),
+    "reader-str-passes": (lambda: _reader(num_passes="2"), DefinitionTypeError, "reader 'r': num_passes"),
+    "reader-bool-seed": (lambda: _reader(seed=True), DefinitionTypeError, "reader 'r': seed"),
+    "reader-zero-batch": (lambda: _reader(batch_size=0), JobDefinitionError, "reader 'r': batch_size"),
+    "limit-float": (lambda: _limited(num_iter=1.5), DefinitionTypeError, "num_iter"),
+    "limit-negative": (lambda: _limited(num_iter=-1), JobDefinitionError, "num_iter"),
+    "pipe-float-threads": (lambda: _piped(2.0), DefinitionTypeError, "num_threads"),
+    "pipe-zero-threads": (lambda: _piped(0), JobDefinitionError, "num_threads"),
+    "runner-float-max-epochs": (lambda: dj.JobRunner(_job(), max_epochs=1.5), DefinitionTypeError, "max_epochs"),
+    "runner-zero-max-epochs": (lambda: dj.JobRunner(_job(), max_epochs=0), JobDefinitionError, "max_epochs"),
+    "runner-str-max-failures": (lambda: dj.JobRunner(_job(), max_failures="1"), DefinitionTypeError, "max_failures"),
+    "manager-float-keep-last": (
+        lambda: dj.MultiNodeCheckpointManager("memory://bad-definitions", keep_last=1.5),
+        DefinitionTypeError,
+        "keep_last",
+    ),
+    "manager-zero-keep-every": (
+        lambda: dj.MultiNodeCheckpointManager("memory://bad-definitions", keep_every=0),
+        JobDefinitionError,
+        "keep_every",
+    ),
+    "cluster-float-threads": (lambda: dj.node_cluster(["a"], nthreads=1.5), DefinitionTypeError, "nthreads"),
     "feed-bad-blob": (lambda: dj.LocalSession().feed("a/b", 1, node="a"), JobDefinitionError, "'a/b'"),
     "feed-int-blob": (lambda: dj.LocalSession().feed(3, 1, node="a"), DefinitionTypeError, "3"),
     "fetch-bad-blob": (lambda: dj.LocalSession().fetch("..", node="a"), JobDefinitionError, "'..'"),
