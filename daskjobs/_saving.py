@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .checkpoint import MultiNodeCheckpointManager
 from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
+from .history import means
 
 if TYPE_CHECKING:
     from ._model.group import TaskGroup
@@ -88,13 +89,14 @@ class EpochSaver:
             if overrides(manager, "init"):
                 session.run_group(check, job=job, attempt=attempt)
         finished: dict[str, Any] = {}
-        session.run_group(init_group, job=job, attempt=attempt, finish=hooks or None, finished=finished)
+        sums = session.run_group(init_group, job=job, attempt=attempt, finish=hooks or None, finished=finished)
+        metrics = means(sums)  # what the init group's steps logged: epoch 0's metrics
         if hooks:
-            self.accept(0, session, finished, {}, {})
+            self.accept(0, session, finished, {}, metrics)
             return
         session.run_group(manager.init(nodes), job=job, attempt=attempt)
         if hooks is None:
-            self.save(0, session, {}, {})
+            self.save(0, session, {}, metrics)
 
     def save(self, epoch: int, session: Session, stop_values: dict[str, bool], metrics: dict[str, float]) -> float:
         """Save ``epoch`` as a group run of its own and commit it; returns the seconds it took."""

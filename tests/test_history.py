@@ -133,6 +133,17 @@ def test_a_metric_value_that_is_not_a_finite_float_fails_the_step(value, builtin
     assert isinstance(failed.value.__cause__, builtin)
 
 
+def test_metrics_logged_in_the_init_group_are_epoch_0s(prefix):
+    """The init group is epoch 0: what its steps log is the metrics of epoch 0's commit."""
+    with dj.Job(name="init-metrics") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.log("loss", 4.0))
+            dj.Task(lambda ws: ws.log("loss", 2.0))
+        dj.Task(lambda ws: ws.log("loss", 1.0))
+    dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=1, progress=False).train(None)
+    assert [(i.epoch, i.metrics) for i in dj.list_checkpoints(prefix)] == [(0, {"loss": 3.0}), (1, {"loss": 1.0})]
+
+
 def test_metric_named_like_a_column_keeps_both():
     record = EpochRecord(1, 0.5, 0.1, 10, 0, {"done": True}, {"seconds": 3.0, "stop:done": 1.0, "loss": 2.0})
     (row,) = history_rows([record])

@@ -323,6 +323,14 @@ def test_bad_arguments_raise_at_construction_naming_the_reader(sources, options,
     assert job.init_group.num_registered_tasks() == 0
 
 
+def test_an_unnamed_readers_errors_use_its_default_name():
+    """A reader without name= is named reader0, reader1, ... in its group; its errors say so."""
+    with dj.Cluster(), dj.Job() as job, job.init_group:
+        assert dj.ArrayReader(np.arange(3), batch_size=1).name == "reader0"
+        with pytest.raises(JobDefinitionError, match="reader 'reader1': batch_size"):
+            dj.ArrayReader(np.arange(3), batch_size=0)
+
+
 @pytest.mark.parametrize("kind", ["missing", "group"])
 def test_unreadable_zarr_fails_the_init_group_before_anything_is_committed(tmp_path, prefix, kind):
     """A missing or non-array Zarr path fails in the init group, naming the reader; nothing is committed."""

@@ -150,6 +150,9 @@ def test_output_is_snapshot_at_task_end(session):
         session.run(set_two)
     assert task.outputs()[0].fetch().tolist() == [1, 1]
     assert session.fetch("x", node="a").tolist() == [2, 2]
+    fetched = task.outputs()[0].fetch()
+    fetched[0] = 7  # a copy: the snapshot stays as captured
+    assert task.outputs()[0].fetch().tolist() == [1, 1]
 
 
 def test_outputs_and_output_list_after_run(session):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._context import Managed
-from .._validation import check_count, check_label, validate_name
+from .._validation import check_count, check_label, copy_value, validate_name
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError, OutputNotReadyError, StepTypeError
 from .node import Cluster, Node
 
@@ -188,6 +188,8 @@ class TaskOutput:
     def fetch(self) -> Value | list[Value]:
         """The captured value (an array or a JSON value): one value for a single name, else a list.
 
+        Each call returns a copy: changing it changes neither the snapshot nor later fetches.
+
         Raises
         ------
         OutputNotReadyError
@@ -200,7 +202,8 @@ class TaskOutput:
                     f"output {self.names}{owner} has no value yet: run its TaskGroup in a session first"
                 )
             self._values, self._resolver = list(self._resolver()), None
-        return self._values[0] if self._scalar else list(self._values)
+        values = [copy_value(value, name) for value, name in zip(self._values, self.names, strict=True)]
+        return values[0] if self._scalar else values
 
     def __repr__(self) -> str:
         return f"TaskOutput(names={self.names}, ready={self.is_ready()})"

@@ -110,7 +110,7 @@ class ArrayReader(Reader):
         name: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        label = name if name is not None else "(unnamed)"
+        label = self._label(name)
         if not sources:
             raise JobDefinitionError(f"reader {label!r}: ArrayReader needs at least one source")
         self.batch_size = _positive_int(batch_size, "batch_size", label)

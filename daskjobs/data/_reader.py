@@ -118,6 +118,18 @@ class Reader:
         Task(self._init_step(), group=group, node=node, name=f"reader.{name}", workspace_type=WorkspaceType.GLOBAL)
         taken.append((node, name))
 
+    @classmethod
+    def _label(cls, name: str | None) -> str:
+        """The name a reader built here with ``name`` gets (``readerN`` when ``None``), for messages
+        raised before it is built."""
+        if name is not None:
+            return name
+        try:
+            group = cls._init_group(None)
+        except JobDefinitionError:
+            return "(unnamed)"
+        return f"reader{len(_names.get(group, []))}"
+
     @staticmethod
     def _init_group(name: str | None) -> TaskGroup:
         label = repr(name) if name is not None else "(unnamed)"
