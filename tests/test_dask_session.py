@@ -56,6 +56,12 @@ def worker_pids(client: Client) -> dict[str, int]:
         time.sleep(0.1)
 
 
+def worker_address(client: Client, name: str) -> str | None:
+    """The address of the worker called ``name`` now (``None`` while it has none)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return next((addr for addr, info in workers.items() if info["name"] == name), None)
+
+
 def record_where(ws: dj.Workspace) -> None:
     """Store the pid of the process running the step; fail unless the worker is named after the node."""
     assert get_worker().name == ws.node, f"{ws.node} ran on worker {get_worker().name}"
@@ -492,7 +498,12 @@ def test_worker_killed_between_runs_raises_node_lost(dask_session, client):
     assert dask_session.blobs("a") == []
     run_steps(dask_session, "a", add_one)
     assert int(dask_session.fetch("counter", node="a")) == 1
-    os.kill(worker_pids(client)["a"], signal.SIGKILL)
+    killed = worker_pids(client)["a"]
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while client.run(os.getpid, on_error="ignore").get(worker_address(client, "a")) in (killed, None):
+        assert time.monotonic() < deadline, "node a's worker did not come back"  # the new one, not the dying one
+        time.sleep(0.1)
     dask_session.wait_for_nodes(["a", "b"], timeout=20)
     with pytest.raises(NodeLostError, match="restarted"):
         dask_session.fetch("counter", node="a")
