@@ -446,6 +446,32 @@ def test_tasks_of_one_node_run_concurrently(session, workspace_type):
     assert session.fetch("saw_second", node="a") == 1
 
 
+@pytest.mark.parametrize("edge", ["same-node", "other-node"])
+def test_tasks_of_one_node_run_concurrently_in_a_group_with_edges(session, edge):
+    """Five tasks on node a meet (each waits for all five) in a group with a dataflow edge: an edge
+    into one of them, or between two tasks of node b. More tasks than the worker has threads."""
+
+    def arrive(ws):
+        with ws.lock:
+            ws["arrived"] = ws["arrived"] + 1
+        if wait_until(lambda: int(ws["arrived"]) == 5):
+            with ws.lock:
+                ws["met"] = ws["met"] + 1
+
+    session.feed("arrived", 0, node="a")
+    session.feed("met", 0, node="a")
+    with dj.TaskGroup(GLOBAL) as group:
+        with dj.Node("b"):
+            produced = dj.Task(lambda ws: ws.__setitem__("x", 1), outputs="x").outputs()[0]
+            if edge == "other-node":
+                dj.Task(lambda ws: None, inputs={"x": produced})
+        with dj.Node("a"):
+            for i in range(5):
+                dj.Task(arrive, name=f"arrive{i}", inputs={"x": produced} if edge == "same-node" and i == 0 else None)
+    session.run(group)
+    assert session.fetch("met", node="a") == 5
+
+
 def test_instances_run_concurrently(session):
     """All instances of a task run at the same time: each sees every instance arrive."""
 

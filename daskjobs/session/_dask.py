@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
-from distributed import Client, Future
+from distributed import Client, Future, secede
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
@@ -43,6 +43,21 @@ _DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, Cancel
 
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
+
+
+_EDGE_SHARE = 1 / 1024
+"""The part of a node's resources one Dask task of a run with dataflow edges asks for."""
+
+
+class _Seceding:
+    """A Dask task function that first leaves the worker's thread pool (``distributed.secede``)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        secede()
+        return self.fn(*args)
 
 
 class _Watchdog:
@@ -193,13 +208,18 @@ class DaskSession(Session):
         """Submit every task of ``graph`` (in dependency order), with Dep args replaced by futures."""
         send_at_once(self._client)
         futures: dict[str, Future] = {}
+        # A run with dataflow edges is one Dask task per daskjobs task: each takes a sliver of its
+        # node's resources and leaves the worker's thread pool, so that all of a node's tasks run
+        # at once, as they do in the one Dask task of a run without edges.
+        share = _EDGE_SHARE if len(graph.tasks) > len(graph.result_keys) else 1.0
         for task in graph.tasks:
+            needs = {node_resource(task.node): 1, **graph.resources.get(task.node, {})}
             try:
                 futures[task.key] = self._client.submit(
-                    task.fn,
+                    task.fn if share == 1.0 else _Seceding(task.fn),
                     *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
                     key=task.key,
-                    resources={node_resource(task.node): 1, **graph.resources.get(task.node, {})},
+                    resources={name: amount * share for name, amount in needs.items()},
                     pure=False,
                 )
             except Exception:
