@@ -104,7 +104,8 @@ def node_cluster(
         Threads per worker.
     processes : bool
         One process per worker (behind a ``Nanny`` that restarts it, every time it dies) when
-        true, else in-process workers (faster to start; all share this process).
+        true, else in-process workers (faster to start; all share this process). Worker
+        processes ignore SIGINT, so that a terminal's Ctrl-C stops the driver gracefully.
     security : distributed.Security or bool, optional
         TLS for every connection of the cluster (``tls://`` addresses; plain TCP clients are
         refused). ``True`` makes a temporary self-signed certificate
