@@ -594,3 +594,28 @@ def test_timeouts_survive_a_config_block_that_created_their_section():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [float(x) for x in done.stdout.split()] == [5, 30, 60]
+
+
+def test_a_lost_worker_of_several_nodes_is_reported_once_for_all_of_them(tmp_path):
+    """One worker serves nodes a and b and dies in a run: NodeLostError, after which both nodes run
+    on their new, empty workspaces (the loss of b, which shared the worker, is not reported again)."""
+    marker = tmp_path / "killed"
+
+    def die_once(ws):
+        if not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    with dj.node_cluster({"m0": ["a", "b"]}, nthreads=2) as cluster, dj.DaskSession(cluster) as session:
+        for node in ("a", "b"):
+            run_steps(session, node, add_one)
+        with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+            dj.Task(die_once, node="a")
+            dj.Task(lambda ws: time.sleep(1.0), node="b")
+        with pytest.raises(NodeLostError, match="'a'"):
+            session.run(group)
+        session.wait_for_nodes(["a", "b"], timeout=30)
+        for node in ("a", "b"):
+            assert session.blobs(node) == []
+            run_steps(session, node, add_one)
+            assert int(session.fetch("counter", node=node)) == 1

@@ -170,7 +170,7 @@ class Session(abc.ABC):
             results = self._execute(graph, meanwhile)
         except BaseException as exc:
             if isinstance(exc, NodeLostError):  # reported once: the next run takes the new (empty) workspace
-                self.forget_tokens([n for n in exc.nodes if n in self._tokens])
+                self.forget_tokens(self._lost_with(exc.nodes))
             for node, result in self._finished_before_failure(graph).items():
                 if finished is not None and finish and node in finish:
                     finished[node] = result.finished
@@ -186,6 +186,12 @@ class Session(abc.ABC):
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
+
+    def _lost_with(self, nodes: Sequence[str]) -> list[str]:
+        """``nodes`` and the nodes that shared a worker with them: their tokens start with the same
+        worker incarnation (``<worker>-<serial>.<generation>``, see the workspace plugin)."""
+        workers = {self._tokens[n].partition("-")[0] for n in nodes if n in self._tokens}
+        return [n for n, token in self._tokens.items() if n in nodes or token.partition("-")[0] in workers]
 
     def _finished_before_failure(self, graph: LoweredGraph) -> dict[str, NodeResult]:
         """After ``graph``'s run failed: the results of the nodes whose share of it finished (their
