@@ -277,3 +277,37 @@ def test_second_signal_during_a_commit_is_not_a_failed_save(tmp_path, sig):
     if sig == signal.SIGTERM:
         assert f"RESULT JobInterruptedError {newest} " in out
     assert lock_released(tmp_path)
+
+
+def test_a_local_session_run_interrupted_abruptly_waits_for_its_steps_before_the_next_run():
+    """A KeyboardInterrupt in the driver (a second Ctrl-C) leaves a LocalSession's step running in
+    its thread: the next run waits for it, so the straggler cannot overwrite what that run writes."""
+    import threading
+    import time
+
+    ended: dict[str, float] = {}
+
+    def slow(ws):
+        time.sleep(1.0)
+        ws["x"] = "straggler"
+        ended["straggler"] = time.monotonic()
+
+    def slow_b(ws):
+        time.sleep(1.0)
+
+    def new_run(ws):
+        ended["new run started"] = time.monotonic()
+        ws["x"] = "new run"
+
+    with dj.LocalSession() as session, dj.Cluster():
+        with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+            dj.Task(slow, node="a")
+            dj.Task(slow_b, node="b")
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            session.run(group)
+        with dj.Node("a"):
+            session.run(new_run)
+        time.sleep(1.0)
+        assert session.fetch("x", node="a") == "new run"
+        assert ended["straggler"] <= ended["new run started"]

@@ -12,7 +12,9 @@ import dask.threaded
 
 from .._execute import NodeResult, NodeState
 from .._lowering import LoweredGraph
+from ..errors import SessionClosedError
 from ._base import Session
+from ._placement import config_timeout
 
 T = TypeVar("T")
 
@@ -39,20 +41,38 @@ class _Failure:
         self.error = error
 
 
+class _Running:
+    """How many Dask tasks of a session's runs are running (an interrupted run's go on in the pool)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = threading.Condition()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.count == 0, timeout)
+
+
 class _Settled:
     """A task function that returns its error as a :class:`_Failure` (and passes one on) instead of raising."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[..., Any], running: _Running) -> None:
+        self.fn, self.running = fn, running
 
     def __call__(self, *args: Any) -> Any:
         for arg in args:
             if isinstance(arg, _Failure):
                 return arg
+        with self.running.idle:
+            self.running.count += 1
         try:
             return self.fn(*args)
         except BaseException as exc:  # raised in the caller's thread once every task ended
             return _Failure(exc)
+        finally:
+            with self.running.idle:
+                self.running.count -= 1
+                self.running.idle.notify_all()
 
 
 class LocalSession(Session):
@@ -75,6 +95,24 @@ class LocalSession(Session):
         super().__init__()
         self._states = _LocalStates()
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="daskjobs-local")
+        self._running = _Running()
+
+    def start_job_run(self, job: str) -> None:
+        """Start a new run of ``job`` (see :meth:`Session.start_job_run`).
+
+        After an interrupted run (a second Ctrl-C abandons an epoch at once) its steps may still
+        run in this process's threads, and would write into the workspaces the new run uses: the
+        new run first waits for them, at most ``daskjobs.straggler-timeout`` (60 s); then the
+        session is closed, with :class:`~daskjobs.errors.SessionClosedError`.
+        """
+        super().start_job_run(job)
+        timeout = config_timeout("straggler-timeout")
+        if not self._running.wait_idle(timeout):
+            self.close()
+            raise SessionClosedError(
+                f"LocalSession closed: steps of an interrupted run still run after {timeout:g} s "
+                "(daskjobs.straggler-timeout); they could change the workspaces of a new run. Open a new session"
+            )
 
     def _provider(self) -> _LocalStates:
         return self._states
@@ -83,12 +121,10 @@ class LocalSession(Session):
         if meanwhile is not None:
             meanwhile()
         keys = list(graph.result_keys.values())
-        if len(graph.tasks) == 1:
-            results = dask.get(graph.to_dask(), keys)
-            return dict(zip(graph.result_keys, results, strict=True))
-        # Every task runs to its end, a failure passed on to its dependents instead of raised at
-        # once: no task runs on after the run failed, and the nodes that finished are known.
-        dsk = {key: (_Settled(task[0]), *task[1:]) for key, task in graph.to_dask().items()}
+        # Every task runs to its end in the pool, a failure passed on to its dependents instead of
+        # raised at once: no task runs on after the run failed, and the nodes that finished are
+        # known. An interrupted run's tasks also run to their end: the next run waits for them.
+        dsk = {key: (_Settled(task[0], self._running), *task[1:]) for key, task in graph.to_dask().items()}
         values = dict(zip(dsk, dask.threaded.get(dsk, list(dsk), pool=self._pool), strict=True))
         failure = next((values[t.key] for t in graph.tasks if isinstance(values[t.key], _Failure)), None)
         if failure is not None:
