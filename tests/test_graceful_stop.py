@@ -303,9 +303,13 @@ def test_a_local_session_run_interrupted_abruptly_waits_for_its_steps_before_the
         with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
             dj.Task(slow, node="a")
             dj.Task(slow_b, node="b")
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-        with pytest.raises(KeyboardInterrupt):
-            session.run(group)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # other libraries' handlers aside
+        try:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            with pytest.raises(KeyboardInterrupt):
+                session.run(group)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         with dj.Node("a"):
             session.run(new_run)
         time.sleep(1.0)
