@@ -7,6 +7,7 @@ in-process session with its own node states, the distributed session on the node
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import traceback
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 from ._model.group import ReportStep
 from ._model.task import SetupNets, Step, WorkspaceType
-from ._sources import SourceFiles, restore_source_files, source_files
+from ._shipping import PackedPlan, pack_plan, unpack_plan
 from ._validation import Value, copy_value
 from ._workspace import Scope, Workspace
 from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
@@ -89,16 +90,16 @@ class NodePlan:
             yield from ((f"{self.node}/local_init", step) for step in setup.init_nets)
             yield from ((f"{self.node}/local_exit", step) for step in setup.exit_nets)
 
+    @functools.cached_property
+    def packed(self) -> PackedPlan:
+        """The plan as it travels to a worker (see :mod:`._shipping`), made once."""
+        return pack_plan(self)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle with the source file of every step (see :mod:`._sources`)."""
-        values = tuple(getattr(self, f.name) for f in fields(self))
-        return _unpickle_plan, (values, source_files(step for _, step in self.steps()))
-
-
-def _unpickle_plan(values: tuple[Any, ...], files: SourceFiles) -> NodePlan:
-    plan = NodePlan(*values)
-    restore_source_files((step for _, step in plan.steps()), files)
-    return plan
+        """A plan travels as a :class:`~._shipping.PackedPlan`: its steps as bytes that daskjobs
+        turns back into functions inside the task that runs them (:func:`~._shipping.unpack_plan`)."""
+        packed = self.packed
+        return PackedPlan, tuple(getattr(packed, f.name) for f in fields(packed))
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,12 @@ class _Failure:
             if getattr(exc, INTERNAL, False) is True:
                 raise
             raise self._error(what, exc) from exc
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # A step's own sys.exit() or KeyboardInterrupt (steps run in pool threads, where no
+            # signal arrives): a failure of that task, never the end of the worker or of the run.
+            raise self._error(what, exc) from exc
 
-    def _error(self, what: str, exc: Exception) -> TaskFailedError:
+    def _error(self, what: str, exc: BaseException) -> TaskFailedError:
         epoch = "" if self.run.epoch is None else f", epoch {self.run.epoch}"
         message = (
             f"task {what!r} failed in the {self.plan.group} group of job {self.plan.job!r} "
@@ -415,9 +420,10 @@ class NodeRun:
         return captured
 
 
-def run_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> NodeResult:
+def run_node(provider: NodeStateProvider, plan: NodePlan | PackedPlan, run: RunInfo) -> NodeResult:
     """Run all of a node's tasks of one group run concurrently; return captured outputs by task."""
     state = check_token(provider.node_state(plan.node, run.token), run.token)
+    plan = unpack_plan(plan, run)
     node_run = NodeRun(state, plan, run)
     captured: dict[int, Captured] = {}
     ok = False
@@ -440,9 +446,10 @@ def _finish(state: NodeState, run: RunInfo) -> Any:
     return None if run.finish is None else run.finish(state)
 
 
-def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
+def open_node(provider: NodeStateProvider, plan: NodePlan | PackedPlan, run: RunInfo) -> str:
     """Edge mode: open the node's run and keep it in the node state until :func:`close_node`."""
     state = check_token(provider.node_state(plan.node, run.token), run.token)
+    plan = unpack_plan(plan, run)
     node_run = NodeRun(state, plan, run)
     state.runs[run.key] = node_run
     try:
@@ -455,10 +462,16 @@ def open_node(provider: NodeStateProvider, plan: NodePlan, run: RunInfo) -> str:
 
 
 def run_node_task(
-    provider: NodeStateProvider, plan: NodePlan, run: RunInfo, index: int, opened: str, *producer_results: Captured
+    provider: NodeStateProvider,
+    plan: NodePlan | PackedPlan,
+    run: RunInfo,
+    index: int,
+    opened: str,
+    *producer_results: Captured,
 ) -> Captured:
     """Edge mode: run one task; ``producer_results`` are the captures its inputs come from."""
     state = check_token(provider.node_state(plan.node, run.token), run.token)
+    plan = unpack_plan(plan, run)
     spec = next(s for s in plan.tasks if s.index == index)
     if opened not in state.runs:
         raise NodeLostError(
@@ -470,10 +483,11 @@ def run_node_task(
 
 
 def close_node(
-    provider: NodeStateProvider, plan: NodePlan, run: RunInfo, opened: str, *task_results: Captured
+    provider: NodeStateProvider, plan: NodePlan | PackedPlan, run: RunInfo, opened: str, *task_results: Captured
 ) -> NodeResult:
     """Edge mode: finish the node's run; ``task_results`` follow the order of ``plan.tasks`` with work."""
     state = provider.node_state(plan.node, None)
+    plan = unpack_plan(plan, run)
     node_run = state.runs.pop(opened)
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}

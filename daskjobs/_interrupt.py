@@ -29,7 +29,8 @@ def interruption(
     """The error a run of ``job`` interrupted by ``signum`` raises: ``KeyboardInterrupt`` (SIGINT) or
     :class:`~daskjobs.errors.JobInterruptedError` (SIGTERM), naming the epoch ``last`` committed under
     ``url`` (``None``: nothing committed) and how to resume from it. An ``abandoned`` run names
-    the newest commit ``list_committed()`` finds, if newer (see :func:`newest_committed`)."""
+    the newest commit ``list_committed()`` finds, if newer (see :func:`newest_committed`). The
+    error's ``abandoned`` attribute says which kind of interruption it was."""
     if abandoned and list_committed is not None:
         last = newest_committed(list_committed, last)
     if last is None or url is None:
@@ -41,9 +42,9 @@ def interruption(
         )
     what = "abandoned the running epoch" if abandoned else "stopped after the running epoch"
     message = f"job {job!r} interrupted by {SIGNALS[signum]}: {what}; {where}"
-    if signum == signal.SIGINT:
-        return KeyboardInterrupt(message)
-    return JobInterruptedError(message, last)
+    error: BaseException = KeyboardInterrupt(message) if signum == signal.SIGINT else JobInterruptedError(message, last)
+    error.abandoned = abandoned  # type: ignore[attr-defined]  # the command line then exits at once
+    return error
 
 
 def newest_committed(list_committed: Callable[[], list[int]], known: int | None) -> int | None:
@@ -96,7 +97,11 @@ class GracefulStop:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is None:
             self.requested = signum
-            logger.info("%s: stopping after the running epoch (send it again to abandon it)", SIGNALS[signum])
+            logger.warning(
+                "%s received: the job stops once the running epoch is done (and committed, with checkpoints); "
+                "send it again to abandon that epoch",
+                SIGNALS[signum],
+            )
             return
         raise AbandonedRun(signum)
 

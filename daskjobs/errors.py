@@ -148,10 +148,44 @@ class TaskFailedError(DaskJobsError, RuntimeError):
         return self.message
 
     def __reduce__(self):
-        return (type(self), self.args, {"cause": self.__cause__})
+        return (type(self), self.args, {"cause": picklable_cause(self.__cause__)})
 
     def __setstate__(self, state: dict) -> None:
         self.__cause__ = state.get("cause")
+
+
+class UnpicklableCause(Exception):
+    """Stands in for the cause of a :class:`TaskFailedError` that cannot be pickled, when the error
+    travels from a worker to the client: ``str()`` gives the original type's name and message,
+    :attr:`type_name` its full name."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self.type_name, self.message = type_name, message
+
+    def __str__(self) -> str:
+        return f"{self.type_name.rpartition('.')[2]}: {self.message}"
+
+
+def picklable_cause(cause: BaseException | None, depth: int = 8) -> BaseException | None:
+    """``cause``, or an :class:`UnpicklableCause` with its type name and message when it cannot be
+    pickled; the causes chained to it are made picklable the same way (``depth`` links at most)."""
+    if cause is None:
+        return None
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(cause)
+    except Exception:
+        kind = type(cause)
+        return UnpicklableCause(f"{kind.__module__}.{kind.__qualname__}", str(cause))
+    if depth > 0:
+        chained = picklable_cause(cause.__cause__, depth - 1)
+        if chained is not cause.__cause__:
+            cause.__cause__ = chained
+        if cause.__context__ is not None and cause.__context__ is not chained:
+            cause.__context__ = picklable_cause(cause.__context__, depth - 1)
+    return cause
 
 
 class TaskValueError(TaskFailedError, ValueError):

@@ -453,11 +453,16 @@ class JobRunner:
         raise error
 
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
+        """The error an interrupted run raises; an abandoned run's is logged here (a graceful stop
+        logs its own in :meth:`_stop_if_interrupted`)."""
         store = None if self.checkpoint_manager is None else self.checkpoint_manager.store
         url, listing = (None, None) if store is None else (store.url, store.committed_epochs)
-        return interruption(
+        error = interruption(
             signum, self.job.name, self._last_committed(), url, abandoned=abandoned, list_committed=listing
         )
+        if abandoned:
+            logger.warning("%s", error)
+        return error
 
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:

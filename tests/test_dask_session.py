@@ -20,7 +20,8 @@ import pytest
 from distributed import Client, Scheduler, SpecCluster, Worker, get_worker
 
 import daskjobs as dj
-from daskjobs._execute import NodePlan
+from daskjobs._execute import NodePlan, RunInfo
+from daskjobs._shipping import unpack_plan
 from daskjobs.errors import NodeLostError, NodePlacementError, SessionClosedError, TaskFailedError
 from daskjobs.session import as_session
 
@@ -242,7 +243,7 @@ def test_steps_pickled_by_value_keep_their_source_file():
         return (lambda: closed_over(ws))()
 
     plan = NodePlan("job", "g", "a", dj.WorkspaceType.GLOBAL, (), local_setups=(dj.SetupNets([outer]),))
-    (step,) = cloudpickle.loads(cloudpickle.dumps(plan)).local_setups[0].init_nets
+    (step,) = unpack_plan(cloudpickle.loads(cloudpickle.dumps(plan)), RunInfo("k", None)).local_setups[0].init_nets
     assert step is not outer
     inner = next(c for c in step.__code__.co_consts if isinstance(c, types.CodeType))
     (cell,) = step.__closure__
@@ -257,7 +258,7 @@ def test_functions_a_notebook_step_calls_keep_their_source_file(tmp_path):
     namespace = {"__name__": "a_notebook_kernel"}
     exec(compile(source.read_text(), str(source), "exec"), namespace)
     plan = NodePlan("job", "g", "a", dj.WorkspaceType.GLOBAL, (), local_setups=(dj.SetupNets([namespace["step"]]),))
-    (step,) = cloudpickle.loads(cloudpickle.dumps(plan)).local_setups[0].init_nets
+    (step,) = unpack_plan(cloudpickle.loads(cloudpickle.dumps(plan)), RunInfo("k", None)).local_setups[0].init_nets
     assert step is not namespace["step"]
     assert step.__code__.co_filename == step.__globals__["helper"].__code__.co_filename == str(source)
 

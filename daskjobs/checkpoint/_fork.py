@@ -19,10 +19,11 @@ Child hygiene:
   that its parent is still the process that forked it: a writer never outlives its worker.
 * It freezes the garbage collector's view of inherited objects (a finaliser of an inherited
   socket must never close a descriptor number the child reuses), closes every inherited
-  descriptor except its pipe and 0-2 (a dead worker's sockets close at once), ignores ``SIGINT``
-  (a graceful stop waits for the save) and takes ``SIGTERM``'s default action. Both are blocked
-  in the forking thread, so a child starts with them blocked and unblocks them only then: a
-  ``SIGTERM`` sent at once never meets the parent's graceful-stop handler.
+  descriptor except its pipe and 0-2 (a dead worker's sockets close at once), and ignores
+  ``SIGINT`` and ``SIGTERM``: a Ctrl-C or ``scancel`` reaching every process of the job is a
+  graceful stop, which waits for the save (``SIGKILL``, and its parent's death, still end it).
+  Both are blocked in the forking thread, so a child starts with them blocked and unblocks them
+  only then: a signal sent at once never meets the parent's graceful-stop handler.
 * It never logs, prints or runs ``atexit`` handlers (their locks may be held by threads that
   do not exist in the child), and uses no thread pool or lock of the parent (daskjobs' module
   pools and locks are replaced in a child by ``os.register_at_fork`` hooks in :mod:`._durable`
@@ -149,8 +150,8 @@ def _child(make_payload: Callable[[], bytes], pipe: int, parent: int, prctl: Any
     try:
         gc.freeze()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)  # a SIGTERM sent before now acts now
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _BLOCKED)
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:

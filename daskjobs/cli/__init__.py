@@ -87,15 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         _ignore_further_signals(argv is None)
-        print(f"{name}: interrupted (SIGINT); {_resume_hint(args)}", file=sys.stderr)
+        _print_stop(name, "SIGINT", exc, args)
         return SIGINT_EXIT
     except (JobInterruptedError, Terminated) as exc:
         _ignore_further_signals(argv is None)
-        epoch = getattr(exc, "epoch", None)
-        committed = f"epoch {epoch} is committed; " if epoch is not None else ""
-        print(f"{name}: stopped (SIGTERM); {committed}{_resume_hint(args)}", file=sys.stderr)
+        _print_stop(name, "SIGTERM", exc, args)
         return SIGTERM_EXIT
     except (DaskJobsError, CommandFailed, OSError) as exc:
         _report(name, exc, verbose)
@@ -116,9 +114,18 @@ def _ignore_further_signals(own_process: bool) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _print_stop(name: str, signal_name: str, error: BaseException, args: argparse.Namespace) -> None:
+    """One line saying the command stopped, unless a runner already logged what it committed (its
+    interruption errors carry ``abandoned``)."""
+    if not hasattr(error, "abandoned"):
+        print(f"{name}: stopped by {signal_name}; {_resume_hint(args)}", file=sys.stderr)
+
+
 def _resume_hint(args: argparse.Namespace) -> str:
     if args.command == "run" and getattr(args, "checkpoint", None):
-        return "run the same command again to resume after the last committed epoch"
+        return "run the same command again to resume from the last committed epoch"
+    if args.command == "run":
+        return "nothing was checkpointed (no --checkpoint)"
     return "what was committed stays committed"
 
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import os
+import signal
+import sys
+import threading
+from typing import Any, NoReturn
 
 OK = 0
 FAILED = 1
@@ -96,3 +100,42 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="log more, and show the traceback of a failure",
     )
+
+
+def leave_when_abandoned(error: BaseException) -> None:
+    """After a runner's interruption (see ``daskjobs._interrupt``; the runner logged its message):
+    a second SIGINT/SIGTERM (an ``abandoned`` one) ends the process at once, with exit code 130 /
+    143; after a graceful stop, so does the next signal, while the command cleans up.
+
+    The runner has already released the lock and touched nothing committed. What is left, the
+    steps of the abandoned epoch still running in threads or worker processes and the local
+    cluster's graceful shutdown, would keep the process for seconds; the cluster's worker
+    processes and forked writers end with this process.
+    """
+    code = SIGINT_EXIT if isinstance(error, KeyboardInterrupt) else SIGTERM_EXIT
+    if getattr(error, "abandoned", False):
+        _leave(code)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: _leave(code))
+
+
+def _leave(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _release_process_resources(deadline=0.5)
+    os._exit(code)
+
+
+def _release_process_resources(deadline: float) -> None:
+    """What a normal exit would do for the local cluster, in at most ``deadline`` seconds: kill its
+    worker processes, and unlink the semaphores their queues use (else multiprocessing's resource
+    tracker reports them as leaked, on stderr)."""
+    import multiprocessing
+    import multiprocessing.util
+
+    for child in multiprocessing.active_children():
+        child.kill()
+    finalizers = threading.Thread(target=multiprocessing.util._run_finalizers, args=(0,), daemon=True)
+    finalizers.start()
+    finalizers.join(deadline)

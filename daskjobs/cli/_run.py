@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from .._model.job import Job
+from ..errors import JobInterruptedError
 from ._common import (
     OK,
     CommandFailed,
@@ -27,6 +28,7 @@ from ._common import (
     add_storage_options,
     add_verbose,
     epoch_number,
+    leave_when_abandoned,
     positive_int,
 )
 
@@ -106,7 +108,11 @@ def run_job(args: argparse.Namespace) -> int:
         progress=False if args.no_progress else None,
     )
     with _session(job, args) as session:
-        last = runner.train(session)
+        try:
+            last = runner.train(session)
+        except (KeyboardInterrupt, JobInterruptedError) as exc:
+            leave_when_abandoned(exc)
+            raise
     print(_final_line(job, runner, last, manager), flush=True)
     return OK
 
@@ -217,32 +223,57 @@ def _import_file(path: str) -> ModuleType:
         raise UsageError(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(file.parent))
+    before = set(sys.modules)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
         raise
-    _pickle_by_value(module)
+    ship_by_value(module, _modules_under(file.parent, set(sys.modules) - before))
     return module
 
 
 def _import_module(name: str) -> ModuleType:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    before = set(sys.modules)
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
             raise UsageError(f"cannot import {name!r}: no module named {exc.name!r} (run from its folder?)") from None
         raise
-    if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(Path.cwd()):
-        _pickle_by_value(module)
+    here = Path.cwd()
+    if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(here):
+        ship_by_value(module, _modules_under(here, set(sys.modules) - before))
     return module
 
 
-def _pickle_by_value(module: ModuleType) -> None:
-    """Ship the module's functions by value, so workers that cannot import it still run its steps."""
+def _modules_under(folder: Path, names: set[str]) -> list[ModuleType]:
+    """The modules named in ``names`` whose files lie under ``folder`` but not in an installed
+    package (a virtual environment inside the project folder stays by reference)."""
+    found = []
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if module is None or not file:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(folder) and not {"site-packages", "dist-packages"} & set(path.parts):
+            found.append(module)
+    return found
+
+
+def ship_by_value(target: ModuleType, helpers: list[ModuleType]) -> None:
+    """Send the code of the job's module and of its helper modules (those it imported from its own
+    folder) with the steps, by value: workers that never saw these files still run the steps (see
+    :mod:`daskjobs._shipping`). A package is shipped whole."""
     import cloudpickle
 
-    cloudpickle.register_pickle_by_value(module)
+    tops = {target.__name__: target}
+    for module in helpers:
+        top = module.__name__.partition(".")[0]
+        tops.setdefault(top, sys.modules.get(top, module))
+    for module in tops.values():
+        cloudpickle.register_pickle_by_value(module)

@@ -75,6 +75,19 @@ def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float
     return plan
 
 
+def _preloads() -> dict[str, list[Any]]:
+    """The worker processes' preloads: those the Dask config names (``distributed.worker.preload``,
+    with their ``preload-argv``), then daskjobs' own (:mod:`._worker_process`)."""
+    configured = dask.config.get("distributed.worker.preload", None) or []
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    argv = dask.config.get("distributed.worker.preload-argv", None) or []
+    if argv and isinstance(argv[0], str):
+        argv = [list(argv) for _ in configured]
+    elif not argv:
+        argv = [[] for _ in configured]
+    return {"preload": [*configured, _worker_process.__name__], "preload_argv": [*map(list, argv), []]}
+
+
 def node_cluster(
     nodes: NodesLike,
     *,
@@ -105,7 +118,10 @@ def node_cluster(
     processes : bool
         One process per worker (behind a ``Nanny`` that restarts it, every time it dies) when
         true, else in-process workers (faster to start; all share this process). Worker
-        processes ignore SIGINT, so that a terminal's Ctrl-C stops the driver gracefully.
+        processes ignore SIGINT and SIGTERM: a Ctrl-C, ``scancel`` or ``kill -TERM -PGID``
+        reaching every process of the job stops the driver gracefully, and the driver then
+        closes its workers. The preloads of the Dask config (``distributed.worker.preload``)
+        run in them too, before daskjobs' own.
     security : distributed.Security or bool, optional
         TLS for every connection of the cluster (``tls://`` addresses; plain TCP clients are
         refused). ``True`` makes a temporary self-signed certificate
@@ -145,7 +161,7 @@ def node_cluster(
     tls = {"security": security, "protocol": "tls://"} if security else {}
     silence_logs = kwargs.pop("silence_logs", logging.ERROR)
     directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
-    own_processes = {"preload": [_worker_process.__name__]} if processes else {}
+    own_processes = _preloads() if processes else {}
     workers = {
         name: {
             "cls": Nanny if processes else Worker,

@@ -15,15 +15,15 @@ from distributed import Client, Future, secede
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
-from .._execute import NodeResult, abandon_node_run
+from .._execute import NodePlan, NodeResult, abandon_node_run
 from .._lowering import Dep, LoweredGraph
 from .._validation import validate_name
-from ..errors import NodeLostError, SessionClosedError, SessionLostError
+from ..errors import NodeLostError, SessionClosedError, SessionLostError, TaskFailedError, picklable_cause
 from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
-from ._pickling import unpicklable_step_error
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
+from ._worker_process import quiet_compute_failures
 
 T = TypeVar("T")
 
@@ -49,15 +49,27 @@ _EDGE_SHARE = 1 / 1024
 """The part of a node's resources one Dask task of a run with dataflow edges asks for."""
 
 
-class _Seceding:
-    """A Dask task function that first leaves the worker's thread pool (``distributed.secede``)."""
+class _OnWorker:
+    """A Dask task function of a run, as a worker calls it.
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    With ``seceding`` it first leaves the worker's thread pool (``distributed.secede``). A
+    :class:`~daskjobs.errors.TaskFailedError` leaves the worker with causes that can be pickled:
+    Dask pickles an error with its whole chain of causes, and one that cannot be pickled would
+    reach the client as a bare ``Exception`` holding a repr.
+    """
+
+    def __init__(self, fn: Callable[..., Any], seceding: bool) -> None:
+        self.fn, self.seceding = fn, seceding
 
     def __call__(self, *args: Any) -> Any:
-        secede()
-        return self.fn(*args)
+        if self.seceding:
+            secede()
+        try:
+            return self.fn(*args)
+        except TaskFailedError as exc:
+            exc.__cause__ = picklable_cause(exc.__cause__)
+            exc.__context__ = exc.__cause__
+            raise
 
 
 class _Watchdog:
@@ -132,6 +144,7 @@ class DaskSession(Session):
     def __init__(self, target: Client | str | Any, *, security: Any = None) -> None:
         client, owned = connect(target, security)
         super().__init__()
+        quiet_compute_failures()
         self._client, self._owns_client = client, owned
         self._address = client.scheduler.address
         self._states = WorkerStates(self.session_id)
@@ -206,6 +219,10 @@ class DaskSession(Session):
 
     def _submit(self, graph: LoweredGraph) -> dict[str, Future]:
         """Submit every task of ``graph`` (in dependency order), with Dep args replaced by futures."""
+        for task in graph.tasks:  # pack the steps first: a step that cannot be pickled raises before any submit
+            for arg in task.args:
+                if isinstance(arg, NodePlan):
+                    arg.packed  # noqa: B018 - made once per plan, then reused by every run
         send_at_once(self._client)
         futures: dict[str, Future] = {}
         # A run with dataflow edges is one Dask task per daskjobs task: each takes a sliver of its
@@ -216,19 +233,15 @@ class DaskSession(Session):
             needs = {node_resource(task.node): 1, **graph.resources.get(task.node, {})}
             try:
                 futures[task.key] = self._client.submit(
-                    task.fn if share == 1.0 else _Seceding(task.fn),
+                    _OnWorker(task.fn, seceding=share != 1.0),
                     *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
                     key=task.key,
                     resources={name: amount * share for name, amount in needs.items()},
                     pure=False,
                 )
             except Exception:
-                # Submitting pickles the task on the client: a step that cannot be pickled fails here.
                 self._client.cancel(list(futures.values()))
-                error = unpicklable_step_error(task)
-                if error is None:
-                    raise
-                raise error from error.__cause__
+                raise
         return futures
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
