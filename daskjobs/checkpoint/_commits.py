@@ -109,6 +109,21 @@ class Commits(Prefix):
         """
         return self.commit_record_bytes(epoch)[0]
 
+    def node_entries(self, epoch: int, record: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        """Every checkpointed node's entry of committed ``epoch``: its blobs with kind, dtype, shape,
+        chunks and the XXH3-128 digest of every chunk file (see :mod:`._format`), validated.
+
+        ``record`` is the epoch's commit record when the caller has read it already. This is the
+        one way to get at the entries: callers do not look inside a record for them.
+
+        Raises
+        ------
+        CheckpointNotFoundError, CheckpointCorruptError, CheckpointFormatError
+            As :meth:`read_commit`.
+        """
+        record = self.read_commit(epoch) if record is None else record
+        return {node: dict(record["node_entries"][node]) for node in record["nodes"]}
+
     def commit_record_bytes(self, epoch: int) -> tuple[dict[str, Any], bytes]:
         """The validated commit record of ``epoch`` and the very bytes it was read from (for a copy).
 
