@@ -20,6 +20,11 @@ RECOVERY_WAIT = 60.0
 """Seconds a recovery waits for every node to have a worker again (a restarted worker process
 needs a few seconds, more on a loaded machine)."""
 
+MAX_DEPARTURES_IN_A_ROW = 10
+"""Planned departures (see :attr:`~daskjobs.errors.NodeLostError.departure`) a run recovers from
+between two commits without counting them as failures; more count against ``max_failures``
+(workers that leave faster than an epoch commits would otherwise loop forever)."""
+
 
 def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
     """``exc`` told with the last committed epoch and how to resume from it."""
@@ -47,17 +52,33 @@ def check_recoverable(
 
 
 def prepare_restore(
-    session: Session, nodes: list[str], latest: int | None, failures: int, max_failures: int, timeout: float
+    session: Session,
+    nodes: list[str],
+    latest: int | None,
+    timeout: float,
+    *,
+    lost: list[str],
+    departed: str | None,
+    failures: tuple[int, int],
 ) -> None:
-    """Before restoring from ``latest`` (``None``: from scratch): wait up to ``timeout`` seconds for
-    every node to have a worker again, forget the session's tokens, and without a commit empty
-    the nodes' GLOBAL workspaces (init then runs again)."""
-    logger.warning(
-        "node lost; restoring all nodes from %s (recovery %d of %d)",
-        "scratch" if latest is None else f"epoch {latest}",
-        failures,
-        max_failures,
-    )
+    """Before restoring from ``latest`` (``None``: from scratch) after the loss of the nodes ``lost``:
+    wait up to ``timeout`` seconds for every node to have a worker again, forget the session's
+    tokens, and without a commit empty the nodes' GLOBAL workspaces (init then runs again).
+
+    Logs one line: an INFO naming the nodes and ``departed`` (why their worker left) for a planned
+    departure, else a WARNING with the ``(failures, max_failures)`` count.
+    """
+    start = "scratch" if latest is None else f"epoch {latest}"
+    if departed is not None:
+        logger.info(
+            "node(s) %s: the worker left on purpose (%s); waiting for its replacement and restoring all nodes "
+            "from %s (a planned departure, not counted against max_failures)",
+            lost,
+            departed,
+            start,
+        )
+    else:
+        logger.warning("node(s) %s lost; restoring all nodes from %s (recovery %d of %d)", lost, start, *failures)
     wait = getattr(session, "wait_for_nodes", None)
     if wait is not None:
         wait(nodes, timeout=timeout)

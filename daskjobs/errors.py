@@ -222,8 +222,18 @@ class NodePlacementError(_NodesError):
 class NodeLostError(_NodesError):
     """A node's worker died or restarted and its workspace could not be restored.
 
-    :attr:`nodes` lists the nodes whose workspaces are gone.
+    :attr:`nodes` lists the nodes whose workspaces are gone. :attr:`departure` says why the
+    worker left when it left on purpose — retired (``client.retire_workers``), its ``--lifetime``
+    ran out, or it was sent SIGTERM (a preemption or spot notice): a planned departure, which a
+    :class:`~daskjobs.JobRunner` with a checkpoint manager recovers from without counting it
+    against ``max_failures``. ``None`` when the worker failed (it died, was killed, or lost its
+    connection).
     """
+
+    def __init__(self, message: str = "", nodes: Sequence[str] = (), departure: str | None = None) -> None:
+        super().__init__(message, nodes)
+        self.args = (message, list(nodes), departure)
+        self.departure = departure
 
 
 class SessionLostError(DaskJobsError, ConnectionError):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._model.job import Job
 from ._progress import EpochProgress, known_total
-from ._recovery import RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
+from ._recovery import MAX_DEPARTURES_IN_A_ROW, RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
 from ._saving import EpochSaver, overrides
 from ._validation import check_can_stop, check_count, resume_epoch, stop_condition_values
 from ._writer import end_saves, holding_lock, prepare_manager
@@ -129,6 +129,8 @@ class JobRunner:
         self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
+        self._departed_at: int | None = None
+        self._departures_in_a_row = 0
         """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, before it starts)."""
 
     # -- public ---------------------------------------------------------------------------
@@ -234,7 +236,9 @@ class JobRunner:
                 on_save_error=self.on_save_error,
                 last_committed=resume,
             )
-        failures = 0
+        failures = departures = 0
+        lost: list[str] = []
+        departed: str | None = None
         phase, epoch, stop = "start", 0, False
         dashboard = self.dashboard_link = getattr(getattr(session, "client", None), "dashboard_link", None)
         if dashboard:
@@ -244,7 +248,7 @@ class JobRunner:
             while True:
                 try:
                     if phase == "restore":
-                        restored = self._restore(session, manager, failures)
+                        restored = self._restore(session, manager, failures, departures, lost, departed)
                         phase, resume = ("loop", resume) if restored is not None else ("start", None)
                         epoch, stop = restored or (0, False)
                         # One history record per epoch: those of the epochs run again go.
@@ -252,7 +256,7 @@ class JobRunner:
                         self.history = [r for r in self.history if r.epoch < rerun]
                         self._bytes_pending = [e for e in self._bytes_pending if e < rerun]
                     if phase == "start":
-                        epoch, stop = self._start(session, manager, resume, failures)
+                        epoch, stop = self._start(session, manager, resume, failures + departures)
                         self._stop_if_interrupted(manager, session)
                         phase = "loop"
                     if bar is None:
@@ -260,15 +264,19 @@ class JobRunner:
                         total = known_total(self.max_epochs, job.epoch_limit, *finite_data)
                         bar = EpochProgress(self.progress, job.name, start=epoch, total=total, dashboard=dashboard)
                     if phase == "loop":
-                        epoch = self._loop(session, manager, epoch, stop, failures, bar)
+                        epoch = self._loop(session, manager, epoch, stop, failures + departures, bar)
                         phase = "finish"
                     self._finish(session, epoch)
                     self._stop_if_interrupted(manager, session)
                     return epoch
                 except NodeLostError as exc:
                     self._settle()
-                    check_recoverable(manager, exc, failures, self.max_failures, self._last_committed())
-                    failures += 1
+                    lost, departed = exc.nodes, self._departed(exc, manager)
+                    if departed is not None:
+                        departures += 1
+                    else:
+                        check_recoverable(manager, exc, failures, self.max_failures, self._last_committed())
+                        failures += 1
                     phase = "restore"
         finally:
             if bar is not None:
@@ -417,10 +425,29 @@ class JobRunner:
             return epoch, True
         return epoch + 1, False
 
+    def _departed(self, exc: NodeLostError, manager: MultiNodeCheckpointManager | None) -> str | None:
+        """Why ``exc``'s worker left, when that is a planned departure to recover from without
+        counting a failure: it left on purpose, there is a checkpoint manager to restore from, and
+        the job still moves (at most :data:`MAX_DEPARTURES_IN_A_ROW` departures between commits)."""
+        if exc.departure is None or manager is None:
+            return None
+        last = self._last_committed()
+        if last != self._departed_at:
+            self._departed_at, self._departures_in_a_row = last, 0
+        self._departures_in_a_row += 1
+        return exc.departure if self._departures_in_a_row <= MAX_DEPARTURES_IN_A_ROW else None
+
     def _restore(
-        self, session: Session, manager: MultiNodeCheckpointManager | None, failures: int
+        self,
+        session: Session,
+        manager: MultiNodeCheckpointManager | None,
+        failures: int,
+        departures: int,
+        lost: list[str],
+        departed: str | None,
     ) -> tuple[int, bool] | None:
-        """After a node loss: wait for every node and restore all of them from the last commit.
+        """After the loss of nodes ``lost`` (a planned departure when ``departed`` says why): wait for
+        every node and restore all of them from the last commit.
 
         Returns the epoch to run next and whether to stop, or ``None`` when nothing was
         committed yet (init runs again from scratch, on emptied workspaces).
@@ -428,10 +455,18 @@ class JobRunner:
         assert manager is not None
         manager.discard_pending()
         latest = self._last_committed()
-        prepare_restore(session, self.job.nodes(), latest, failures, self.max_failures, RECOVERY_WAIT)
+        prepare_restore(
+            session,
+            self.job.nodes(),
+            latest,
+            RECOVERY_WAIT,
+            lost=lost,
+            departed=departed,
+            failures=(failures, self.max_failures),
+        )
         if latest is None:
             return None
-        return self._load(session, manager, latest, failures)
+        return self._load(session, manager, latest, failures + departures)
 
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job

@@ -25,7 +25,7 @@ from daskjobs._execute import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
 from daskjobs.checkpoint._steps import SAVER, AsyncSaveFinish, BackgroundSave
-from daskjobs.errors import CheckpointWriteError, JobDefinitionError
+from daskjobs.errors import JobDefinitionError
 
 NUMERIC = ["?", "i1", "u1", "<i2", ">i4", "<i8", "<u8", "<f2", ">f4", "<f8", "<c8", ">c16"]
 STRINGS = ["<U1", "<U7", ">U3", "S1", "S5"]

@@ -48,6 +48,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """``argparse`` type: an integer ≥ 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def epoch_number(text: str) -> int:
     """``argparse`` type: an epoch number (an integer ≥ 0)."""
     try:

@@ -27,6 +27,7 @@ from ._common import (
     UsageError,
     add_storage_options,
     add_verbose,
+    count,
     epoch_number,
     leave_when_abandoned,
     positive_int,
@@ -55,6 +56,14 @@ def add_run_parser(subparsers: Subparsers) -> None:
         "--resume-from", type=epoch_number, metavar="N", help="resume from committed epoch N (default: the latest)"
     )
     parser.add_argument("--max-epochs", type=positive_int, metavar="N", help="stop after epoch N at the latest")
+    parser.add_argument(
+        "--max-failures",
+        type=count,
+        default=3,
+        metavar="N",
+        help="node losses to recover from by restoring the last commit (default 3; needs --checkpoint; "
+        "workers leaving on purpose, e.g. retired or preempted, do not count)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--scheduler", metavar="ADDRESS", help="run on this Dask scheduler (its workers serve the nodes)"
@@ -105,6 +114,7 @@ def run_job(args: argparse.Namespace) -> int:
         manager,
         resume_from_epoch=args.resume_from,
         max_epochs=args.max_epochs,
+        max_failures=args.max_failures,
         progress=False if args.no_progress else None,
     )
     with _session(job, args) as session:

@@ -7,6 +7,8 @@ import os
 import shlex
 import sys
 
+from dask.utils import parse_timedelta
+
 from .._validation import validate_name
 from ..errors import JobDefinitionError
 from ..session._placement import worker_resources
@@ -23,6 +25,15 @@ def _resources(text: str) -> dict[str, float]:
         return {name: float(amount) for name, amount in (p.split("=") for p in pairs)}
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected NAME=AMOUNT[,NAME=AMOUNT...], got {text!r}") from None
+
+
+def _duration(text: str) -> str:
+    """``argparse`` type: a duration Dask understands (``"30s"``, ``"1h"``, ``"90"`` seconds)."""
+    try:
+        parse_timedelta(text, default="s")
+    except (ValueError, KeyError, TypeError):
+        raise argparse.ArgumentTypeError(f"expected a duration such as 30s, 10m or 1h, got {text!r}") from None
+    return text
 
 
 def _node_name(text: str) -> str:
@@ -62,6 +73,22 @@ def add_worker_parser(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--host", help="interface address to listen on (default: chosen by Dask)")
     parser.add_argument("--local-directory", help="directory for the worker's files")
+    lifetime = parser.add_argument_group(
+        "lifetime",
+        "Dask's lifetime options (dask-jobqueue's walltime rotation): a worker leaving at the end of its "
+        "lifetime is a planned departure; the job waits for the node's new worker and restores it",
+    )
+    lifetime.add_argument(
+        "--lifetime", type=_duration, metavar="DURATION", help="close gracefully after this long, e.g. 1h or 30m"
+    )
+    lifetime.add_argument(
+        "--lifetime-stagger", type=_duration, metavar="DURATION", help="random +/- variation of the lifetime, e.g. 5m"
+    )
+    lifetime.add_argument(
+        "--lifetime-restart",
+        action="store_true",
+        help="start a new worker process when the lifetime ends (instead of leaving)",
+    )
     tls = parser.add_argument_group("TLS", "Dask's TLS options, for a tls:// scheduler")
     tls.add_argument("--tls-ca-file", metavar="PATH", help="CA certificate(s) file to verify peers")
     tls.add_argument("--tls-cert", metavar="PATH", help="the worker's certificate file")
@@ -81,6 +108,12 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--host", args.host, "--dashboard-address", f"{args.host}:0"]
     if args.local_directory:
         argv += ["--local-directory", args.local_directory]
+    for option in ("lifetime", "lifetime_stagger"):
+        value = getattr(args, option, None)
+        if value:
+            argv += ["--" + option.replace("_", "-"), value]
+    if getattr(args, "lifetime_restart", False):
+        argv += ["--lifetime-restart"]
     for option in TLS_OPTIONS:
         path = getattr(args, option, None)
         if path:

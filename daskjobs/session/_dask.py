@@ -21,6 +21,7 @@ from .._validation import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError, TaskFailedError, picklable_cause
 from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
+from ._departures import departure
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
 from ._worker_process import quiet_compute_failures
@@ -150,6 +151,8 @@ class DaskSession(Session):
         self._states = WorkerStates(self.session_id)
         self._node_resources: dict[str, dict[str, float]] = {}
         self._placed: dict[str, frozenset[str]] = {}
+        self._serving: dict[str, str] = {}
+        """Node -> the address of the worker the last placement check found serving it."""
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         try:
@@ -347,9 +350,10 @@ class DaskSession(Session):
             self._wait_placed(unchecked, config_timeout("preflight-timeout"))
 
     def _wait_placed(self, nodes: list[str], timeout: float) -> None:
-        wait_for_placement(self._workers, nodes, self._node_resources, timeout)
+        served = served_nodes(wait_for_placement(self._workers, nodes, self._node_resources, timeout))
         for node in nodes:
             self._placed[node] = frozenset(self._node_resources.get(node, {}))
+            self._serving[node] = served[node][0]
 
     def check_nodes(
         self, nodes: Iterable[object] | None = None, resources: Mapping[str, Mapping[str, float]] | None = None
@@ -445,9 +449,10 @@ class DaskSession(Session):
             # session unless the client reconnects within daskjobs.connect-timeout.
             self._await_reconnect()
         if isinstance(error, _DISTRIBUTED_FAILURES):
-            raise self._lost(error, node_of) from None
+            raise self._with_departure(self._lost(error, node_of)) from None
         if isinstance(error, NodeLostError):
             self._unplace(error.nodes)
+            error = self._with_departure(error)
         raise error.with_traceback(tb)
 
     def _gather_watched(self, futures: list[Future], watchdog: _Watchdog) -> list[Any] | NodeLostError:
@@ -481,6 +486,23 @@ class DaskSession(Session):
         else:
             what = f"the run on node(s) {nodes} was cancelled or lost its connection to the Dask cluster ({exc!r})"
         return NodeLostError(f"{what}. {_RECOVERY_HINT}", nodes)
+
+    def _with_departure(self, error: NodeLostError) -> NodeLostError:
+        """``error``, telling why its nodes' worker left when the scheduler's log shows it left on
+        purpose (see :mod:`._departures`): the runner then recovers without counting a failure."""
+        for address in sorted({self._serving[n] for n in error.nodes if n in self._serving}):
+            try:
+                events = self._client.sync(
+                    self._client.scheduler.events, topic=address, callback_timeout=config_timeout("connect-timeout")
+                )
+            except Exception:  # the log is an explanation, not a necessity
+                continue
+            why = departure(events)
+            if why is not None:
+                message = f"{error.message} (the worker at {address} left on purpose: {why})"
+                error.message, error.departure, error.args = message, why, (message, error.nodes, why)
+                break
+        return error
 
     def _unplace(self, nodes: Iterable[str]) -> None:
         for node in nodes:

@@ -180,8 +180,9 @@ def wait_for_placement(
     nodes: Iterable[str],
     resources: Mapping[str, Mapping[str, float]],
     timeout: float,
-) -> None:
-    """Poll ``workers()`` until every node can be placed; raise NodePlacementError after ``timeout`` s."""
+) -> WorkerTable:
+    """Poll ``workers()`` until every node can be placed and return the table that showed it; raise
+    NodePlacementError after ``timeout`` s."""
     nodes = list(nodes)
     deadline = time.monotonic() + timeout
     delay = 0.02
@@ -189,7 +190,7 @@ def wait_for_placement(
         table = workers()
         problems = placement_problems(table, nodes, resources)
         if not problems:
-            return
+            return table
         if time.monotonic() >= deadline:
             raise _placement_error(problems, table, f" (waited {timeout:g} s)")
         time.sleep(delay)

@@ -1,0 +1,2 @@
+def descend(weights, gradient, step_size):
+    return weights - step_size * gradient

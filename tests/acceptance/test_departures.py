@@ -1,0 +1,72 @@
+"""Planned departures are not failures (SPEC §4): a node's worker that leaves on purpose while the
+job runs — retired by ``client.retire_workers``, its ``--lifetime`` run out (dask-jobqueue's walltime
+rotation), or sent SIGTERM (a preemption or spot notice) — is replaced like a lost one: the runner
+waits for the node's new worker, restores every node from the last commit and goes on, with values
+equal to an uninterrupted run's. It does not count against ``max_failures`` (these runs allow
+none), logs one INFO line naming the node and the reason, and no ERROR."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from acceptance.harness import (
+    assert_quiet,
+    assert_same_checkpoints,
+    checkpoint_values,
+    clean_env,
+    finish,
+    start_run,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
+
+EPOCHS = 10
+REASONS = {
+    "retire": "it was retired",
+    "lifetime": "its --lifetime ran out",
+    "sigterm": "it was sent SIGTERM (a preemption or spot notice)",
+}
+
+
+@pytest.mark.parametrize("saves", [[], ["--async-save"]], ids=["sync", "async"])
+@pytest.mark.parametrize("how", sorted(REASONS))
+def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
+    how, saves, job_dir, elsewhere, tmp_path, external_cluster, reference
+):
+    """The trainer's worker leaves mid-run (a new one is started for it, as a batch system would, or
+    its nanny restarts it after its lifetime): the run ends with exit 0 and ``--max-failures 0``,
+    every committed epoch equals the uninterrupted run's, stderr holds one INFO line naming the node
+    and the reason (``-v``) and no ERROR or traceback."""
+    marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
+    marks.mkdir()
+    cluster = external_cluster
+    if how == "lifetime":
+        os.killpg(cluster.workers["trainer"].pid, signal.SIGKILL)
+        cluster.workers["trainer"].wait(timeout=10)
+        cluster.wait_for_nodes("ps")
+        cluster.start_worker("trainer", "--lifetime", "4s", "--lifetime-stagger", "0s", "--lifetime-restart")
+        cluster.wait_for_nodes("trainer")
+    options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0", "-v", *saves]
+    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5")
+    process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
+    wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
+    if how == "retire":
+        leaving = cluster.worker_address("trainer")
+        cluster.client().retire_workers([leaving])
+        cluster.start_worker("trainer")
+    elif how == "sigterm":
+        os.kill(cluster.workers["trainer"].pid, signal.SIGTERM)
+        cluster.workers["trainer"].wait(timeout=30)
+        cluster.start_worker("trainer")
+    code, out, err = finish(process, timeout=180)
+    assert code == 0, err
+    assert_quiet(err)
+    departures = [line for line in err.splitlines() if "left on purpose" in line]
+    assert departures, err
+    assert all(line.startswith("node(s) ['trainer']") and REASONS[how] in line for line in departures), err
+    assert "not counted against max_failures" in departures[0]
+    assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, committed under {prefix}")
+    assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
