@@ -473,13 +473,9 @@ def run_node_task(
     state = check_token(provider.node_state(plan.node, run.token), run.token)
     plan = unpack_plan(plan, run)
     spec = next(s for s in plan.tasks if s.index == index)
-    if opened not in state.runs:
-        raise NodeLostError(
-            f"node {plan.node!r} lost the run {opened!r} it opened (its worker restarted); restore from a checkpoint",
-            [plan.node],
-        )
+    node_run = _opened(state, opened)
     inputs = {local: producer_results[i][out][0] for i, (local, _, out) in enumerate(spec.inputs)}
-    return state.runs[opened].run_task(spec, inputs)
+    return node_run.run_task(spec, inputs)
 
 
 def close_node(
@@ -488,13 +484,27 @@ def close_node(
     """Edge mode: finish the node's run; ``task_results`` follow the order of ``plan.tasks`` with work."""
     state = provider.node_state(plan.node, None)
     plan = unpack_plan(plan, run)
-    node_run = state.runs.pop(opened)
+    node_run = _opened(state, opened)
+    del state.runs[opened]
     work = [spec for spec in plan.tasks if spec.has_work]
     captured = {spec.index: result for spec, result in zip(work, task_results, strict=True)}
     captured = node_run.close(captured, ok=True)
     return NodeResult(
         state.token, captured, node_run.metrics.sums(), traps=node_run.traps(), finished=_finish(state, run)
     )
+
+
+def _opened(state: NodeState, opened: str) -> NodeRun:
+    """The node run :func:`open_node` opened as ``opened``; :class:`NodeLostError` when this worker
+    does not hold it (the node's worker left or restarted after the run opened there)."""
+    node_run = state.runs.get(opened)
+    if node_run is None:
+        raise NodeLostError(
+            f"node {state.node!r} lost the run {opened!r} it opened (its worker left or restarted); "
+            "restore from a checkpoint",
+            [state.node],
+        )
+    return node_run
 
 
 def abandon_node_run(state: NodeState, key: str) -> None:

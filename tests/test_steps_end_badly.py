@@ -83,3 +83,28 @@ def test_a_step_ending_badly_fails_its_task_and_the_session_goes_on(any_session,
     with dj.Node("a"):
         session.run(lambda ws: ws.__setitem__("n", ws["n"] + 1))
     assert session.fetch("n", node="a") == 2  # the same workspace: the worker lived on
+
+
+@pytest.mark.parametrize("call", ["run_node_task", "close_node"])
+def test_a_run_opened_on_a_worker_that_left_is_reported_as_a_lost_node(call):
+    """Edge mode: a node's tasks of one run reach a worker that did not open the run (the node's
+    worker left and a replacement took its resource): NodeLostError naming the node, never a
+    KeyError, so the runner recovers."""
+    from daskjobs._execute import RunInfo, close_node, open_node, run_node_task
+    from daskjobs._lowering import plan_group
+    from daskjobs.errors import NodeLostError
+    from daskjobs.session._local import _LocalStates
+
+    with dj.TaskGroup() as group, dj.Node("a"):
+        first = dj.Task(lambda ws: ws.__setitem__("x", 1), outputs="x")
+        dj.Task(lambda ws: None, inputs={"x_in": first.outputs()[0]})
+    plan = plan_group(group, "job").node_plans["a"]
+    run = RunInfo("run-1", epoch=3)
+    opened = open_node(_LocalStates(), plan, run)  # opened on the old worker
+    replacement = _LocalStates()  # the new worker's states: it never saw the run
+    with pytest.raises(NodeLostError, match=r"node 'a' lost the run 'run-1' it opened") as info:
+        if call == "run_node_task":
+            run_node_task(replacement, plan, run, 1, opened, [[1]])
+        else:
+            close_node(replacement, plan, run, opened, [[1]], [])
+    assert info.value.nodes == ["a"]

@@ -52,17 +52,17 @@ _references: dict[tuple[str, ...], dict] = {}
 
 @pytest.fixture
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]:
-    """``reference(epochs=8)``: every committed epoch of an uninterrupted ``--local`` run of the
-    acceptance job with those settings (computed once per test session)."""
+    """``reference(epochs=8, ballast_mb=0)``: every committed epoch of an uninterrupted ``--local`` run
+    of the acceptance job with those settings (computed once per test session)."""
 
-    def made(epochs: int = 8) -> dict:
-        key = (str(epochs),)
+    def made(epochs: int = 8, ballast_mb: int = 0) -> dict:
+        key = (str(epochs), str(ballast_mb))
         if key not in _references:
             folder = tmp_path_factory.mktemp("reference")
             jobs = folder / "userjob"
             shutil.copytree(JOBFILES, jobs, ignore=shutil.ignore_patterns("__pycache__", "driver_only"))
             prefix = folder / "ckpt"
-            env = clean_env(JOB_EPOCHS=str(epochs), JOB_STEP_SECONDS="0")
+            env = clean_env(JOB_EPOCHS=str(epochs), JOB_STEP_SECONDS="0", JOB_BALLAST_MB=str(ballast_mb))
             code, _out, err = finish(
                 start_run(jobs, folder, "train.py:job", "--local", "--checkpoint", str(prefix), env=env)
             )

@@ -94,7 +94,7 @@ def wait_for(condition, seconds: float = 10.0) -> None:
 
 
 @pytest.mark.parametrize("policy", ["raise", "warn"])
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGSEGV])
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSEGV])
 def test_writer_killed_mid_write_fails_the_epoch(tmp_path, caplog, signum, policy):
     prefix = str(tmp_path / "ckpt")
     seen: dict[str, object] = {}
@@ -134,6 +134,32 @@ def test_writer_killed_mid_write_fails_the_epoch(tmp_path, caplog, signum, polic
     assert {k: now[k] for k in seen["files"]} == seen["files"]
     wait_for(lambda: not snapshot_writers())  # the next epoch's save, abandoned when the run stopped
     assert not Path(f"/proc/{seen['pid']}").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_writer_sent_sigterm_or_sigint_finishes_its_save(tmp_path, signum):
+    """SLURM's scancel and systemd signal every process of a job, a terminal's Ctrl-C its process
+    group: a snapshot writer ignores SIGTERM and SIGINT (a graceful stop waits for the save), so the
+    epoch whose writer got the signal is committed and the run ends as an unsignalled one."""
+    prefix = str(tmp_path / "ckpt")
+    signalled: list[int] = []
+
+    def signal_the_writer(record):
+        if record.epoch != VICTIM_EPOCH - 1:
+            return
+        wait_for(lambda: ("a", VICTIM_EPOCH) in snapshot_writers().values())
+        (pid,) = [p for p, what in snapshot_writers().items() if what == ("a", VICTIM_EPOCH)]
+        os.kill(pid, signum)
+        signalled.append(pid)
+
+    runner = dj.JobRunner(
+        define_job(), manager_on(SlowStore, prefix), max_epochs=EPOCHS, progress=False, on_epoch=signal_the_writer
+    )
+    with dj.LocalSession() as session:
+        assert runner.train(session) == EPOCHS
+    assert len(signalled) == 1
+    assert [info.epoch for info in dj.list_checkpoints(prefix)] == list(range(EPOCHS + 1))
+    assert dj.open_checkpoint(prefix, epoch=VICTIM_EPOCH).verify() > 0
 
 
 @pytest.mark.parametrize("fault", ["full-disk", "foreign-folder"])

@@ -28,7 +28,7 @@ def _worker_of(session: dj.DaskSession, name: str) -> tuple[str, int]:
     return address, session.client.run(os.getpid, workers=[address])[address]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_node_cluster_restarts_a_killed_worker_every_time(sig):
     """The same node's worker killed 3 times in a row is back within seconds each time, in a new
     process; each loss is reported as NodeLostError and the node works again afterwards."""
@@ -56,4 +56,22 @@ def test_node_cluster_restarts_a_killed_worker_every_time(sig):
                 session.run(_counter)
             assert int(session.fetch("count", "b")) == 1
         assert len(seen) == 3
+        assert len(cluster.workers) == 2
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_node_cluster_workers_outlive_the_signals_a_batch_system_sends_the_whole_job(sig):
+    """SIGTERM and SIGINT reach every process of a job (scancel, systemd, a terminal's Ctrl-C): a
+    node_cluster's worker process ignores them (its driver stops the job and closes it), so the
+    node keeps its worker and its workspace."""
+    with dj.node_cluster(["a", "b"]) as cluster, dj.DaskSession(cluster) as session:
+        with dj.Node("b"):
+            session.run(_counter)
+        address, pid = _worker_of(session, "b")
+        os.kill(pid, sig)
+        time.sleep(1.0)
+        assert _worker_of(session, "b") == (address, pid)
+        with dj.Node("b"):
+            session.run(_counter)
+        assert int(session.fetch("count", "b")) == 2
         assert len(cluster.workers) == 2

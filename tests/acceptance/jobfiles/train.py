@@ -7,6 +7,8 @@ environment of the driver (the module's top level runs there only; the steps car
 ``JOB_EPOCHS``        epochs to run (default 8)
 ``JOB_STEP_SECONDS``  seconds each gradient step sleeps (default 0.3), so that signals meet a running epoch
 ``JOB_MARKS``         a folder where each finished gradient step leaves a file ``epoch-<n>``
+``JOB_BALLAST_MB``    MiB of constant data the trainer also holds (default 0): from 16 MiB on, an
+                    asynchronous save snapshots the workspace by forking a writer process
 """
 
 import os
@@ -22,6 +24,7 @@ import daskjobs as dj
 EPOCHS = int(os.environ.get("JOB_EPOCHS", "8"))
 STEP_SECONDS = float(os.environ.get("JOB_STEP_SECONDS", "0.3"))
 MARKS = os.environ.get("JOB_MARKS")
+BALLAST_MB = int(os.environ.get("JOB_BALLAST_MB", "0"))
 FEATURES = 6
 
 
@@ -33,6 +36,8 @@ def init_ps(ws):
 def init_trainer(ws):
     ws["x"], ws["y"] = make_data(64, FEATURES)
     ws["rng"] = np.random.default_rng(7).bit_generator.state
+    if BALLAST_MB:
+        ws["ballast"] = np.ones(BALLAST_MB << 18, dtype=np.float32)
 
 
 def publish(ws):
