@@ -147,6 +147,7 @@ def prove_shared(store: CheckpointStore, session: Session, nodes: Sequence[str],
         except OSError as exc:
             raise CheckpointWriteError(f"checkpoint prefix {store.url} is not writable: {exc}") from exc
         group = TaskGroup(WorkspaceType.PRIVATE)
+        group.label = "checkpoint_probe"
         for node in nodes:
             Task(idle, group=group, node=node, name="checkpoint_probe")
         finish = {node: ProbeFinish(store, driver_probe, driver_data, *probes[node]) for node in nodes}
