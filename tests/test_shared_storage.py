@@ -114,11 +114,24 @@ def committed_locally(prefix: Path, epochs: int) -> dict[str, str]:
 
 
 # -- the cluster --------------------------------------------------------------------------
+MOUNTS = {
+    "tmpfs": "mount -t tmpfs tmpfs {shared}",
+    "readonly": "mount --bind {shared} {shared} && mount -o remount,ro,bind {shared}",
+    "overlay": (
+        "mount -t tmpfs tmpfs {upper} && mkdir {upper}/u {upper}/w && "
+        "mount -t overlay overlay -o lowerdir={shared},upperdir={upper}/u,workdir={upper}/w {shared}"
+    ),
+}
+"""How a worker's own mount namespace changes the shared folder: ``tmpfs``, another (empty) directory
+(a machine without the shared filesystem); ``readonly``, the same files but no writing;
+``overlay``, the same files, but what the worker writes goes elsewhere."""
+
+
 class Machines:
     """A ``dask scheduler`` and one ``daskjobs worker`` per node on 127.0.0.1.
 
-    The worker of a node in :meth:`serve`'s ``private`` runs in its own mount namespace with a
-    private tmpfs over :attr:`shared`: that node's machine has no shared filesystem.
+    :meth:`serve` gives a node's worker its own mount namespace in which :attr:`shared` is
+    changed as :data:`MOUNTS` says: that node's machine does not share the driver's folder.
     """
 
     def __init__(self, root: Path) -> None:
@@ -128,7 +141,7 @@ class Machines:
         for folder in (self.shared, self.logs, root / "workers", root / "elsewhere"):
             folder.mkdir()
         self.env = {**os.environ, "PYTHONPATH": str(Path(dj.__file__).resolve().parents[1])}
-        self.workers: dict[str, tuple[subprocess.Popen, bool]] = {}
+        self.workers: dict[str, tuple[subprocess.Popen, str]] = {}
         scheduler_file = root / "scheduler.json"
         argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
         argv += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
@@ -164,14 +177,16 @@ class Machines:
                     found[resource.removeprefix("daskjobs-node-")] = address
         return found
 
-    def start(self, node: str, private: bool) -> None:
-        """Start ``node``'s worker (without waiting for it): in a private mount namespace if ``private``."""
+    def start(self, node: str, mount: str = "shared") -> None:
+        """Start ``node``'s worker (without waiting for it), in its own mount namespace unless ``"shared"``."""
         command = [sys.executable, "-m", "daskjobs", "worker", self.address, "--host", "127.0.0.1", "--node", node]
         command += ["--nthreads", "2", "--local-directory", str(self.root / "workers")]
-        if private:
-            inner = f"mount -t tmpfs tmpfs {self.shared} && exec {' '.join(command)}"
+        if mount != "shared":
+            upper = self.root / f"upper-{node}"
+            upper.mkdir(exist_ok=True)
+            inner = f"{MOUNTS[mount].format(shared=self.shared, upper=upper)} && exec {' '.join(command)}"
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
-        self.workers[node] = (self._spawn(command, f"worker-{node}"), private)
+        self.workers[node] = (self._spawn(command, f"worker-{node}"), mount)
 
     def stop(self, node: str) -> None:
         process, _ = self.workers.pop(node)
@@ -179,14 +194,15 @@ class Machines:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
 
-    def serve(self, private: set[str] = frozenset()) -> None:
-        """Make the workers of ``private`` nodes private and the others share :attr:`shared`; wait for them."""
+    def serve(self, private: set[str] = frozenset(), mount: str = "tmpfs") -> None:
+        """Give the workers of ``private`` nodes ``mount`` and let the others share :attr:`shared`; wait for them."""
         old = self.served()
-        changed = [n for n in NODES if n not in self.workers or self.workers[n][1] != (n in private)]
+        wanted = {node: mount if node in private else "shared" for node in NODES}
+        changed = [n for n in NODES if n not in self.workers or self.workers[n][1] != wanted[n]]
         for node in changed:
             if node in self.workers:
                 self.stop(node)
-            self.start(node, node in private)
+            self.start(node, wanted[node])
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             served = self.served()
@@ -263,6 +279,35 @@ def test_fresh_run_on_workers_without_the_prefix_fails_before_init(machines, pri
     assert runner.history == []
     for node in private:
         assert not machines.seen_by(node, prefix.parent)  # nothing was created on the node's machine
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mount", "why"),
+    [
+        ("readonly", "reads it but cannot write next to it (OSError: [Errno 30] Read-only file system"),
+        ("overlay", "wrote {prefix}/__daskjobs__/probe.tmp-"),
+    ],
+)
+def test_a_node_whose_writes_the_driver_cannot_read_is_named(machines, mount, why):
+    """Node b sees the driver's files but cannot write there (read-only), or writes where the driver
+    does not look (an overlay): CheckpointStorageError naming b, before the init group ran."""
+    machines.serve({"b"}, mount)
+    prefix = machines.prefix()
+    before = committed_locally(prefix, 1)
+    with dj.DaskSession(machines.address) as session:
+        runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(str(prefix)), max_epochs=3, progress=False)
+        with pytest.raises(CheckpointStorageError) as caught:
+            runner.train(session)
+        assert [session.blobs(node) for node in NODES] == [[], []]
+    check_error(caught.value, {"b"}, machines, prefix)
+    message = str(caught.value)
+    assert f"node 'b' on worker 'b' ({machines.served()['b']}, host " in message
+    assert why.format(prefix=prefix) in message
+    if mount == "overlay":
+        assert message.split("which this process does not see (")[1].startswith("no such file)")
+    assert tree(prefix) == before
 
 
 @pytest.mark.cluster
@@ -392,7 +437,7 @@ def test_recovery_onto_a_worker_without_the_prefix_stops_before_the_restore(mach
     def replace_worker(record: dj.EpochRecord) -> None:
         if record.epoch == 2:
             machines.stop("a")
-            machines.start("a", private=True)
+            machines.start("a", "tmpfs")
 
     with dj.DaskSession(machines.address) as session:
         runner = dj.JobRunner(
