@@ -148,6 +148,8 @@ class NodeState:
     generation: int = 0
     runs: dict[str, NodeRun] = field(default_factory=dict)
     services: dict[str, Any] = field(default_factory=dict)
+    where: str = "this process"
+    """Where the node's workspace lives, for messages: e.g. ``worker 'a' (tcp://10.0.0.5:40211)``."""
 
     @property
     def token(self) -> str:

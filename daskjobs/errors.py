@@ -23,6 +23,7 @@ The tree::
         ├── CheckpointCorruptError            data does not match its commit record
         ├── CheckpointFormatError             unknown format, dtype or codec; never decoded
         ├── CheckpointLockedError             another runner writes to the prefix
+        ├── CheckpointStorageError            a node's worker does not see the prefix the driver sees
         └── CheckpointWriteError              a save failed after its retries
 
 Every class survives pickling, because errors raised on Dask workers travel to the client.
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointLockedError",
     "CheckpointNotFoundError",
+    "CheckpointStorageError",
     "CheckpointWriteError",
     "DaskJobsError",
     "DefinitionTypeError",
@@ -280,6 +282,22 @@ class CheckpointFormatError(CheckpointError):
 
 class CheckpointLockedError(CheckpointError):
     """Another runner holds the writer lock of the prefix; the message names the holder."""
+
+
+class CheckpointStorageError(CheckpointError):
+    """A node's worker does not see the checkpoint prefix the driver sees (SPEC §3 "Shared storage").
+
+    On a cluster of several machines a local path is a different directory on every machine
+    unless a shared filesystem is mounted there (and ``memory://`` is private to each process).
+    Raised before anything is written or loaded; the message names each node, its worker and the
+    path, and says what would work: a shared filesystem mounted at the same path on every
+    machine, or an object store prefix. :attr:`nodes` lists the nodes concerned (also after
+    pickling).
+    """
+
+    def __init__(self, message: str = "", nodes: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.nodes = list(nodes)
 
 
 class CheckpointWriteError(CheckpointError):

@@ -138,7 +138,10 @@ class JobRunner:
         """Run the job and return the number of the last epoch run.
 
         ``session`` may be a :class:`~daskjobs.Session`, a ``distributed.Client`` or ``None``
-        (a :class:`~daskjobs.LocalSession` created and closed here).
+        (a :class:`~daskjobs.LocalSession` created and closed here). With a checkpoint manager,
+        before anything is written or loaded, every checkpointed node's worker must see the prefix
+        as this process does (:meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`), else
+        :class:`~daskjobs.errors.CheckpointStorageError` names the nodes.
         """
         if warning := check_can_stop(self.job, self.max_epochs):
             logger.warning("%s", warning)
@@ -195,6 +198,9 @@ class JobRunner:
         ------
         CheckpointLockedError
             Another writer (a running :meth:`train`) holds the prefix; nothing was written.
+        CheckpointStorageError
+            A node's worker does not see the prefix as this process does (see
+            :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`); nothing was written.
         """
         manager = self._set_up_manager()
         saver = EpochSaver(manager, self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error)
@@ -202,6 +208,7 @@ class JobRunner:
             saver.save(epoch, session, stop_values or {}, {})
             return
         with holding_lock(manager, self.job.name, break_lock=self.break_lock):
+            manager.check_shared(session)
             saver.save(epoch, session, stop_values or {}, {})
             saver.flush(session)
 
@@ -379,6 +386,8 @@ class JobRunner:
         whether the job had already stopped."""
         job = self.job
         nodes = job.nodes_to_checkpoint()
+        if manager is not None:  # before anything is written or loaded: the nodes see the driver's prefix
+            manager.check_shared(session)
         if resume is None:
             if self._saver is None:
                 session.run_group(job.init_group, job=job.name, attempt=failures)
@@ -466,6 +475,7 @@ class JobRunner:
         )
         if latest is None:
             return None
+        manager.check_shared(session)  # a node's new worker may be on a machine without the prefix
         return self._load(session, manager, latest, failures + departures)
 
     def _finish(self, session: Session, epoch: int) -> None:

@@ -33,6 +33,7 @@ BUILTIN = {
     "CheckpointCorruptError": OSError,
     "CheckpointFormatError": OSError,
     "CheckpointLockedError": OSError,
+    "CheckpointStorageError": OSError,
     "CheckpointWriteError": OSError,
 }
 CHECKPOINT = {name for name, base in BUILTIN.items() if name.startswith("Checkpoint") and name != "CheckpointError"}
@@ -69,7 +70,7 @@ def test_error_pickles(name):
     assert caught.value is copy
 
 
-@pytest.mark.parametrize("name", ["NodeLostError", "NodePlacementError"])
+@pytest.mark.parametrize("name", ["NodeLostError", "NodePlacementError", "CheckpointStorageError"])
 def test_node_errors_keep_nodes_through_pickle(name):
     """Node errors keep the nodes they name through pickling."""
     cls = getattr(errors, name)

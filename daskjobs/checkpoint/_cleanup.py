@@ -117,8 +117,12 @@ class Tree:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             return
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self._fs.rm(paths)
+        except FileNotFoundError:  # fsspec refuses the whole batch when one path is missing
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.rm_file(path)
         for folder in {p.rsplit("/", 1)[0] for p in paths}:
             self._fs.invalidate_cache(folder)
 

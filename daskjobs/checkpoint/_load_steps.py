@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._execute import INTERNAL
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
+from ._sharing import unseen_commit
 
 if TYPE_CHECKING:
     from .._workspace import Workspace
@@ -44,7 +45,12 @@ class ReadStep:
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
         state.services.pop(STAGED, None)  # what a failed earlier load left
-        blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names, entry_validated=True)
+        try:
+            blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names, entry_validated=True)
+        except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
+            if self.store.has_group(self.node, self.epoch):
+                raise
+            raise unseen_commit(self.store, self.node, self.epoch, state.where) or exc from None
         with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
             if state.services.get(DISCARDED) != self.load_id:
                 state.services[STAGED] = (self.load_id, blobs)
@@ -104,6 +110,8 @@ class CheckStep:
     store: CheckpointStore
     node: str
     epoch: int | None
+    committed: bool = False
+    """Whether the driver saw ``epoch`` committed: a node that does not then sees another directory."""
 
     def __call__(self, ws: Workspace) -> None:
         if self.epoch is None:
@@ -112,6 +120,9 @@ class CheckStep:
         try:
             self.store.read_node_entry(self.node, self.epoch)
         except CheckpointNotFoundError:
+            unseen = unseen_commit(self.store, self.node, self.epoch, ws._state.where) if self.committed else None
+            if unseen is not None:
+                raise unseen from None
             if self.epoch not in self.store.committed_epochs():
                 raise
             group = self.store.db_name(self.node, self.epoch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._model.group import TaskGroup
 from .._model.node import Node
@@ -25,9 +25,13 @@ from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
 from ._retention import Retention, best_epochs, retention_warning
 from ._saves import Saves, previous_entries
+from ._sharing import prove_shared, unseen_groups
 from ._staging import Staging, discard_after
 from ._steps import ENTRY_BLOB, AsyncSaveStep, SaveStep
 from ._store import CheckpointStore
+
+if TYPE_CHECKING:
+    from ..session import Session
 
 __all__ = [
     "MultiNodeCheckpointManager",
@@ -192,6 +196,36 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
             raise InvalidStateError("checkpoint manager has no nodes yet: call init() or set_params() first")
         return list(self._nodes)
 
+    def check_shared(self, session: Session) -> None:
+        """Prove that every checkpointed node's worker in ``session`` sees this prefix as this process does.
+
+        A local path must be one directory for this process and every node's worker (a shared
+        filesystem): on a cluster of several machines without one, each would write where the
+        others never look. This process writes a probe file under ``__daskjobs__/``, each node's
+        worker reads it and writes its own, this process reads those back, and all of them are
+        removed: one round trip to the nodes. A :class:`~daskjobs.JobRunner` does it before a run
+        writes or loads anything, and before :meth:`~daskjobs.JobRunner.save_checkpoints`; a
+        :class:`~daskjobs.LocalSession` needs no proof.
+
+        Raises
+        ------
+        CheckpointStorageError
+            A node's worker sees another directory (or nothing, or cannot write there); the
+            message names the node, its worker and the path, and says what to use instead: a
+            shared filesystem mounted at the same path on every machine, or an object store.
+        CheckpointWriteError
+            This process cannot write to the prefix.
+
+        Examples
+        --------
+        >>> import daskjobs as dj, tempfile
+        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> manager.set_params(["ps", "trainer"])
+        >>> with dj.node_cluster(["ps", "trainer"]) as cluster, dj.DaskSession(cluster) as session:  # doctest: +SKIP
+        ...     manager.check_shared(session)
+        """
+        prove_shared(self.store, session, self.nodes(), job=self._job_name)
+
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
         return db_name(epoch, str(node_name), self.db_prefix)
@@ -267,9 +301,13 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
             self._nodes = self._initialised_nodes = names
         if path_type not in (None, "zarr"):
             raise JobDefinitionError(f"unsupported path_type {path_type!r}: daskjobs checkpoints are 'zarr'")
+        committed = retrieve_from_epoch is not None and retrieve_from_epoch in self.store.committed_epochs()
         return self._group(
             lambda group, node: Task(
-                CheckStep(self.store, node, retrieve_from_epoch), group=group, node=node, name="checkpoint_init"
+                CheckStep(self.store, node, retrieve_from_epoch, committed),
+                group=group,
+                node=node,
+                name="checkpoint_init",
             )
         )
 
@@ -364,6 +402,10 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         if not self._saves.flushed(epoch) and epoch in self._saves.entries:
             raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
         entries = self._saves.finished(epoch)
+        if not self.holds_lock:  # saved outside a runner (which proves the storage shared before it saves)
+            unseen = unseen_groups(self._staging.target(self.store, epoch), epoch, list(entries))
+            if unseen is not None:
+                raise unseen
         record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
         self.retention.stamp(record)
         self._staging.before_commit(self.store, epoch, list(entries))

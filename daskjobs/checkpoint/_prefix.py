@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -138,6 +138,20 @@ class Prefix:
                 f"{back!r} instead of what was written"
             )
         self.anchor = self._root
+
+    # -- probe files (see ._sharing) --------------------------------------------------------
+    def new_probe(self) -> str:
+        """The path of a new probe file in ``__daskjobs__/``: a daskjobs temp file name
+        (``probe.tmp-<32 hex digits>``), so the cleanup before a run removes any left behind."""
+        return f"{self.own_folder()}/probe.tmp-{uuid.uuid4().hex}"
+
+    def write_probe(self, path: str, data: bytes) -> None:
+        """Write a probe file (not fsynced: it need not survive a crash); raises ``OSError``."""
+        self._files().replace(path, data, sync_folder=False, sync_file=False)
+
+    def read_probes(self, paths: Sequence[str]) -> list[bytes | OSError]:
+        """The bytes of each probe file, or the error reading it (``FileNotFoundError``: not there)."""
+        return self._files().read_small(list(paths), MAX_JSON_BYTES)
 
     def _own_path(self) -> str:
         return self.own_folder()

@@ -80,6 +80,11 @@ class Session(abc.ABC):
     epoch runs: on a cluster, whose nodes idle between epochs; not in this process, where that
     thread would hold back the steps."""
 
+    in_process: ClassVar[bool] = False
+    """Whether every node's workspace lives in this process: the checkpoint storage the nodes see
+    is then the driver's, with nothing to prove (see
+    :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`)."""
+
     def __init__(self) -> None:
         self._open = True
         self.session_id = uuid.uuid4().hex[:8]

@@ -91,6 +91,8 @@ class LocalSession(Session):
     2.5 ['x']
     """
 
+    in_process = True
+
     def __init__(self) -> None:
         super().__init__()
         self._states = _LocalStates()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ class WorkspacePlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.incarnation = uuid.uuid4().hex[:12]
+        self._where = f"worker {worker.name!r} ({worker.address}, host {socket.gethostname()})"
         self._serial = itertools.count()
         self._lock = threading.Lock()
         self._states: dict[tuple[str, str], NodeState] = {}
@@ -58,7 +60,7 @@ class WorkspacePlugin(WorkerPlugin):
             state = self._states.get((session, node))
             if state is None:
                 incarnation = f"{self.incarnation}-{next(self._serial)}"
-                state = self._states[session, node] = NodeState(node, incarnation=incarnation)
+                state = self._states[session, node] = NodeState(node, incarnation=incarnation, where=self._where)
             return state
 
     def drop_session(self, session: str) -> None:
