@@ -102,9 +102,10 @@ def test_a_run_opened_on_a_worker_that_left_is_reported_as_a_lost_node(call):
     run = RunInfo("run-1", epoch=3)
     opened = open_node(_LocalStates(), plan, run)  # opened on the old worker
     replacement = _LocalStates()  # the new worker's states: it never saw the run
+    if call == "run_node_task":
+        calling = lambda: run_node_task(replacement, plan, run, 1, opened, [[1]])  # noqa: E731
+    else:
+        calling = lambda: close_node(replacement, plan, run, opened, [[1]], [])  # noqa: E731
     with pytest.raises(NodeLostError, match=r"node 'a' lost the run 'run-1' it opened") as info:
-        if call == "run_node_task":
-            run_node_task(replacement, plan, run, 1, opened, [[1]])
-        else:
-            close_node(replacement, plan, run, opened, [[1]], [])
+        calling()
     assert info.value.nodes == ["a"]
