@@ -417,5 +417,7 @@ def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
         timeout=60,
     )
     assert result.returncode == 1
-    assert result.stderr.startswith("daskjobs run: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (")
+    assert result.stderr.startswith(
+        "daskjobs run: error: cannot connect to the Dask scheduler at tcp://127.0.0.1:1: the connection was refused"
+    )
     assert len(result.stderr.strip().splitlines()) == 1

@@ -136,11 +136,13 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
     elif args.scheduler:
         try:
             connected = DaskSession(args.scheduler)
+        except ValueError as exc:  # an address that does not parse, or tls:// without TLS settings
+            raise UsageError(f"--scheduler {args.scheduler}: {exc}") from None
         except OSError as exc:
             raise CommandFailed(
-                f"cannot reach the Dask scheduler at {args.scheduler} ({exc}); is `dask scheduler` running there, "
-                "with one `daskjobs worker` per node?"
-            ) from exc
+                f"{exc} Start it with `dask scheduler`, and one `daskjobs worker {args.scheduler} --node NAME` "
+                "per node of the job."
+            ) from None
         with connected as session:
             _print_dashboard(getattr(session.client, "dashboard_link", None))
             yield session
