@@ -189,6 +189,9 @@ JOB = textwrap.dedent(
 )
 
 
+DASKJOBS_RUN = [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--max-epochs", "2"]
+
+
 @pytest.mark.parametrize(
     ("template", "code", "message"),
     [
@@ -205,8 +208,7 @@ def test_run_on_an_unreachable_scheduler_exits_promptly(tmp_path, template, code
     (tmp_path / "job.py").write_text(JOB)
     started = time.monotonic()
     process = subprocess.run(
-        [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--max-epochs", "2", "--scheduler", address]
-        + ["--checkpoint", str(tmp_path / "ckpt")],
+        [*DASKJOBS_RUN, "--scheduler", address, "--checkpoint", str(tmp_path / "ckpt")],
         cwd=tmp_path,
         env=env(),
         capture_output=True,

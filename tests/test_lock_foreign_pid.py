@@ -134,6 +134,9 @@ JOB = textwrap.dedent(
 )
 
 
+RUN = [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--local", "--max-epochs", "2"]
+
+
 @pytest.mark.parametrize("pid", ["0", "2**64", "str-abc"])
 def test_daskjobs_run_on_a_prefix_with_a_foreign_lock_exits_1_naming_it(tmp_path, pid):
     """``daskjobs run --checkpoint`` on a prefix whose lock names an impossible pid: exit 1, one
@@ -146,8 +149,7 @@ def test_daskjobs_run_on_a_prefix_with_a_foreign_lock_exits_1_naming_it(tmp_path
     before = get_lock(store)
     root = str(Path(dj.__file__).resolve().parents[1])
     result = subprocess.run(
-        [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--local", "--max-epochs", "2"]
-        + ["--checkpoint", str(prefix), "--no-progress"],
+        [*RUN, "--checkpoint", str(prefix), "--no-progress"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])},
         capture_output=True,

@@ -312,9 +312,7 @@ def test_commit_checks_the_lock_only_when_holding_one(tmp_path):
         store.check_lock()
 
 
-@pytest.mark.parametrize(
-    "kind", [*sorted(k for k in REFUSED if "unreadable" not in REFUSED[k][1]), "dead-pid"]
-)
+@pytest.mark.parametrize("kind", [*sorted(k for k in REFUSED if "unreadable" not in REFUSED[k][1]), "dead-pid"])
 def test_a_writer_without_the_lock_commits_only_while_nobody_may_hold_it(session, prefix, kind):
     """L3: manager.save + write_checkpoint_metadata (no lock taken) while another writer may hold
     the prefix: CheckpointLockedError naming it, nothing committed or deleted; a provably stale
