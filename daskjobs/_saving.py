@@ -264,6 +264,11 @@ class EpochSaver:
             except Exception as exc:
                 logger.warning("could not commit the asynchronous save of epoch %d: %s", pending, exc)
                 self.manager.discard_pending()
+            else:
+                try:  # committed like any other epoch: its on_epoch call, with its bytes
+                    self._call_then(pending)
+                except Exception as exc:
+                    logger.warning("%s", exc)
         for epoch, *_ in self._waiting:
             self.manager.forget_save(epoch)
         self._waiting, self._then = [], []
