@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -206,6 +207,14 @@ def load_job(target: str) -> Job:
         return obj
     if not callable(obj):
         raise UsageError(f"{target} is not a Job or a callable returning one: it is {type(obj).__name__} {obj!r:.80}")
+    if isinstance(obj, type) and not issubclass(obj, Job):  # never instantiated: it cannot make a Job
+        raise UsageError(f"{target} is not a Job or a callable returning one: it is the class {obj.__qualname__}")
+    needed = _required_parameters(obj)
+    if needed:
+        raise UsageError(
+            f"{target} is not a Job or a callable returning one without arguments: "
+            f"{getattr(obj, '__qualname__', name)} needs {', '.join(needed)}"
+        )
     try:
         job = obj()
     except Exception as exc:
@@ -213,6 +222,16 @@ def load_job(target: str) -> Job:
     if not isinstance(job, Job):
         raise UsageError(f"{target}() returned {type(job).__name__} {job!r:.80}, not a Job")
     return job
+
+
+def _required_parameters(function: Any) -> list[str]:
+    """The parameters ``function`` cannot be called without (none when its signature is unknown)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in kinds]
 
 
 def _import_file(path: str) -> ModuleType:
