@@ -232,17 +232,19 @@ class EpochSaver:
             self._deferred_error = exc
         self.manager.tidy()
 
-    def check_meanwhile(self, epoch: int | None = None, finished: dict[str, Any] | None = None) -> None:
+    def check_meanwhile(self, epoch: int | None = None) -> None:
         """Raise the error of the commit :meth:`meanwhile` wrote, if it failed.
 
-        ``finished``: what the save hooks of ``epoch``, whose run that error now fails, returned
-        (not yet taken): it is salvaged first (see :meth:`salvage`), so that the flushes those
-        hooks reported are not taken later for flushes lost with a restarted worker.
+        That error ends the run, which commits nothing after the epoch that failed: the epochs
+        still waiting for their commit and ``epoch`` (whose run just ended) are forgotten, so the
+        way out neither commits them nor asks the nodes for their flushes (a node reports only
+        its newest flush: the others would read as lost with a restarted worker).
         """
         error, self._deferred_error = self._deferred_error, None
         if error is not None:
-            if epoch is not None and finished:
-                self.salvage(epoch, finished)
+            for waiting in [w[0] for w in self._waiting] + ([] if epoch is None else [epoch]):
+                self.manager.forget_save(waiting)
+            self._waiting = []
             raise error
 
     def settle(self, session: Session | None = None) -> bool:

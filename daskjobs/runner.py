@@ -333,11 +333,10 @@ class JobRunner:
         except Exception:
             if saver is not None and hooks and finished:
                 saver.salvage(epoch, finished)
-                finished = {}
             raise
         finally:
             if saver is not None:
-                saver.check_meanwhile(epoch, finished)
+                saver.check_meanwhile(epoch)
         elapsed = time.perf_counter() - started
         try:
             values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
