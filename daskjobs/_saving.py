@@ -159,11 +159,12 @@ class EpochSaver:
         """``epoch``'s run failed: take the flush reports its save hooks gave on the nodes that finished,
         so that the epochs before it are still committed when the failed run settles (a node whose
         hook ran has no flush of them left to report); ``epoch`` itself is not committed. A flush
-        that failed is logged: the run's own error is what surfaces."""
+        that failed is logged: the run's own error is what surfaces. An epoch whose flush failed is
+        never committed, so its ``on_epoch`` call is dropped."""
         for other, error in sorted(self.manager.salvage_finished(epoch, finished).items()):
             self._waiting = [w for w in self._waiting if w[0] != other]
+            self._then = [(e, call) for e, call in self._then if e != other]
             logger.warning("could not write the checkpoint of epoch %d: %s", other, error)
-            self._call_then(other)
 
     def _take_reports(self, epoch: int, finished: dict[str, Any]) -> dict[int, CheckpointWriteError]:
         """Give the manager what ``epoch``'s save hooks returned (committing the asynchronous save
@@ -231,10 +232,19 @@ class EpochSaver:
             self._deferred_error = exc
         self.manager.tidy()
 
-    def check_meanwhile(self) -> None:
-        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed."""
+    def check_meanwhile(self, epoch: int | None = None) -> None:
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed.
+
+        That error ends the run, which commits nothing after the epoch that failed: the epochs
+        still waiting for their commit and ``epoch`` (whose run just ended) are forgotten, so the
+        way out neither commits them nor asks the nodes for their flushes (a node reports only
+        its newest flush: the others would read as lost with a restarted worker).
+        """
         error, self._deferred_error = self._deferred_error, None
         if error is not None:
+            for waiting in [w[0] for w in self._waiting] + ([] if epoch is None else [epoch]):
+                self.manager.forget_save(waiting)
+            self._waiting = []
             raise error
 
     def settle(self, session: Session | None = None) -> bool:
@@ -264,6 +274,11 @@ class EpochSaver:
             except Exception as exc:
                 logger.warning("could not commit the asynchronous save of epoch %d: %s", pending, exc)
                 self.manager.discard_pending()
+            else:
+                try:  # committed like any other epoch: its on_epoch call, with its bytes
+                    self._call_then(pending)
+                except Exception as exc:
+                    logger.warning("%s", exc)
         for epoch, *_ in self._waiting:
             self.manager.forget_save(epoch)
         self._waiting, self._then = [], []

@@ -25,6 +25,7 @@ import numpy as np
 from ._model.job import Job, epoch_limiter
 from ._model.node import Cluster, Node
 from ._model.task import SetupNets, Task, TaskOutput, final_output
+from ._validation import check_count
 from .data import ArrayReader, ReaderWithLimit, pipe
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ class DemoConfig:
     target_loss: float = 0.34
     """Stop once an epoch's mean training loss is below this."""
     max_epochs: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("trainers", "samples", "features", "batch_size", "batches_per_epoch", "passes", "max_epochs"):
+            check_count(getattr(self, name), f"DemoConfig.{name}")
 
     def nodes(self) -> list[str]:
         """The node names the demo uses."""
@@ -221,9 +226,14 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo as ``daskjobs demo`` does; returns the process exit code."""
     from .checkpoint import MultiNodeCheckpointManager
+    from .cli._common import UsageError
     from .runner import JobRunner
     from .session import DaskSession, LocalSession, node_cluster
 
+    for flag in ("trainers", "samples", "max_epochs", "keep_last"):  # before anything is deleted or created
+        value = getattr(args, flag)
+        if value < 1:
+            raise UsageError(f"argument --{flag.replace('_', '-')}: expected a positive integer, got {value}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = DemoConfig(trainers=args.trainers, samples=args.samples, max_epochs=args.max_epochs)
     if args.fresh:

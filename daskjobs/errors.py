@@ -16,7 +16,8 @@ The tree::
     │   └── TaskTypeError(TypeError)          ... on a daskjobs TypeError (e.g. a blob value no checkpoint holds)
     ├── NodePlacementError(RuntimeError)      a node has no worker, or more than one
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
-    ├── SessionLostError(ConnectionError)     the Dask scheduler went away
+    ├── SessionLostError(ConnectionError)     the Dask scheduler went away, refused or did not answer
+    ├── SchedulerAddressError(ValueError)     a scheduler address that does not parse
     ├── JobInterruptedError(RuntimeError)     a graceful stop on SIGTERM (SIGINT raises KeyboardInterrupt)
     └── CheckpointError(OSError)
         ├── CheckpointNotFoundError(FileNotFoundError)
@@ -52,6 +53,7 @@ __all__ = [
     "NodeLostError",
     "NodePlacementError",
     "OutputNotReadyError",
+    "SchedulerAddressError",
     "SessionClosedError",
     "SessionLostError",
     "StepTypeError",
@@ -239,10 +241,20 @@ class NodeLostError(_NodesError):
 
 
 class SessionLostError(DaskJobsError, ConnectionError):
-    """The Dask scheduler went away (or cannot be reached within ``daskjobs.connect-timeout``).
+    """The Dask scheduler went away, or cannot be reached: at once when it refuses the connection,
+    else after ``daskjobs.connect-timeout`` without an answer.
 
     The message names the scheduler address and the last committed epoch; committed checkpoints
     are intact, and running the job again on a new scheduler resumes from them.
+    """
+
+
+class SchedulerAddressError(DaskJobsError, ValueError):
+    """A scheduler address that does not parse (an unknown scheme, no host, a port outside
+    1-65535); raised before anything connects. The message names the address and the form
+    expected (``tcp://HOST:PORT``, ``tls://HOST:PORT`` or ``HOST:PORT``).
+
+    A well-formed address where no scheduler answers raises :class:`SessionLostError` instead.
     """
 
 

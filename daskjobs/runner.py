@@ -351,7 +351,7 @@ class JobRunner:
             raise
         finally:
             if saver is not None:
-                saver.check_meanwhile()
+                saver.check_meanwhile(epoch)
         elapsed = time.perf_counter() - started
         try:
             values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
@@ -516,8 +516,11 @@ class JobRunner:
 
     def _settle(self, session: Session | None = None) -> bool:
         """A failed run first commits the epochs still waiting for their commit (they finished),
-        asking the nodes through ``session`` for the flushes not yet reported; ``True`` if it did."""
-        return self._saver is not None and self._saver.settle(session)
+        asking the nodes through ``session`` for the flushes not yet reported; ``True`` if it did.
+        The history records of the epochs it committed get their bytes."""
+        committed = self._saver is not None and self._saver.settle(session)
+        self._settle_bytes()
+        return committed
 
     def _set_up_manager(self) -> MultiNodeCheckpointManager:
         """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""

@@ -331,6 +331,47 @@ def test_a_failing_task_keeps_the_epochs_before_it_committed(session, prefix, as
     assert [int(dj.open_checkpoint(prefix)[n]["k"]) for n in ("a", "b")] == [5, 5]
 
 
+def _ending_badly(failure: str | None) -> dj.Job:
+    """Node a counts; in epoch 4 its step raises (``"task"``) or its stop value is an int (``"stop"``)."""
+    with dj.Cluster(), dj.Job(name="ends") as job, dj.Node("a"):
+        with job.init_group:
+            dj.Task(lambda ws: ws.__setitem__("w", np.zeros(3000)))
+
+        def step(ws):
+            if failure == "task" and ws.epoch == 4:
+                raise ZeroDivisionError("epoch 4 fails")
+            ws["w"] = ws["w"] + (np.arange(3000) % 7 == ws.epoch % 7)
+            ws["stop"] = 1 if failure == "stop" and ws.epoch == 4 else ws.epoch >= 6
+
+        job.add_stop_condition(dj.Task(step, outputs="stop").outputs()[0])
+    return job
+
+
+@pytest.mark.parametrize("callback", [True, False], ids=["on_epoch", "no-on_epoch"])
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("failure", ["task", "stop"])
+def test_epochs_committed_on_the_way_out_of_a_failed_run_get_on_epoch_and_bytes(
+    session, tmp_path, async_save, failure, callback
+):
+    """Epoch 4 fails; epoch 3, whose save (asynchronous, or its commit) was still open, is committed
+    on the way out. Like every committed epoch it gets its on_epoch call, and its history record
+    the bytes its commit reports (with or without an on_epoch): exactly those of an unbroken run."""
+    unbroken: list[dj.EpochRecord] = []
+    clean = dj.MultiNodeCheckpointManager(str(tmp_path / "clean"), async_save=async_save)
+    dj.JobRunner(_ending_badly(None), clean, max_epochs=3, progress=False, on_epoch=unbroken.append).train(session)
+    calls: list[dj.EpochRecord] = []
+    manager = dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt"), async_save=async_save)
+    runner = dj.JobRunner(_ending_badly(failure), manager, progress=False, on_epoch=calls.append if callback else None)
+    with pytest.raises(TaskFailedError if failure == "task" else dj.errors.StopConditionError):
+        runner.train(session)
+    assert [i.epoch for i in dj.list_checkpoints(str(tmp_path / "ckpt"))] == [0, 1, 2, 3]
+    assert [r.epoch for r in runner.history] == [1, 2, 3]
+    figures = [(r.epoch, r.bytes_written, r.bytes_reused) for r in unbroken]
+    assert [(r.epoch, r.bytes_written, r.bytes_reused) for r in calls] == (figures if callback else [])
+    assert [(r.epoch, r.bytes_written, r.bytes_reused) for r in runner.history] == figures
+    assert all(written + reused >= 24000 for _, written, reused in figures)
+
+
 def test_unwritable_prefix_is_detected_before_init(session, tmp_path):
     """A prefix that cannot be created fails with CheckpointWriteError before the init group runs."""
     blocker = tmp_path / "file.txt"

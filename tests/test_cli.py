@@ -284,7 +284,8 @@ def test_prune_refuses_a_locked_prefix(committed, capsys):
     ("holder", "removed_without_force"),
     [
         ({"pid": os.getpid()}, False),  # alive: this very process
-        ({"pid": 2**22 + 5}, True),  # a pid that cannot exist on this host
+        ({"pid": "dead"}, True),  # a process of this host that has exited
+        ({"pid": 2**22 + 5}, False),  # a pid that cannot exist on this host: foreign
         ({"host": "another-host", "pid": 1}, False),  # unknown
     ],
 )
@@ -292,6 +293,9 @@ def test_unlock_refuses_a_live_or_unknown_holder_without_force(committed, holder
     """unlock removes a dead holder's lock; a live or unknown holder needs --force (exit 1 without it)."""
     import socket
 
+    if holder["pid"] == "dead":
+        done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+        holder = {"pid": int(done.stdout)}
     store = dj.MultiNodeCheckpointManager(committed).store
     store.acquire_lock({"host": socket.gethostname(), "job": "j", "started": "", **holder})
     plain = here("checkpoints", "unlock", committed, capsys=capsys)

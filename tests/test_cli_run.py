@@ -74,6 +74,21 @@ JOBS = textwrap.dedent(
     not_a_job = 42
 
 
+    class Settings:
+        """A class that is not a Job: never instantiated by `daskjobs run`."""
+
+        def __init__(self):
+            raise AssertionError("instantiated")
+
+
+    def needs_arguments(stop_at, fail_at=None):
+        return counter(stop_at, fail_at)
+
+
+    class SubJob(dj.Job):
+        """A Job subclass: calling it gives a (stepless) Job."""
+
+
     def returns_int():
         return 3
 
@@ -286,6 +301,42 @@ def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, 
     assert sorted(p.name for p in jobs.iterdir() if p.name != "__pycache__") == ["jobs.py"]
 
 
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("jobs.py:not_a_job", "jobs.py:not_a_job is not a Job or a callable returning one: it is int 42"),
+        ("jobs.py:np", "jobs.py:np is not a Job or a callable returning one: it is module <module 'numpy' from "),
+        ("jobs.py:dj.Node", "jobs.py:dj.Node is not a Job or a callable returning one: it is the class Node"),
+        ("jobs.py:Settings", "jobs.py:Settings is not a Job or a callable returning one: it is the class Settings"),
+        (
+            "jobs.py:needs_arguments",
+            "jobs.py:needs_arguments is not a Job or a callable returning one without arguments: "
+            "needs_arguments needs stop_at",
+        ),
+        ("jobs.py:returns_int", "jobs.py:returns_int() returned int 3, not a Job"),
+        ("jobs.py:missing", "jobs.py has no attribute 'missing'; it has e.g. "),
+        ("jobs.py:job.missing", "jobs.py has no attribute 'job.missing'; it has e.g. "),
+    ],
+)
+def test_a_target_that_is_no_job_is_a_one_line_usage_error(jobs, target, message):
+    """``daskjobs run file.py:X`` where X is missing, an int, a module, a class that is not a Job
+    or a function that needs arguments: exit 2, one line on stderr, nothing created (not even
+    the --checkpoint prefix), nothing instantiated or called."""
+    result = daskjobs("run", target, "--checkpoint", str(jobs / "ckpt"), "--no-progress", cwd=jobs)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"daskjobs run: error: {message}"), lines[0]
+    assert result.stdout == ""
+    assert sorted(p.name for p in jobs.iterdir() if p.name != "__pycache__") == ["jobs.py"]
+
+
+def test_a_job_subclass_is_a_target(jobs):
+    """A Job subclass is a callable returning a Job: it is called (a Job without steps needs --max-epochs)."""
+    result = daskjobs("run", "jobs.py:SubJob", "--local", "--no-progress", "--max-epochs", "1", cwd=jobs)
+    assert result.returncode == 0, result.stderr
+
+
 def test_verbose_shows_the_traceback_of_the_step(jobs):
     """-v adds the traceback, including the one from the node."""
     result = daskjobs("run", "jobs.py:failing", "--local", "-v", cwd=jobs)
@@ -417,5 +468,7 @@ def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
         timeout=60,
     )
     assert result.returncode == 1
-    assert result.stderr.startswith("daskjobs run: error: cannot reach the Dask scheduler at tcp://127.0.0.1:1 (")
+    assert result.stderr.startswith(
+        "daskjobs run: error: cannot connect to the Dask scheduler at tcp://127.0.0.1:1: the connection was refused"
+    )
     assert len(result.stderr.strip().splitlines()) == 1

@@ -119,3 +119,35 @@ def test_checkpoints_cli(tmp_path):
     missing = daskjobs("checkpoints", "show", str(tmp_path / "nothing"))
     assert missing.returncode == 2
     assert "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trainers", "0"], "argument --trainers: expected a positive integer, got 0"),
+        (["--trainers", "-1"], "argument --trainers: expected a positive integer, got -1"),
+        (["--samples", "0"], "argument --samples: expected a positive integer, got 0"),
+        (["--max-epochs", "0"], "argument --max-epochs: expected a positive integer, got 0"),
+        (["--keep-last", "-3"], "argument --keep-last: expected a positive integer, got -3"),
+    ],
+)
+def test_demo_with_a_count_below_one_is_a_usage_error(tmp_path, args, message):
+    """`daskjobs demo --trainers 0` (and other counts below one): exit 2, one line on stderr, no
+    checkpoint folder created, and with --fresh an existing one is not deleted."""
+    fresh = daskjobs("demo", "--checkpoint-dir", str(tmp_path / "new"), "--local", *args)
+    assert (fresh.returncode, fresh.stderr, fresh.stdout) == (2, f"daskjobs demo: error: {message}\n", "")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("not the demo's")
+    again = daskjobs("demo", "--checkpoint-dir", str(kept), "--fresh", "--local", *args)
+    assert (again.returncode, again.stderr) == (2, f"daskjobs demo: error: {message}\n")
+    assert (kept / "mine.txt").read_text() == "not the demo's"
+
+
+@pytest.mark.parametrize("field", ["trainers", "samples", "features", "batch_size", "batches_per_epoch", "passes"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_demo_config_refuses_counts_below_one(field, value):
+    """DemoConfig names the field that cannot be a count, when it is made."""
+    with pytest.raises(dj.errors.JobDefinitionError, match=rf"^DemoConfig\.{field} must be >= 1, got {value}$"):
+        DemoConfig(**{field: value})

@@ -27,6 +27,7 @@ BUILTIN = {
     "NodePlacementError": RuntimeError,
     "NodeLostError": RuntimeError,
     "SessionLostError": ConnectionError,
+    "SchedulerAddressError": ValueError,
     "JobInterruptedError": RuntimeError,
     "CheckpointError": OSError,
     "CheckpointNotFoundError": FileNotFoundError,

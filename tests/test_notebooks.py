@@ -1,8 +1,10 @@
-"""Every notebook in notebooks/ runs top to bottom without an error or a warning in any output."""
+"""Every notebook in notebooks/ runs top to bottom without an error, an ERROR log line or a warning in
+any output."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,15 +21,48 @@ def outputs(notebook: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     return [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
 
 
-def warnings_in(output: nbformat.NotebookNode) -> list[str]:
-    """Text of an output that is or contains a warning (stderr stream, or displayed warning text)."""
+LOGGED_ERROR = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback \(most recent call last\)")
+"""An ERROR or CRITICAL log line in any format ("distributed.worker - ERROR -", "ERROR:tornado...",
+"[E ...]" aside), or a traceback printed by a logger."""
+
+
+def text_of(output: nbformat.NotebookNode) -> str:
+    """The text an output shows: a stream, or the text forms of displayed data."""
     if output.output_type == "stream":
-        text = output.text
-    elif output.output_type in ("display_data", "execute_result"):
-        text = "\n".join(str(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
-    else:
-        return []
-    return [line for line in text.splitlines() if "warning" in line.lower() or "IProgress not found" in line]
+        return output.text
+    if output.output_type in ("display_data", "execute_result"):
+        return "\n".join(str(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
+    return ""
+
+
+def warnings_in(output: nbformat.NotebookNode) -> list[str]:
+    """Lines of an output that are or contain a warning (stderr stream, or displayed warning text)."""
+    lines = text_of(output).splitlines()
+    return [line for line in lines if "warning" in line.lower() or "IProgress not found" in line]
+
+
+def logged_errors_in(output: nbformat.NotebookNode) -> list[str]:
+    """Lines of an output that are an ERROR (or CRITICAL) log line or a logged traceback."""
+    return [line for line in text_of(output).splitlines() if LOGGED_ERROR.search(line)]
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("2026-01-01 10:00:00,000 - distributed.worker - ERROR - Worker stream died during communication", True),
+        ("2026-01-01 10:00:00,000 - distributed.scheduler - ERROR - Task x marked as failed", True),
+        ("ERROR:tornado.application:Exception in callback", True),
+        ("distributed.nanny - CRITICAL - worker gone", True),
+        ("Traceback (most recent call last):", True),
+        ("node lost; restoring all nodes from epoch 4 (recovery 1 of 3)", False),
+        ("error bars are drawn in grey", False),
+        ("TaskFailedError: step failed", False),
+    ],
+)
+def test_logged_errors_are_recognised(line, error):
+    """The ERROR check catches log lines of every usual format, and nothing else."""
+    output = nbformat.v4.new_output("stream", name="stderr", text=line + "\n")
+    assert logged_errors_in(output) == ([line] if error else [])
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +92,11 @@ def executed(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_without_errors_or_warnings(path: Path, executed):
-    """The notebook executes; no cell shows an error, a traceback or a warning."""
+    """The notebook executes; no cell shows an error, an ERROR log line, a traceback or a warning."""
     notebook = executed(path)
     shown = outputs(notebook)
     assert not [o for o in shown if o.output_type == "error"]
+    assert not [line for o in shown for line in logged_errors_in(o)]
     assert not [line for o in shown for line in warnings_in(o)]
     sources = "".join(c.source for c in notebook.cells if c.cell_type == "code")
     assert "progress=False" not in sources

@@ -78,7 +78,7 @@ class Commits(Prefix):
             self._files().replace(path, data, sync_folder=sync_folder)
         except OSError as exc:
             raise CheckpointWriteError(
-                f"could not write the commit record of epoch {epoch} under {self.url}: {exc}"
+                f"could not write the commit record of epoch {epoch} under {self.url} ({path}): {exc}"
             ) from exc
 
     def committed_epochs(self) -> list[int]:

@@ -4,8 +4,11 @@ The lock is the file ``__daskjobs__/lock.json`` holding the holder record (host,
 start time) and a random token. It is created with an exclusive create (``O_EXCL`` on local
 disks, a PUT with ``If-None-Match: *`` on S3), so two writers never both get it.
 
-A lock whose holder provably no longer runs (a process of this host that does not exist, or a
-pid no process can have) is *stale*. Taking one over must be atomic too: the taker first claims
+A lock whose holder provably no longer runs (it names this host and a pid that no running
+process has) is *stale*. A lock naming another host, or a pid no process can have (``0``, a
+negative or non-integer pid, one above ``pid_max``), is *foreign*: it was not written by a run of
+this host, so nothing says its holder is gone, and it is refused like a lock of another host
+(``break_lock`` takes it). Taking a stale lock over must be atomic too: the taker first claims
 ``lock.json.break-<token>`` (named after the stale lock's token) with an exclusive create, so of
 several processes racing to break the same stale lock exactly one gets the claim; it re-reads
 the lock, replaces it only if it is still the stale one, and drops the claim. The others are
@@ -72,28 +75,41 @@ def _pid_max() -> int:
         return 2**22
 
 
+def possible_pid(pid: object) -> bool:
+    """Whether ``pid`` could be the pid of a process of this host: an int from 1 to the system's
+    ``pid_max`` (not a bool, float or string).
+
+    Examples
+    --------
+    >>> [possible_pid(p) for p in (1, 0, -1, 2**64, "12", 12.0, True, None)]
+    [True, False, False, False, False, False, False, False]
+    """
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= _pid_max()
+
+
 def holder_alive(holder: Mapping[str, Any]) -> bool | None:
     """Whether the process named by a lock holder record still runs.
 
     ``True``: it runs on this host. ``False``: it provably does not — the record names this host
-    and a pid that no running process has, or one no process can have (not an int from 1 to the
-    system's ``pid_max``: ``0``, ``-1``, ``2**40``, ``"abc"``, missing). ``None``: unknown (another
-    host, or an unreadable record). Never raises.
+    and a pid that no running process has. ``None``: unknown — a foreign lock (another host, or a
+    pid no process can have: not an int from 1 to the system's ``pid_max``, such as ``0``, ``-1``,
+    ``2**40``, ``"abc"`` or none at all, so no run of this host wrote it) or an unreadable record.
+    Never raises.
 
     Examples
     --------
     >>> holder_alive(local_holder("train"))
     True
-    >>> holder_alive({"host": socket.gethostname(), "pid": -1})
-    False
+    >>> holder_alive({"host": socket.gethostname(), "pid": -1}) is None
+    True
     >>> holder_alive({"host": "elsewhere", "pid": 1}) is None
     True
     """
     if not isinstance(holder.get("host"), str) or holder["host"] != socket.gethostname():
         return None
     pid = holder.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _pid_max():
-        return False
+    if not possible_pid(pid):
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -150,6 +166,9 @@ def refused(url: str, holder: Mapping[str, Any]) -> CheckpointLockedError:
             f"if it is gone, run `daskjobs checkpoints unlock --force {url}` or pass JobRunner(..., break_lock=True)"
         )
     state = {True: "still running on this host", None: "not known to be gone"}.get(alive, "gone")
+    if alive is None and holder.get("host") == socket.gethostname() and "unreadable" not in holder:
+        named = f"pid {holder['pid']!r} cannot be a process of this host" if "pid" in holder else "it names no pid"
+        state = f"{named}: no run here wrote this lock"
     return CheckpointLockedError(
         f"checkpoint prefix {url} is locked by another writer ({describe(holder)}; {state}); {advice}"
     )
@@ -288,13 +307,17 @@ def unlock(store: CheckpointStore, *, force: bool = False) -> dict[str, Any] | N
     >>> from daskjobs.checkpoint import CheckpointStore
     >>> store = CheckpointStore(tempfile.mkdtemp())
     >>> store.acquire_lock({"host": socket.gethostname(), "pid": -1, "job": "j"})
-    >>> unlock(store)["job"]
+    >>> unlock(store, force=True)["job"]
     'j'
     """
     held = store.read_lock()
     if held is not None and not force and holder_alive(held) is not False:
         alive = holder_alive(held)
-        reason = "still runs" if alive else "may still run (another host, or an unreadable lock file)"
+        reason = (
+            "still runs"
+            if alive
+            else "may still run (another host, a pid no process here can have, or an unreadable lock file)"
+        )
         raise CheckpointLockedError(
             f"not unlocking {store.url}: its holder ({describe(held)}) {reason}; pass --force "
             "(force=True) if you are sure it is gone"

@@ -164,15 +164,17 @@ class Prefix:
 
         The lock is ``__daskjobs__/lock.json``, created exclusively (``O_EXCL`` locally, a PUT
         with ``If-None-Match: *`` on S3). A lock whose holder provably no longer runs (this
-        host, no such process, or a pid no process can have) is taken over with a warning; of
-        several processes racing for it exactly one wins (see :mod:`._lock`).
+        host, no such process) is taken over with a warning; of several processes racing for
+        it exactly one wins (see :mod:`._lock`). A foreign lock (another host, or a pid no
+        process can have) is refused unless ``break_lock``.
 
         Parameters
         ----------
         holder
             Who is writing, e.g. ``{"host", "pid", "job", "started"}``; shown to anyone refused.
         break_lock
-            Take over the lock even if its holder may still run (another host, a damaged lock file).
+            Take over the lock even if its holder may still run (another host, a pid no process
+            can have, a damaged lock file).
 
         Raises
         ------

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -146,11 +147,13 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
     elif args.scheduler:
         try:
             connected = DaskSession(args.scheduler)
+        except ValueError as exc:  # an address that does not parse, or tls:// without TLS settings
+            raise UsageError(f"--scheduler {args.scheduler}: {exc}") from None
         except OSError as exc:
             raise CommandFailed(
-                f"cannot reach the Dask scheduler at {args.scheduler} ({exc}); is `dask scheduler` running there, "
-                "with one `daskjobs worker` per node?"
-            ) from exc
+                f"{exc} Start it with `dask scheduler`, and one `daskjobs worker {args.scheduler} --node NAME` "
+                "per node of the job."
+            ) from None
         with connected as session:
             _print_dashboard(getattr(session.client, "dashboard_link", None))
             yield session
@@ -214,6 +217,14 @@ def load_job(target: str) -> Job:
         return obj
     if not callable(obj):
         raise UsageError(f"{target} is not a Job or a callable returning one: it is {type(obj).__name__} {obj!r:.80}")
+    if isinstance(obj, type) and not issubclass(obj, Job):  # never instantiated: it cannot make a Job
+        raise UsageError(f"{target} is not a Job or a callable returning one: it is the class {obj.__qualname__}")
+    needed = _required_parameters(obj)
+    if needed:
+        raise UsageError(
+            f"{target} is not a Job or a callable returning one without arguments: "
+            f"{getattr(obj, '__qualname__', name)} needs {', '.join(needed)}"
+        )
     try:
         job = obj()
     except Exception as exc:
@@ -221,6 +232,16 @@ def load_job(target: str) -> Job:
     if not isinstance(job, Job):
         raise UsageError(f"{target}() returned {type(job).__name__} {job!r:.80}, not a Job")
     return job
+
+
+def _required_parameters(function: Any) -> list[str]:
+    """The parameters ``function`` cannot be called without (none when its signature is unknown)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in kinds]
 
 
 def _import_file(path: str) -> ModuleType:

@@ -59,8 +59,9 @@ def _fetch_blob(state: NodeState, blob: str) -> Value:
     return copy_value(state.scope.blobs[blob], blob)
 
 
-def _feed_blob(state: NodeState, blob: str, value: Value) -> None:
+def _feed_blob(state: NodeState, blob: str, value: Value) -> str:
     state.workspace()[blob] = value
+    return state.token
 
 
 def _blob_names(state: NodeState) -> list[str]:
@@ -174,8 +175,8 @@ class Session(abc.ABC):
         try:
             results = self._execute(graph, meanwhile)
         except BaseException as exc:
-            if isinstance(exc, NodeLostError):  # reported once: the next run takes the new (empty) workspace
-                self.forget_tokens(self._lost_with(exc.nodes))
+            if isinstance(exc, NodeLostError):
+                self._lost_once(exc)
             for node, result in self._finished_before_failure(graph).items():
                 if finished is not None and finish and node in finish:
                     finished[node] = result.finished
@@ -191,6 +192,25 @@ class Session(abc.ABC):
                 for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
+
+    def _lost_once(self, error: NodeLostError) -> None:
+        """Make ``error`` name every node that shared the lost worker, and forget their tokens: the
+        loss is reported once, and the next run or call takes the nodes' new (empty) workspaces."""
+        lost = self._lost_with(error.nodes)
+        shared = sorted(set(lost) - set(error.nodes))
+        if shared:
+            error.message = f"{error.message} Node(s) {shared} shared that worker: their workspaces are gone too."
+            error.nodes = sorted({*error.nodes, *shared})
+            error.args = (error.message, error.nodes)
+        self.forget_tokens(lost)
+
+    def _on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`_call_on_node` for the workspace calls, reporting a lost worker once (see :meth:`_lost_once`)."""
+        try:
+            return self._call_on_node(node, fn, *args)
+        except NodeLostError as exc:
+            self._lost_once(exc)
+            raise
 
     def _lost_with(self, nodes: Sequence[str]) -> list[str]:
         """``nodes`` and the nodes that shared a worker with them: their tokens start with the same
@@ -266,7 +286,7 @@ class Session(abc.ABC):
                 f"blob {blob!r} is not in the workspace of node {name!r}: the session has no workspace for "
                 f"{name!r} yet (its nodes: {self._known_nodes()})"
             )
-        return self._call_on_node(name, _fetch_blob, blob)
+        return self._on_node(name, _fetch_blob, blob)
 
     def feed(self, blob: str, value: object, node: object = None) -> None:
         """Store a copy of ``value`` as ``blob`` in the node's GLOBAL workspace.
@@ -285,7 +305,10 @@ class Session(abc.ABC):
         normalised = as_value(value, validate_name(blob, "blob"))
         if normalised is value:
             normalised = copy_value(normalised, blob)
-        self._call_on_node(self._resolve_node(node), _feed_blob, blob, normalised)
+        name = self._resolve_node(node)
+        # From now on the node's workspace holds something the caller expects: a worker restart
+        # before its next run or call is reported (NodeLostError), not run on an emptied workspace.
+        self._tokens.setdefault(name, self._on_node(name, _feed_blob, blob, normalised))
 
     def blobs(self, node: object = None) -> list[str]:
         """Names of the blobs in the node's GLOBAL workspace, sorted (none for a node without one).
@@ -296,7 +319,7 @@ class Session(abc.ABC):
         name = self._resolve_node(node)
         if not self._has_workspace(name):
             return []
-        return self._call_on_node(name, _blob_names)
+        return self._on_node(name, _blob_names)
 
     def nodes(self) -> list[str]:
         """The nodes this session knows."""

@@ -4,6 +4,7 @@ waiting for a run's futures."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 import dask.config
 from distributed import Client, Future
 
-from ..errors import DefinitionTypeError, SessionLostError
+from ..errors import DefinitionTypeError, SchedulerAddressError, SessionLostError
+from ._address import checked_address, reach
 from ._placement import config_timeout
 
 _MESSAGE_LOG_LENGTH = 100
@@ -43,21 +45,46 @@ def connect(target: object, security: object) -> tuple[Client, bool]:
             )
         return target, False
     if isinstance(target, str) or hasattr(target, "scheduler_address"):
-        address = target if isinstance(target, str) else target.scheduler_address
+        address = checked_address(target) if isinstance(target, str) else target.scheduler_address
         timeout = config_timeout("connect-timeout")
+        if isinstance(target, str):
+            reach(address, security, timeout)
+        client = Client.__new__(Client)
         try:
             # The client gives up reconnecting after ``timeout`` too, and closes itself.
             with dask.config.set({"distributed.admin.low-level-log-length": _MESSAGE_LOG_LENGTH}):
-                return Client(target, set_as_default=False, timeout=timeout, security=security), True
-        except OSError as exc:  # TimeoutError and refused or failed (e.g. TLS) connections
+                client.__init__(target, set_as_default=False, timeout=timeout, security=security)
+        except BaseException as exc:
+            _discard(client)
+            if isinstance(exc, ValueError) and isinstance(target, str):  # e.g. an inproc:// address of another process
+                raise SchedulerAddressError(f"{address!r} is not a Dask scheduler address here: {exc}") from None
+            if not isinstance(exc, OSError):
+                raise
+            # TimeoutError and refused or failed (e.g. TLS) connections
             raise SessionLostError(
                 f"cannot connect to the Dask scheduler at {address} within {timeout:g} s "
                 f"(daskjobs.connect-timeout): {exc}. Check that the scheduler runs at that address and, "
                 "for a tls:// scheduler, pass security= with certificates it accepts."
             ) from None
+        return client, True
     raise DefinitionTypeError(
         f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}"
     )
+
+
+def _discard(client: Client) -> None:
+    """Close a client whose construction failed, and stop its event-loop thread.
+
+    Left alone, such a client keeps its loop thread, and its ``__del__`` at interpreter exit
+    waits twice the connect timeout for that thread (a minute by default) before giving up.
+    The client was made with ``Client.__new__`` first so that this reference exists.
+    """
+    if getattr(client, "status", "newly-created") not in ("closed", "newly-created"):
+        with contextlib.suppress(Exception):
+            client.close(timeout=5)
+    runner = getattr(client, "_loop_runner", None)
+    if runner is not None:
+        runner.stop()
 
 
 def dashboard_link(client: Client) -> str | None:

@@ -12,7 +12,12 @@ Logs: a step that fails is reported once, by daskjobs, as a
 :class:`~daskjobs.errors.TaskFailedError` naming job, group, node, task and epoch; Dask's own
 "Compute Failed" block for the same failure (an ERROR with the task's repr and traceback) is
 dropped for daskjobs' tasks (:func:`quiet_compute_failures`), in worker processes that daskjobs
-starts and in this process, whose in-process workers log there.
+starts and in this process, whose in-process workers log there. Likewise a node's worker that
+dies is reported by daskjobs (a :class:`~daskjobs.errors.NodeLostError`, or one line when the
+runner recovers): the ERRORs Dask logs for the same loss are dropped — the scheduler's "Task ...
+marked as failed because 1 workers died" and "Couldn't gather keys" of daskjobs' tasks (in this
+process, where a ``node_cluster`` runs its scheduler), and a worker's "Worker stream died during
+communication" with the traceback of the peer it lost (in worker processes daskjobs starts).
 """
 
 from __future__ import annotations
@@ -26,28 +31,63 @@ KEY_PREFIX = "daskjobs-"
 """Every Dask key a daskjobs session submits starts with this."""
 
 
+_ABOUT_ONE_TASK = ("Compute Failed", "Task %s marked as failed because")
+"""Dask ERROR messages whose first argument is the key of the task they are about."""
+_ABOUT_KEYS = "Couldn't gather keys"
+"""The scheduler's ERROR whose argument maps the keys it could not gather to their states."""
+_PEER_LOST = "Worker stream died during communication"
+"""A worker's ERROR (with a traceback) when a peer it fetches data from goes away."""
+
+
+def _daskjobs_keys(keys: object) -> bool:
+    return bool(keys) and all(str(key).startswith(KEY_PREFIX) for key in keys)
+
+
 class _DropDaskjobsComputeFailures(logging.Filter):
-    """Drops ``distributed.worker``'s "Compute Failed" records of daskjobs tasks (reported by daskjobs)."""
+    """Drops Dask's ERROR records about daskjobs tasks that daskjobs reports itself: "Compute
+    Failed" (a step that raised), "marked as failed because ... workers died" and "Couldn't
+    gather keys" (a node's worker that died)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.ERROR or not str(record.msg).startswith("Compute Failed"):
+        message = str(record.msg)
+        if record.levelno != logging.ERROR:
             return True
-        key = record.args[0] if isinstance(record.args, tuple) and record.args else ""
-        return not str(key).startswith(KEY_PREFIX)
+        if message.startswith(_ABOUT_ONE_TASK):
+            key = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+            return not str(key).startswith(KEY_PREFIX)
+        if message.startswith(_ABOUT_KEYS):
+            states = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
+            return not (isinstance(states, dict) and _daskjobs_keys(states))
+        return True
+
+
+class _DropPeerLoss(logging.Filter):
+    """Drops a worker's "Worker stream died during communication" ERROR (daskjobs reports the lost node)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno != logging.ERROR or not str(record.msg).startswith(_PEER_LOST)
+
+
+def _add_filter(name: str, kind: type[logging.Filter]) -> None:
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, kind) for f in logger.filters):
+        logger.addFilter(kind())
 
 
 def quiet_compute_failures() -> None:
-    """Drop Dask's "Compute Failed" log records of daskjobs tasks in this process (idempotent)."""
-    worker_logger = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _DropDaskjobsComputeFailures) for f in worker_logger.filters):
-        worker_logger.addFilter(_DropDaskjobsComputeFailures())
+    """Drop the ERROR records Dask logs for daskjobs tasks whose failure, or whose node's lost
+    worker, daskjobs reports itself (in this process; idempotent)."""
+    for name in ("distributed.worker", "distributed.scheduler"):
+        _add_filter(name, _DropDaskjobsComputeFailures)
 
 
 def dask_setup(worker: Any) -> None:
     """In a worker process daskjobs started: ignore SIGINT and SIGTERM (the driver stops the job
-    gracefully and then closes this worker) and keep daskjobs' task failures out of the logs.
-    Dask calls it on the process's main thread."""
+    gracefully and then closes this worker) and keep daskjobs' task failures, and the loss of a
+    peer worker (a node daskjobs reports lost), out of the logs. Dask calls it on the process's
+    main thread."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     quiet_compute_failures()
+    _add_filter("distributed.worker", _DropPeerLoss)

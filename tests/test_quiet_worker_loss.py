@@ -1,0 +1,96 @@
+"""A node's worker process killed while a job runs on a ``node_cluster`` (the OOM killer, a crash) is
+reported by daskjobs alone: the runner recovers and logs one line, and no Dask ERROR (the
+scheduler's "marked as failed because 1 workers died" or "Couldn't gather keys", a peer worker's
+"Worker stream died during communication" with its traceback) reaches the driver's output or the
+worker processes' (which share its stderr), whenever the worker dies."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import daskjobs as dj
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+EPOCHS = 8
+
+
+def define_job(marker: Path | None = None) -> dj.Job:
+    """ps publishes weights, worker computes a step from them, ps applies it: data flows both ways
+    every epoch. With ``marker``, node worker's step SIGKILLs its own process once, in epoch 4."""
+    with dj.Cluster(), dj.Job(name="two-nodes") as job:
+        with dj.Node("ps"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("weights", np.zeros(4)), name="init_ps")
+            publish = dj.Task(lambda ws: ws.__setitem__("published", ws["weights"].copy()), outputs="published")
+        with dj.Node("worker"):
+            with job.init_group:
+                dj.Task(lambda ws: ws.__setitem__("target", np.arange(4.0)), name="init_worker")
+
+            def gradient(ws):
+                if marker is not None and ws.epoch == 4 and not marker.exists():
+                    marker.touch()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.05)
+                ws["step"] = 0.5 * (ws["target"] - ws["published"])
+
+            grad = dj.Task(gradient, inputs={"published": publish.outputs()[0]}, outputs="step")
+        with dj.Node("ps"):
+            apply = lambda ws: ws.__setitem__("weights", ws["weights"] + ws["step"])  # noqa: E731
+            dj.Task(apply, inputs={"step": grad.outputs()[0]})
+            dj.epoch_limiter(job, EPOCHS)
+    return job
+
+
+def worker_pid(session: dj.DaskSession, name: str) -> int:
+    client = session.client
+    address = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == name)
+    return client.run(os.getpid, workers=[address])[address]
+
+
+@pytest.mark.parametrize("moment", ["after-a-commit", "mid-epoch", "in-its-step"])
+@pytest.mark.parametrize("trial", range(2))
+def test_a_killed_worker_is_recovered_without_a_dask_error(tmp_path, capfd, caplog, moment, trial):
+    """SIGKILL node worker's process after epoch 3's commit (from on_epoch), from another thread
+    while an epoch runs, or from its own step: one recovery, the unbroken result, and no ERROR
+    line or traceback on stdout/stderr (of this process and of the worker processes) or in the
+    driver's log records."""
+    expected = dj.LocalSession()
+    dj.JobRunner(define_job(), max_epochs=EPOCHS, progress=False).train(expected)
+    marker = tmp_path / "killed" if moment == "in-its-step" else None
+    with dj.node_cluster(["ps", "worker"], nthreads=1) as cluster, dj.DaskSession(cluster) as session:
+        pid = worker_pid(session, "worker")
+        killer = None
+
+        def on_epoch(record: dj.EpochRecord) -> None:
+            nonlocal killer
+            if record.epoch != 3 or moment == "in-its-step":
+                return
+            if moment == "after-a-commit":
+                os.kill(pid, signal.SIGKILL)
+            else:
+                killer = threading.Timer(0.1 + 0.05 * trial, os.kill, (pid, signal.SIGKILL))
+                killer.start()
+
+        manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp(dir=tmp_path))
+        runner = dj.JobRunner(define_job(marker), manager, progress=False, on_epoch=on_epoch)
+        with caplog.at_level(logging.INFO):
+            assert runner.train(session) == EPOCHS
+        if killer is not None:
+            killer.join()
+        assert np.array_equal(session.fetch("weights", "ps"), expected.fetch("weights", "ps"))
+    expected.close()
+    assert runner.history[-1].recoveries == 1
+    out, err = capfd.readouterr()
+    shown = [line for line in (out + err).splitlines() if "ERROR" in line or "Traceback" in line]
+    assert shown == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
