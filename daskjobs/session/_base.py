@@ -201,7 +201,7 @@ class Session(abc.ABC):
         if shared:
             error.message = f"{error.message} Node(s) {shared} shared that worker: their workspaces are gone too."
             error.nodes = sorted({*error.nodes, *shared})
-            error.args = (error.message, error.nodes)
+            error.args = (error.message, error.nodes, error.departure)
         self.forget_tokens(lost)
 
     def _on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
