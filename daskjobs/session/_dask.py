@@ -117,7 +117,10 @@ class DaskSession(Session):
         A synchronous client (left open by :meth:`close`), a cluster object such as the result
         of :func:`~daskjobs.node_cluster`, or a scheduler address such as ``"tcp://127.0.0.1:8786"``
         or ``"tls://10.0.0.5:8786"``. For the last two the session makes its own client and
-        closes it with the session; connecting waits at most ``daskjobs.connect-timeout``.
+        closes it with the session. An address that does not parse raises
+        :class:`~daskjobs.errors.SchedulerAddressError` and a refused connection
+        :class:`~daskjobs.errors.SessionLostError`, both at once; a scheduler that does not
+        answer is waited for at most ``daskjobs.connect-timeout``.
     security : distributed.Security or bool, optional
         TLS settings of the client made for an address (``distributed.Security(tls_ca_file=...,
         tls_client_cert=..., tls_client_key=..., require_encryption=True)``); a cluster object
