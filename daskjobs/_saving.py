@@ -183,10 +183,30 @@ class EpochSaver:
         """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
         ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
         while self._waiting and self.manager.flushed(self._waiting[0][0]):
-            waiting = self._waiting.pop(0)
+            waiting = self._waiting[0]
             epoch = waiting[0]
-            self._with_retries(epoch, lambda: self._commit(*waiting), give_up=lambda: self.manager.forget_save(epoch))
+            try:
+                self._with_retries(
+                    epoch, lambda: self._commit(*waiting), give_up=lambda: self.manager.forget_save(epoch)
+                )
+            except KeyboardInterrupt:
+                # A second signal struck during the commit: unless its record made it, the epoch stays
+                # first in line, so that the way out (settle) commits it before any later epoch.
+                if self._on_disk(epoch):
+                    self._waiting.pop(0)
+                raise
+            except BaseException:
+                self._waiting.pop(0)
+                raise
+            self._waiting.pop(0)
             self._call_then(epoch)
+
+    def _on_disk(self, epoch: int) -> bool:
+        """Whether ``epoch``'s commit record is under the prefix (``False`` if it cannot be listed)."""
+        try:
+            return epoch in self.manager.store.committed_epochs()
+        except Exception:
+            return False
 
     def when_committed(self, call: Callable[[], object]) -> None:
         """Call ``call`` once the last epoch saved is committed: now, or after its waiting commit

@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
 
     def step(ws):
         (markers / f"started-{ws.epoch}").touch()
-        if ws.epoch >= 2 and kind != "commit" and not QUICK:
+        if ws.epoch >= 2 and kind not in ("commit", "cluster-commit") and not QUICK:
             time.sleep(sleep)
         ws["n"] = ws["n"] + 1
 
@@ -57,10 +57,24 @@ SCRIPT = textwrap.dedent(
         manager = dj.MultiNodeCheckpointManager(prefix)
         if kind == "commit":
             manager = dj.MultiNodeCheckpointManager(prefix, metadata_handler=SignalsWhileCommitting(manager.store))
+        if kind == "cluster-commit":
+            # fault injection: both signals land while epoch 2's commit record is being written, on a
+            # cluster, where that commit is written while a later epoch runs (a later one waits)
+            write_record, struck = manager.store.commit, []
+
+            def commit(record, **options):
+                if record["epoch"] == 2 and not struck:
+                    struck.append(True)
+                    for _ in range(2):
+                        os.kill(os.getpid(), int(sys.argv[6]))
+                        time.sleep(0.1)
+                return write_record(record, **options)
+
+            manager.store.commit = commit
         runner = dj.JobRunner(job, manager, max_epochs=6, progress=False)
         started = time.monotonic()
         try:
-            if kind not in ("cluster", "reuse"):
+            if kind not in ("cluster", "reuse", "cluster-commit"):
                 runner.train(None)
             else:
                 with dj.node_cluster(["a", "b"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
@@ -122,7 +136,7 @@ def run_and_signal(
             assert time.monotonic() < deadline, "epoch 2 never started"
             time.sleep(0.05)
         time.sleep(0.2)
-        for number, sig in enumerate(signals if kind != "commit" else []):
+        for number, sig in enumerate(signals if kind not in ("commit", "cluster-commit") else []):
             if number:
                 time.sleep(0.3)
             child.send_signal(sig)
@@ -276,6 +290,24 @@ def test_second_signal_during_a_commit_is_not_a_failed_save(tmp_path, sig):
     assert f"epoch {newest} is committed" in out
     if sig == signal.SIGTERM:
         assert f"RESULT JobInterruptedError {newest} " in out
+    assert lock_released(tmp_path)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_commit_cut_short_by_a_second_signal_is_made_before_any_later_one(tmp_path, sig):
+    """On a cluster an epoch's commit record is written while a later epoch runs: both signals land
+    while epoch 2's record is being written, with epoch 3 waiting for its own. The way out commits
+    epoch 2 first and then epoch 3: the committed epochs have no gap."""
+    code, out, err, _ = run_and_signal(tmp_path, "cluster-commit", [sig], sleep=0)
+    expected_code, expected_type = EXPECTED[sig]
+    assert code == expected_code, (out, err)
+    assert f"RESULT {expected_type}" in out
+    epochs = committed(tmp_path)
+    assert epochs[:3] == [0, 1, 2]
+    assert epochs == list(range(len(epochs)))
+    assert "Traceback" not in err
     assert lock_released(tmp_path)
 
 
