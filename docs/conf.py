@@ -19,7 +19,7 @@ import daskjobs  # noqa: E402
 
 project = "daskjobs"
 author = "the daskjobs developers"
-copyright = "the daskjobs developers"  # noqa: A001
+copyright = "the daskjobs developers"
 release = daskjobs.__version__
 version = release
 
@@ -35,6 +35,7 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
+smartquotes = False  # "--checkpoint" stays two hyphens, "..." three dots (command lines are copied)
 exclude_patterns = ["_build", "README.md", "Thumbs.db", ".DS_Store"]
 templates_path: list[str] = []
 
@@ -75,7 +76,6 @@ html_show_sourcelink = False
 html_copy_source = False
 copybutton_prompt_text = r"\$ |>>> |\.\.\. "
 copybutton_prompt_is_regexp = True
-
 
 
 def _public_names() -> dict[type, str]:

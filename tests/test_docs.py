@@ -64,7 +64,7 @@ def python_blocks(page: Path) -> list[tuple[str, int, str | None]]:
 
 EXAMPLE_PAGES = [p for p in PAGES if python_blocks(p)]
 
-RUNNER = r'''
+RUNNER = r"""
 import contextlib, io, json, sys, traceback
 if __name__ == "__main__":
     blocks, tmp = json.load(sys.stdin)
@@ -82,7 +82,7 @@ if __name__ == "__main__":
         if expected is not None and got.rstrip().splitlines() != expected.rstrip().splitlines():
             print(f"OUTPUT {where}\n--- expected\n{expected}--- printed\n{got}", file=sys.stderr)
             sys.exit(1)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -164,16 +164,31 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> lis
     return found
 
 
+def page_text(html_text: str) -> str:
+    """The visible text of a built page's HTML, whitespace collapsed."""
+    import html
+
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html_text)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_cli_reference_shows_every_command_and_option(site):
-    """The CLI reference, generated from ``build_parser()``, has every sub-command and every option."""
-    text = (site / "reference" / "cli.html").read_text()
-    for path, options in commands(build_parser()):
-        if path:
-            assert f"daskjobs {' '.join(path)}" in text, path
-        for option in options:
-            assert f"{option}" in text, (path, option)
+    """The CLI reference, generated from ``build_parser()``, has a section for every sub-command
+    holding each of its options (and its usage line)."""
+    source = (site / "reference" / "cli.html").read_text()
+    found = commands(build_parser())
+    starts = []
+    for path, _ in found:
+        anchor = f'id="{"-".join(("daskjobs", *path))}"'
+        assert anchor in source, path
+        starts.append(source.index(anchor))
+    assert starts == sorted(starts)
+    for (path, options), start, end in zip(found, starts, [*starts[1:], len(source)], strict=True):
+        section = page_text(source[start:end])
+        assert " ".join(("daskjobs", *path)) in section, path
+        missing = [o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", section)]
+        assert missing == [], path
 
 
 def test_readme_links_only_to_pages_that_exist():

@@ -7,8 +7,7 @@ one statement per line (``#`` starts a comment)::
     ```{diagram}
     :alt: what the picture shows, for screen readers and text builds
     :caption: a caption under the picture (optional)
-    :width: 10          figure width in inches (default 9)
-    :height: 3          figure height in inches (default 3)
+    :width: 10          picture width in inches (default 9); the height follows from the boxes
 
     box  job    0 1  "Job\\nepoch group"           a box with its centre at (0, 1)
     box  graph  4 1  "Dask graph" color=task w=2.6  w, h: size in grid units; color: a palette name
@@ -17,7 +16,7 @@ one statement per line (``#`` starts a comment)::
     arrow graph -> job "results" style=dashed bend=0.3
     ```
 
-Coordinates are grid units (1 unit = 1 inch at the default scale); y grows upwards. Boxes are
+Coordinates are grid units (the picture is scaled to ``:width:``); y grows upwards. Boxes are
 rounded rectangles sized ``w`` x ``h`` (default 2.2 x 0.8); ``\\n`` in a label breaks the line.
 Arrows start and end at the boxes' edges.
 """
@@ -27,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,9 +77,18 @@ class DiagramError(ValueError):
     """A statement of a diagram that cannot be drawn."""
 
 
+_OPTION = re.compile(r"(color|w|h|style|bend)=(.+)")
+
+
 def _options(words: list[str]) -> tuple[list[str], dict[str, str]]:
-    plain = [w for w in words if "=" not in w]
-    named = dict(w.split("=", 1) for w in words if "=" in w)
+    """Positional words and ``name=value`` options (only the known names: a label may hold ``=``)."""
+    plain, named = [], {}
+    for word in words:
+        match = _OPTION.fullmatch(word)
+        if match:
+            named[match[1]] = match[2]
+        else:
+            plain.append(word)
     return plain, named
 
 
@@ -136,10 +145,10 @@ def parse(lines: list[str]) -> Picture:
     return picture
 
 
-def render(picture: Picture, width: float, height: float) -> str:
-    """The picture as SVG text (text kept as text, deterministic ids)."""
+def render(picture: Picture, width: float) -> str:
+    """The picture as SVG text ``width`` inches wide, as high as its boxes need (text kept as text,
+    deterministic ids)."""
     import matplotlib
-
     from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
@@ -150,12 +159,11 @@ def render(picture: Picture, width: float, height: float) -> str:
     bottom = min(b.y - b.h / 2 for b in boxes) - 0.2
     top = max(b.y + b.h / 2 for b in boxes) + 0.2
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "daskjobs-docs", "font.size": 10}):
-        figure = Figure(figsize=(width, height))
+        figure = Figure(figsize=(width, width * (top - bottom) / (right - left)))
         FigureCanvasSVG(figure)
         axes = figure.add_axes((0, 0, 1, 1))
         axes.set_xlim(left, right)
         axes.set_ylim(bottom, top)
-        axes.set_aspect("equal", adjustable="datalim")
         axes.axis("off")
         patches = {}
         for box in boxes:
@@ -198,35 +206,37 @@ def render(picture: Picture, width: float, height: float) -> str:
             )
             axes.add_patch(patch)
             if arrow.label:
-                mx, my = (a.x + b.x) / 2, (a.y + b.y) / 2
+                # beside the arrow's middle, on its left (above a rightward arrow, right of a downward one)
                 dx, dy = b.x - a.x, b.y - a.y
-                mx, my = mx - arrow.bend * dy / 2, my + arrow.bend * dx / 2
+                length = max((dx * dx + dy * dy) ** 0.5, 1e-9)
+                mx = (a.x + b.x) / 2 - arrow.bend * dy / 2 - dy / length * 0.08
+                my = (a.y + b.y) / 2 + arrow.bend * dx / 2 + dx / length * 0.08
+                horizontal = abs(dx) >= abs(dy)
                 axes.text(
                     mx,
                     my,
                     arrow.label,
-                    ha="center",
-                    va="center",
+                    ha="center" if horizontal else ("left" if dy < 0 else "right"),
+                    va="bottom" if horizontal and dx > 0 else ("top" if horizontal else "center"),
                     fontsize=8.5,
                     color="#2d3748",
-                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.9},
+                    linespacing=1.2,
                 )
         out = io.StringIO()
         figure.savefig(out, format="svg", metadata={"Date": None, "Creator": None})
     return out.getvalue()
 
 
-class diagram(nodes.General, nodes.Element):  # noqa: N801  (docutils names nodes in lower case)
+class diagram(nodes.General, nodes.Element):
     """A rendered diagram: ``svg`` (text), ``alt``, ``caption``."""
 
 
 class DiagramDirective(SphinxDirective):
     has_content = True
-    option_spec = {  # noqa: RUF012
+    option_spec = {
         "alt": directives.unchanged_required,
         "caption": directives.unchanged,
-        "width": directives.positive_int,
-        "height": directives.positive_int,
+        "width": directives.unchanged,
     }
 
     def run(self) -> list[nodes.Node]:
@@ -234,8 +244,9 @@ class DiagramDirective(SphinxDirective):
             raise self.error("a diagram needs an :alt: text (what it shows, in words)")
         try:
             picture = parse(list(self.content))
-            svg = render(picture, self.options.get("width", 9), self.options.get("height", 3))
-        except DiagramError as exc:
+            width = float(self.options.get("width", 9))
+            svg = render(picture, width)
+        except (DiagramError, ValueError) as exc:
             raise self.error(f"diagram: {exc}") from None
         node = diagram()
         node["svg"] = svg
