@@ -8,6 +8,7 @@
   Python block is what that block prints. A block that must not run (it needs a cluster address,
   S3 credentials, a batch system, or names defined elsewhere) is written as a
   ```` ```{code-block} python ```` directive instead: it renders the same and is skipped.
+* The docstring examples of every object the API reference documents run and print what they show.
 * The reference: every public name (``daskjobs.__all__``, ``daskjobs.errors.__all__``) and every
   ``daskjobs`` sub-command and option appears in the built HTML.
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import subprocess
@@ -108,6 +110,33 @@ def test_python_examples_run_and_print_what_the_page_says(page, tmp_path):
         timeout=220,
     )
     assert result.returncode == 0, result.stderr
+
+
+def documented_objects() -> dict[str, object]:
+    """The objects the API reference documents, by their documented name."""
+    from daskjobs import checkpoint
+
+    objects = {f"daskjobs.{n}": getattr(dj, n) for n in dj.__all__ if n not in ("__version__", "errors")}
+    objects.update({f"daskjobs.errors.{n}": getattr(daskjobs.errors, n) for n in daskjobs.errors.__all__})
+    for name in ("CheckpointInfo", "CheckpointView", "NodeCheckpoint", "MetadataHandler", "CommitRecordHandler"):
+        objects[f"daskjobs.checkpoint.{name}"] = getattr(checkpoint, name)
+    return objects
+
+
+@pytest.mark.parametrize("name", sorted(documented_objects()))
+def test_docstring_examples_of_the_api_reference_run(name, tmp_path, monkeypatch):
+    """The ``Examples`` of every documented object (and its methods) give the output they show, run
+    with their module's names in scope, as ``python -m doctest`` would."""
+    import doctest
+
+    monkeypatch.chdir(tmp_path)
+    obj = documented_objects()[name]
+    module = sys.modules[obj.__module__]
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    report = io.StringIO()
+    for test in doctest.DocTestFinder().find(obj, name, globs=dict(vars(module))):
+        runner.run(test, out=report.write)
+    assert runner.failures == 0, report.getvalue()
 
 
 @pytest.fixture(scope="session")

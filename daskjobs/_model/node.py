@@ -70,6 +70,8 @@ class Node(Managed):
     'local'
     >>> dj.Node("ps") == dj.Node("ps", GPU=1) == "ps"
     True
+    >>> dj.Node("ps", GPU=1)
+    Node('ps', GPU=1)
     """
 
     _managed_default = True
