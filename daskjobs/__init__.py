@@ -1,7 +1,5 @@
 """daskjobs: epoch-checkpointed jobs on Dask, with Zarr checkpoints that resume exactly."""
 
-import importlib
-
 from . import errors
 from ._model.group import TaskGroup
 from ._model.job import Job, epoch_limiter
@@ -39,13 +37,17 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (``__all__``) and the module's dunder attributes: no helper imports, no
+    private modules, no subpackages loaded on first use."""
+    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
 
 
 __all__ = [

@@ -101,7 +101,7 @@ class Workspace(MutableMapping[str, Value]):
     normalises once, so what a step reads back is what a restore from a checkpoint gives;
     anything else raises :class:`~daskjobs.errors.BlobTypeError` naming the blob.
     Arrays are stored as given (not copied); JSON values are stored as a normalised copy.
-    Concurrent tasks of one node share the workspace: hold :attr:`lock` around
+    Concurrent tasks of one node share the workspace: hold ``ws.lock`` around
     read-modify-write of shared blobs.
 
     Attributes

@@ -205,21 +205,53 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="train the bundled parameter-server demo, checkpointing every epoch",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Train the bundled demo: parameter-server logistic regression. A 'ps' node holds the model; "
+            "each 'trainer_<i>' node reads its own data shard (an ArrayReader, shuffled every pass, a few "
+            "minibatches per epoch through ReaderWithLimit and pipe) and sends its model to the ps, which "
+            "averages them. The job stops once the training loss reaches its target, when the data runs out, "
+            "or after --max-epochs. Every epoch is committed under --checkpoint-dir: run the command again "
+            "and it resumes where it was, without re-reading a batch."
+        ),
+        epilog="examples: daskjobs demo; daskjobs demo --local --fresh; daskjobs demo --scheduler tcp://127.0.0.1:8786",
     )
     parser.add_argument(
         "--checkpoint-dir",
         default="daskjobs-demo-checkpoints",
-        help="checkpoint prefix (path or fsspec URL); re-running resumes from it",
+        metavar="PREFIX",
+        help="checkpoint prefix (path or fsspec URL); re-running resumes from it (default: %(default)s)",
     )
-    parser.add_argument("--scheduler", help="run on this existing Dask scheduler instead of an embedded cluster")
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run on this existing Dask scheduler (its workers serve the nodes) instead of an embedded cluster",
+    )
     parser.add_argument("--local", action="store_true", help="run in-process (LocalSession) instead of a cluster")
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint directory first")
-    parser.add_argument("--trainers", type=int, default=DemoConfig.trainers)
-    parser.add_argument("--samples", type=int, default=DemoConfig.samples, help="samples per trainer")
-    parser.add_argument("--max-epochs", type=int, default=DemoConfig.max_epochs)
-    parser.add_argument("--keep-last", type=int, default=3, help="committed epochs to keep")
+    parser.add_argument(
+        "--trainers",
+        type=int,
+        default=DemoConfig.trainers,
+        metavar="N",
+        help="trainer nodes, each with its own data shard (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=DemoConfig.samples,
+        metavar="N",
+        help="samples per trainer (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-epochs",
+        type=int,
+        default=DemoConfig.max_epochs,
+        metavar="N",
+        help="stop after epoch N at the latest (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-last", type=int, default=3, metavar="N", help="committed epochs to keep (default: %(default)s)"
+    )
     parser.set_defaults(handler=run_demo)
 
 

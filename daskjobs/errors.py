@@ -119,14 +119,14 @@ class OutputNotReadyError(DaskJobsError, RuntimeError):
 
 
 class SessionClosedError(DaskJobsError, RuntimeError):
-    """A session was used after :meth:`~daskjobs.LocalSession.close`; open a new one."""
+    """A session was used after :meth:`~daskjobs.Session.close`; open a new one."""
 
 
 class TaskFailedError(DaskJobsError, RuntimeError):
     """User code in a task raised.
 
     The message names job, group, node, task and epoch; ``__cause__`` is the user's exception
-    and :attr:`remote_traceback` holds its traceback as text (also after crossing processes).
+    and ``remote_traceback`` holds its traceback as text (also after crossing processes).
     """
 
     def __init__(
@@ -204,7 +204,7 @@ class TaskTypeError(TaskFailedError, TypeError):
 
 
 class _NodesError(DaskJobsError, RuntimeError):
-    """An error about particular nodes: :attr:`nodes` names them (also after pickling)."""
+    """An error about particular nodes: ``nodes`` names them (also after pickling)."""
 
     def __init__(self, message: str = "", nodes: Sequence[str] = ()) -> None:
         super().__init__(message, list(nodes))
@@ -219,14 +219,14 @@ class NodePlacementError(_NodesError):
     """A node has no worker that provides its resource, or more than one.
 
     Start one worker per node (``daskjobs worker SCHEDULER --node NAME``) or use
-    :func:`daskjobs.node_cluster`. :attr:`nodes` lists the nodes that cannot be placed.
+    :func:`daskjobs.node_cluster`. ``nodes`` lists the nodes that cannot be placed.
     """
 
 
 class NodeLostError(_NodesError):
     """A node's worker died or restarted and its workspace could not be restored.
 
-    :attr:`nodes` lists the nodes whose workspaces are gone. :attr:`departure` says why the
+    ``nodes`` lists the nodes whose workspaces are gone. ``departure`` says why the
     worker left when it left on purpose — retired (``client.retire_workers``), its ``--lifetime``
     ran out, or it was sent SIGTERM (a preemption or spot notice): a planned departure, which a
     :class:`~daskjobs.JobRunner` with a checkpoint manager recovers from without counting it
@@ -261,7 +261,7 @@ class SchedulerAddressError(DaskJobsError, ValueError):
 class JobInterruptedError(DaskJobsError, RuntimeError):
     """A run was stopped gracefully by SIGTERM after committing its current epoch.
 
-    :attr:`epoch` is the last committed epoch (``None`` if nothing was committed).
+    ``epoch`` is the last committed epoch (``None`` if nothing was committed).
     """
 
     def __init__(self, message: str = "", epoch: int | None = None) -> None:

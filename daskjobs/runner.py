@@ -49,7 +49,7 @@ class JobRunner:
     max_epochs
         Stop after this absolute epoch number even if no stop condition is true.
     max_failures
-        How many node losses to recover from (waiting up to :data:`RECOVERY_WAIT` seconds for
+        How many node losses to recover from (waiting up to 60 seconds for
         every node to have a worker again, then restoring all nodes from the last epoch this run
         committed, or running init again if none) before giving up with
         :class:`~daskjobs.errors.NodeLostError`. Losses in every phase count: init, saves,
@@ -531,7 +531,7 @@ class JobRunner:
         return manager
 
     def history_frame(self) -> Any:
-        """:attr:`history` as a pandas DataFrame, one row per epoch.
+        """``history`` as a pandas DataFrame, one row per epoch.
 
         Columns: ``epoch``, ``seconds``, ``checkpoint_seconds``, ``bytes_written``, ``bytes_reused``,
         ``recoveries``, then ``stop:<name>`` per stop condition and one column per logged metric.

@@ -376,3 +376,37 @@ def test_list_line_shows_metrics_and_stop_values_of_a_record():
     )
     del record["metrics"]
     assert summary(record)["metrics"] == {}
+
+
+def subcommand_parsers(parser=None, path=()):
+    """``(command path, parser)`` of the ``daskjobs`` parser and of every sub-command, depth first."""
+    import argparse
+
+    from daskjobs.cli import build_parser
+
+    parser = parser or build_parser()
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from subcommand_parsers(sub, (*path, name))
+
+
+@pytest.mark.parametrize(
+    ("path", "parser"),
+    list(subcommand_parsers()),
+    ids=[" ".join(path) or "daskjobs" for path, _ in subcommand_parsers()],
+)
+def test_every_option_and_command_has_a_help_text(path, parser):
+    """`daskjobs ... --help` explains every argument (the demo's included) and every command has a
+    description, without reStructuredText markup leaking into the terminal."""
+    import argparse
+
+    unexplained = [
+        action.option_strings or action.dest
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()
+    ]
+    assert unexplained == []
+    assert (parser.description or "").strip()
+    assert "``" not in parser.format_help()

@@ -53,6 +53,16 @@ def test_all_is_sorted_and_complete():
     assert missing == []
 
 
+@pytest.mark.parametrize("first", ["", "dj.DaskSession; dj.open_checkpoint; dj.ArrayReader; dj.JobRunner"])
+def test_dir_shows_the_public_names_only(first):
+    """dir(daskjobs) lists __all__ and dunders: no helper import (importlib), no private module, no
+    subpackage loaded on first use; in a fresh interpreter, before and after the lazy names load."""
+    code = f"import daskjobs as dj\n{first}\nprint(' '.join(n for n in dir(dj) if not n.startswith('__')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == sorted(set(dj.__all__) - {"__version__"})
+    assert "__version__" in dir(dj)
+
+
 def test_all_holds_the_core_api():
     """dj.__all__ holds the model, session and runner names of the spec."""
     core = {

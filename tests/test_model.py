@@ -188,7 +188,7 @@ def test_node_identity_is_its_name():
     assert str(node) == "trainer_1"
     assert node.name == "trainer_1"
     assert node.kwargs() == {"GPU": 2}
-    assert repr(node) == "Node(name=trainer_1, kwargs={'GPU': 2})"
+    assert repr(node) == "Node('trainer_1', GPU=2)"
     assert str(dj.Node()) == "local"
 
 

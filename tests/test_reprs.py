@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import daskjobs as dj
 
@@ -93,3 +94,20 @@ def test_checkpoint_view_repr_names_json_blobs(tmp_path):
     assert "<td>config</td><td>JSON</td><td></td><td>9</td>" in shown
     assert "<td>labels</td><td>&lt;U3</td><td>(2,)</td><td>24</td>" in shown
     assert "loss=0.5" in shown
+
+
+@pytest.mark.parametrize(
+    ("node", "shown"),
+    [
+        (dj.Node("ps"), "Node('ps')"),
+        (dj.Node("trainer_1", GPU=2), "Node('trainer_1', GPU=2)"),
+        (dj.Node("a.b:c", **{"GPU": 1, "my-disk": 0.5}), "Node('a.b:c', GPU=1, **{'my-disk': 0.5})"),
+    ],
+    ids=["name", "resources", "resource-not-an-identifier"],
+)
+def test_node_repr_is_the_expression_that_makes_it(node, shown):
+    """A Node's repr quotes its name like a str and evaluates to an equal node with the same resources."""
+    assert repr(node) == shown
+    again = eval(shown, {"Node": dj.Node})
+    assert again == node
+    assert again.kwargs() == node.kwargs()

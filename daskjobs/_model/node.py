@@ -70,6 +70,8 @@ class Node(Managed):
     'local'
     >>> dj.Node("ps") == dj.Node("ps", GPU=1) == "ps"
     True
+    >>> dj.Node("ps", GPU=1)
+    Node('ps', GPU=1)
     """
 
     _managed_default = True
@@ -107,7 +109,10 @@ class Node(Managed):
         return hash(self._name)
 
     def __repr__(self) -> str:
-        return f"Node(name={self._name}, kwargs={self._kwargs})"
+        named = {k: v for k, v in self._kwargs.items() if k.isidentifier()}
+        other = {k: v for k, v in self._kwargs.items() if not k.isidentifier()}
+        resources = "".join(f", {key}={value!r}" for key, value in named.items())
+        return f"Node({self._name!r}{resources}{f', **{other!r}' if other else ''})"
 
 
 def node_name(node: Node | str | None) -> str:

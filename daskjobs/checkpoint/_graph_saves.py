@@ -48,7 +48,7 @@ class GraphSaves:
         With ``async_save`` each hook first waits, on its node, for the save in flight.
         ``flush_later`` (while :attr:`may_defer_commit`, on a local disk): the nodes fsync their
         groups in the background (and write them there, for a small workspace, see
-        :class:`SaveFinish`); the epoch is ready for its commit once :meth:`flushed` says so.
+        ``SaveFinish``); the epoch is ready for its commit once :meth:`flushed` says so.
         They also delete their groups of the epochs retention un-committed, in the background.
         """
         pending = self._saves.pending_epoch()
@@ -129,7 +129,7 @@ class GraphSaves:
 
     def flush_here(self, epoch: int) -> bool:
         """Make ``epoch``'s groups whose flush no node reported durable from this process (their
-        worker died, see :meth:`CheckpointStore.make_durable`); ``True`` if ``epoch`` is then
+        worker died, see ``CheckpointStore.make_durable``); ``True`` if ``epoch`` is then
         ready for its commit. Failures are logged."""
         entries = self._saves.entries.get(epoch, {})
         for node in sorted(self._saves.unflushed.get(epoch, ())):

@@ -20,7 +20,7 @@ logger = logging.getLogger("daskjobs")
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """One committed epoch: what :func:`list_checkpoints` returns."""
+    """One committed epoch: what :func:`~daskjobs.list_checkpoints` returns."""
 
     epoch: int
     job: str

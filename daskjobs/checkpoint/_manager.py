@@ -145,7 +145,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._blob_names: dict[str, list[str]] = {}
         self._staging = Staging()
         self._nodes_delete = False
-        """Whether the last hooks handed retired groups to the nodes (see :meth:`finish_hooks`)."""
+        """Whether the last hooks handed retired groups to the nodes (see ``finish_hooks``)."""
         self.holds_lock = False
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
 
@@ -315,7 +315,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
 
         The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran (with
-        ``async_save``, by the :meth:`flush` after the background writes finished).
+        ``async_save``, by the ``flush`` after the background writes finished).
         """
         if self._saves.pending is not None:
             raise CheckpointError(
@@ -385,7 +385,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
 
         ``metrics`` (the epoch's metric means) go into the commit record. With ``async_save``
-        the commit waits for :meth:`flush` (or the next epoch's save hooks).
+        the commit waits for ``flush`` (or the next epoch's save hooks).
         """
         if self.async_save:
             if epoch not in self._saves.ids:
@@ -436,7 +436,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`) in a
         background thread; ``final``: here, after that thread (the run ends, the lock is about to
         be released). Failures are logged warnings, never raised. While the nodes delete them
-        (see :meth:`finish_hooks`), only ``final`` deletes what they were not handed."""
+        (see ``finish_hooks``), only ``final`` deletes what they were not handed."""
         self.retention.tidy(self.store, final=final, by_nodes=self._nodes_delete)
 
     # -- resuming from an older epoch ------------------------------------------------------

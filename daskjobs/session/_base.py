@@ -72,8 +72,8 @@ class Session(abc.ABC):
     """Runs TaskGroups on nodes and gives access to node workspaces.
 
     Subclasses differ only in where node workspaces live and how lowered graphs run: they
-    implement :meth:`_provider`, :meth:`_execute`, :meth:`_call_on_node`, :meth:`_known_nodes`
-    and :meth:`_shutdown`, and may override :meth:`_has_workspace`.
+    implement ``_provider``, ``_execute``, ``_call_on_node``, ``_known_nodes`` and ``_shutdown``,
+    and may override ``_has_workspace``.
     """
 
     background_flushes: ClassVar[bool] = False
@@ -335,7 +335,7 @@ class Session(abc.ABC):
         return self._open
 
     def close(self) -> None:
-        """Release the session; using it afterwards raises :class:`SessionClosedError`."""
+        """Release the session; using it afterwards raises :class:`~daskjobs.errors.SessionClosedError`."""
         if self._open:
             self._open = False
             self._shutdown()

@@ -114,7 +114,7 @@ class DaskSession(Session):
     Parameters
     ----------
     target : distributed.Client, cluster or str
-        A synchronous client (left open by :meth:`close`), a cluster object such as the result
+        A synchronous client (left open by :meth:`~daskjobs.Session.close`), a cluster object such as the result
         of :func:`~daskjobs.node_cluster`, or a scheduler address such as ``"tcp://127.0.0.1:8786"``
         or ``"tls://10.0.0.5:8786"``. For the last two the session makes its own client and
         closes it with the session. An address that does not parse raises
@@ -129,7 +129,7 @@ class DaskSession(Session):
     Notes
     -----
     Workspaces are private to the session: two sessions on one cluster never see each other's
-    blobs, and :meth:`close` frees the session's workspaces on the workers.
+    blobs, and :meth:`~daskjobs.Session.close` frees the session's workspaces on the workers.
 
     The scheduler and the workers unpickle the tasks, so ``daskjobs`` (and the modules that
     define your steps, unless they are defined in ``__main__``) must be importable there.
