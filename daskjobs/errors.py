@@ -297,13 +297,13 @@ class CheckpointLockedError(CheckpointError):
 
 
 class CheckpointStorageError(CheckpointError):
-    """A node's worker does not see the checkpoint prefix the driver sees (SPEC §3 "Shared storage").
+    """A node's worker does not see the checkpoint prefix the driver sees.
 
     On a cluster of several machines a local path is a different directory on every machine
     unless a shared filesystem is mounted there (and ``memory://`` is private to each process).
     Raised before anything is written or loaded; the message names each node, its worker and the
     path, and says what would work: a shared filesystem mounted at the same path on every
-    machine, or an object store prefix. :attr:`nodes` lists the nodes concerned (also after
+    machine, or an object store prefix. ``nodes`` lists the nodes concerned (also after
     pickling).
     """
 
