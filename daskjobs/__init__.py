@@ -35,7 +35,13 @@ _LAZY = {
 }
 
 
+_SUBMODULES = {"testing"}
+"""Public submodules loaded on first use: ``dj.testing``."""
+
+
 def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
@@ -45,7 +51,7 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
 
 
 __all__ = [
@@ -82,4 +88,5 @@ __all__ = [
     "node_resource",
     "open_checkpoint",
     "pipe",
+    "testing",
 ]

@@ -28,6 +28,8 @@ BUILTIN = {
     "NodeLostError": RuntimeError,
     "SessionLostError": ConnectionError,
     "JobInterruptedError": RuntimeError,
+    "ResumeCheckError": RuntimeError,
+    "ResumeDivergenceError": AssertionError,
     "CheckpointError": OSError,
     "CheckpointNotFoundError": FileNotFoundError,
     "CheckpointCorruptError": OSError,
