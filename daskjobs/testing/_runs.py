@@ -32,7 +32,7 @@ ActionKind = Literal["run", "stop", "kill", "lose-node"]
 
 _NOTED = {
     "daskjobs": ("interrupted by SIGTERM: stopped after the running epoch", "node lost; restoring all nodes from"),
-    "distributed.scheduler": ("marked as failed because", "Couldn't gather keys"),
+    "distributed.scheduler": ("marked as failed because", "Couldn't gather keys", "Closed comm <BatchedSend"),
 }
 """By logger: the log lines of the interruptions a check makes on purpose (left out while it runs)."""
 _KILL_WAIT = 60.0
