@@ -187,9 +187,12 @@ class _Check:
                 run.seconds += self.executor.run(run.name, run.prefix, Action()).seconds
         found: list[Divergence] = []
         runs = []
+        unreproducible: set[tuple[int, str | None, str | None]] = set()
         for run in [a, b, *interrupted]:
             store = CheckpointStore(run.prefix)
-            own = [] if run is a else compare_runs(reference, store, run.name)
+            own = [] if run is a else compare_runs(reference, store, run.name, unreproducible)
+            if run is b:
+                unreproducible = {(d.epoch, d.node, d.blob) for d in own}
             found += own
             runs.append(
                 CheckedRun(

@@ -3,7 +3,7 @@ they differ, then the stop values and metrics of the commit records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,12 +17,18 @@ _SHOWN = 60
 """Characters of a JSON value a divergence's detail shows."""
 
 
-def compare_runs(reference: CheckpointStore, run: CheckpointStore, name: str) -> list[Divergence]:
+def compare_runs(
+    reference: CheckpointStore,
+    run: CheckpointStore,
+    name: str,
+    unreproducible: Collection[tuple[int, str | None, str | None]] = (),
+) -> list[Divergence]:
     """Every difference of run ``name`` (its checkpoints in ``run``) from ``reference``, in every
-    committed epoch of either; divergences of the second reference ``"B"`` are all
-    ``"nondeterministic"``."""
+    committed epoch of either. The divergences of the second reference ``"B"`` are all
+    ``"nondeterministic"``, and so is a divergence of another run at an ``(epoch, node, blob)``
+    in ``unreproducible`` (where B differs too: a resume does not explain it)."""
     ours, theirs = reference.committed_epochs(), run.committed_epochs()
-    found = _Found(name)
+    found = _Found(name, unreproducible)
     for epoch in sorted(set(ours) | set(theirs)):
         if epoch not in theirs:
             found.add(epoch, None, None, "missing", f"epoch {epoch} is committed in reference A, not in run {name}")
@@ -59,14 +65,14 @@ def ordering(runs: list[str]) -> Callable[[Divergence], tuple[Any, ...]]:
 
 
 class _Found:
-    """The divergences of one run, with the kind each gets (all nondeterministic for ``"B"``)."""
+    """The divergences of one run, with the kind each gets (see :func:`compare_runs`)."""
 
-    def __init__(self, run: str) -> None:
-        self.run = run
+    def __init__(self, run: str, unreproducible: Collection[tuple[int, str | None, str | None]]) -> None:
+        self.run, self.unreproducible = run, unreproducible
         self.divergences: list[Divergence] = []
 
     def add(self, epoch: int, node: str | None, blob: str | None, kind: Kind, detail: str) -> None:
-        if self.run == "B":
+        if self.run == "B" or (epoch, node, blob) in self.unreproducible:
             kind = "nondeterministic"
         self.divergences.append(Divergence(epoch, node, blob, self.run, kind, detail))
 

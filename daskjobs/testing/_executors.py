@@ -28,6 +28,8 @@ from ._runs import Action, Outcome, perform
 
 _GRACE = 10.0
 """Seconds a run in this process gets, after its deadline asked it to stop, before it is abandoned."""
+_READY = 120.0
+"""Seconds the zygote may take to import daskjobs (on a loaded machine) before it is given up."""
 _LOG_LINES = 15
 """Lines of a failed child's output its error shows."""
 
@@ -199,6 +201,11 @@ class Children:
                     bufsize=0,
                 )
             self._pending = b""
+            line = self._line(self._zygote, time.monotonic() + _READY)
+            if not line or "ready" not in json.loads(line):
+                log = (self.folder / "zygote.log").read_text(errors="replace")[-2000:]
+                self._abandon_zygote()
+                raise ResumeCheckError(f"the process that starts the runs of {self.target} did not start:\n{log}")
         return self._zygote
 
     def _answer(self, zygote: subprocess.Popen, key: str, deadline: float, name: str) -> int:

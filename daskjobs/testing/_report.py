@@ -24,10 +24,11 @@ LIKELY_CAUSES: dict[str, tuple[str, ...]] = {
         "np.random.default_rng(seed) whose bit_generator.state is kept in the workspace",
         "the wall clock (time.time(), datetime.now(), perf_counter) feeding a value",
         "unordered float reductions across concurrent tasks: instances (num_instances > 1) or pipe threads "
-        "(num_threads > 1) adding into one blob in whatever order they finish; give each its own blob and "
-        "sum them in a fixed order in a later task",
-        "module state (a counter, a cache) that an earlier run in the same process or worker left behind "
-        "and that the init group does not reset",
+        "(num_threads > 1) adding or averaging into one blob in whatever order they finish; give each its own "
+        "blob and combine them in a fixed order in a later task",
+        "module state (a counter, a cache) that an earlier run in the same process or worker left behind and "
+        "that the init group does not reset (on a cluster each task of a job file has its own copy of the "
+        "file's globals, which lives on in its worker from run to run: an init task cannot reset it)",
     ),
     "resume": (
         "the global random generator seeded once in init (np.random.seed, random.seed): a resumed run skips "

@@ -2,8 +2,8 @@
 
 Starting Python and importing numpy, Dask, Zarr and daskjobs takes about a second; a check with
 a string target makes a dozen driver processes. ``python -m daskjobs.testing._zygote`` imports
-them once (and nothing of the job: no user module, no thread, no session), then reads one request
-per line on stdin, ``{"spec": ..., "log": ...}``, forks, and answers on stdout with two lines:
+them once (and nothing of the job: no user module, no thread, no session), then says ``{"ready": true}`` on
+stdout, reads one request per line on stdin, ``{"spec": ..., "log": ...}``, forks, and answers on stdout with two lines:
 ``{"pid": N}`` once the child runs and ``{"exit": CODE}`` when it ended (``-9``: killed by
 SIGKILL). The child is what ``python -m daskjobs.testing._child SPEC`` would be: a new process,
 the leader of its own process group, its output in the log file, the job's module imported
@@ -50,7 +50,8 @@ def _answer(**message: object) -> None:
 
 
 def main() -> int:
-    """Serve fork requests until stdin closes."""
+    """Say ``{"ready": true}``, then serve fork requests until stdin closes."""
+    _answer(ready=True)
     while line := sys.stdin.readline():
         request = json.loads(line)
         if threading.active_count() != 1:  # a fork must not copy a half-held lock of another thread
