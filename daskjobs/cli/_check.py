@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from .._model.job import Job
 from ..errors import JobDefinitionError
 from ._common import FAILED, OK, CommandFailed, Subparsers, UsageError, add_verbose, positive_int
 from ._run import load_job
@@ -76,7 +77,13 @@ def check_job(args: argparse.Namespace) -> int:
         raise UsageError("--mode lose-node kills a node's worker: it needs a cluster, not --local")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    with _session(args) as session:
+    job = load_job(args.target)  # a TARGET that is no job is a usage error, before any run starts
+    if not job.stop_conditions and args.max_epochs is None:
+        raise CommandFailed(
+            f"job {job.name!r} ({args.target}) has no stop condition, so it would never stop: "
+            "pass --max-epochs N (or give the job a stop condition)"
+        )
+    with _session(args, job) as session:
         try:
             report = check_resume(
                 args.target,
@@ -93,7 +100,7 @@ def check_job(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _session(args: argparse.Namespace) -> Iterator[Any]:
+def _session(args: argparse.Namespace, job: Job) -> Iterator[Any]:
     """What the runs run on: LocalSessions, a scheduler's address, or a new ``node_cluster`` of the job's nodes."""
     from ..session import DaskSession, node_cluster
 
@@ -110,7 +117,6 @@ def _session(args: argparse.Namespace) -> Iterator[Any]:
         with connected as session:
             yield session
     else:
-        job = load_job(args.target)
         if not args.json:
             print(f"starting a local Dask cluster with one worker per node: {', '.join(job.nodes())}", flush=True)
         with node_cluster(job, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:

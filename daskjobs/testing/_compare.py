@@ -137,7 +137,7 @@ def _compare_node(
 def _kind(meta: Mapping[str, Any]) -> str:
     if meta.get("kind") == "json":
         return "a JSON value"
-    return f"{np.dtype(meta['dtype']).name} {tuple(meta['shape'])}"
+    return f"{np.dtype(meta['dtype']).newbyteorder('=')} {tuple(meta['shape'])}"
 
 
 def difference(a: Any, b: Any) -> str | None:
@@ -162,7 +162,7 @@ def difference(a: Any, b: Any) -> str | None:
         return f"A holds {_what(a)}, the run {_what(b)}"
     if a.tobytes() == b.tobytes():
         return None
-    head = f"{a.dtype.name} {a.shape}"
+    head = f"{a.dtype} {a.shape}"
     if a.dtype.kind in "US":
         unequal = a != b
         return f"{head}: {int(np.count_nonzero(unequal))} of {a.size} elements differ"
@@ -191,7 +191,7 @@ def _item(array: np.ndarray, index: tuple[Any, ...]) -> str:
 
 def _what(value: Any) -> str:
     if isinstance(value, np.ndarray):
-        return f"an array of {value.dtype.name} {value.shape}"
+        return f"an array of {value.dtype} {value.shape}"
     return f"the JSON value {_short(value)}"
 
 

@@ -245,11 +245,11 @@ class ResumeReport:
         said = max(map(len, described)) if described else 0
         lines = []
         for run, text in zip(self.runs, described, strict=True):
+            mine = [d for d in self.divergences if d.run == run.name]
             if run.name == "A":
                 result = ""
-            elif run.divergences:
-                first = next(d for d in self.divergences if d.run == run.name)
-                result = f"  {run.divergences} divergence(s), first in epoch {first.epoch}"
+            elif mine:
+                result = f"  {len(mine)} divergence(s), first in epoch {mine[0].epoch}"
             else:
                 result = "  equal to A"
             lines.append(
