@@ -8,6 +8,7 @@ Every job runs for ``EPOCHS`` epochs, its epoch group GLOBAL.
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import numpy as np
@@ -160,6 +161,14 @@ def _average(ws):
             ws["avg"] = 0.99 * ws["avg"] + 0.01 * (ws.instance_id + 1) * (i + 1)
 
 
+def _no_draw(ws):
+    ws["r"] = np.float64(0.0)
+
+
+def _draw_unseeded(ws):
+    ws["r"] = np.float64(random.random())  # Python's generator, seeded by the process
+
+
 DEFECTS = {
     # node: (what it does wrong, init, step, instances)
     "a": ("seeds the global random generator in init and draws from it every epoch", _seed, _draw, None),
@@ -168,6 +177,7 @@ DEFECTS = {
     "ps": ("creates a blob when its module state disagrees with the workspace", _reset_progress, _resync, None),
     "trainer_0": ("4 instances update one running average in lock order", _zero_average, _average, 4),
     "trainer_1": ("logs a learning rate from a module-global schedule", _reset_schedule, _decay, None),
+    "local": ("draws from Python's global random generator, never seeded", _no_draw, _draw_unseeded, None),
 }
 
 
@@ -188,6 +198,33 @@ def defects(*nodes: str) -> dj.Job:
 def global_rng():
     """Only the global random generator defect (node a)."""
     return defects("a")
+
+
+def _nothing(ws):
+    ws["u"] = np.zeros(2)
+    ws["names"] = np.array([""])
+
+
+def _unseeded_numpy(ws):
+    ws["u"] = np.random.random(2)  # NumPy's global generator, seeded by the process
+
+
+def _set_order(ws):
+    ws["names"] = np.array(list({f"name-{i}" for i in range(12)}))  # the order of a set depends on the hash seed
+
+
+def unreproducible():
+    """Differs from run to run in new processes only: an unseeded NumPy draw (node a), the iteration
+    order of a set of strings (node b)."""
+    with dj.Cluster(), dj.Job(name="unreproducible") as job:
+        for node, step in (("a", _unseeded_numpy), ("b", _set_order)):
+            with dj.Node(node):
+                with job.init_group:
+                    dj.Task(_nothing, name="init")
+                dj.Task(step, name="step", workspace_type=dj.WorkspaceType.GLOBAL)
+        with dj.Node("a"):
+            dj.epoch_limiter(job, EPOCHS)
+    return job
 
 
 # -- runs that fail --------------------------------------------------------------------------------

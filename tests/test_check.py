@@ -47,6 +47,10 @@ DEFECTS = {
         {"local": ("nondeterministic", 1, "trainer_0", "avg"), "dask": ("nondeterministic", 1, "trainer_0", "avg")},
     ),
     "metric": ("lr", {"local": ("metric", 3, None, "lr"), "dask": ("nondeterministic", 1, None, "lr")}),
+    "unseeded_rng": (
+        "r",
+        {"local": ("nondeterministic", 1, "local", "r"), "dask": ("nondeterministic", 1, "local", "r")},
+    ),
 }
 
 
@@ -91,9 +95,12 @@ def string_report(jobs_dir: Path, request: pytest.FixtureRequest, monkeypatch: p
         if (job, kind) not in _reports:
             monkeypatch.chdir(jobs_dir)
             session = session_of(kind, request)
+            scratch = Path(tempfile.mkdtemp(dir=jobs_dir))
+            monkeypatch.setattr(tempfile, "tempdir", str(scratch))
             _reports[job, kind] = dj.testing.check_resume(
                 f"check_jobs.py:{job}", interrupt_at=2, modes=MODES[kind], session=session, timeout=120
             )
+            assert list(scratch.iterdir()) == []  # every temporary prefix and process file is gone
         return _reports[job, kind]
 
     return report
@@ -135,6 +142,18 @@ def test_the_first_divergence_is_the_earliest(string_report, kind):
     assert (alone.deterministic, first_of(alone, "B")) == (True, None)
     assert alone.first == next(d for d in alone.divergences if d.run == "stop@2")
     assert (alone.first.kind, alone.first.epoch, alone.first.node, alone.first.blob) == ("resume", 3, "a", "x")
+
+
+def test_each_run_of_a_string_target_is_a_new_process(jobs_dir, monkeypatch):
+    """Every run's process seeds its global random generators afresh, and reference B runs with a
+    hash seed of its own: an unseeded NumPy draw differs in every run, the order of a set of strings
+    between A and B (the interrupted runs share A's hash seed)."""
+    monkeypatch.chdir(jobs_dir)
+    report = dj.testing.check_resume("check_jobs.py:unreproducible", interrupt_at=2, modes="stop", timeout=60)
+    assert first_of(report, "B", "u") == ("nondeterministic", 1, "a", "u")
+    assert first_of(report, "B", "names") == ("nondeterministic", 1, "b", "names")
+    assert first_of(report, "stop@2", "u") == ("nondeterministic", 1, "a", "u")
+    assert first_of(report, "stop@2", "names") is None
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
@@ -194,26 +213,24 @@ def tree(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
-@pytest.mark.parametrize("job", ["global_rng", "fails_when_resumed"])
-def test_only_temporary_prefixes_are_written(jobs_dir, tmp_path, monkeypatch, job):
-    """A check (diverging, or failing in a resume) leaves the job's own checkpoints as they were and
-    removes every temporary prefix and process file it made; no process it started is left."""
+def test_only_temporary_prefixes_are_written(jobs_dir, tmp_path, monkeypatch):
+    """A check that fails (here in the resume of an interrupted run) leaves the job's own checkpoints
+    as they were, removes every temporary prefix and process file it made, leaves no process behind
+    and names the run that failed. (Passing and diverging checks: see ``string_report``.)"""
     psutil = pytest.importorskip("psutil")
-    jobs = import_jobs(jobs_dir)
     users = tmp_path / "users-checkpoints"
-    dj.JobRunner(getattr(jobs, job)(), dj.MultiNodeCheckpointManager(str(users)), progress=False).train(None)
+    job = import_jobs(jobs_dir).fails_when_resumed()
+    dj.JobRunner(job, dj.MultiNodeCheckpointManager(str(users)), progress=False).train(None)
     before = tree(users)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.chdir(jobs_dir)
     children = {p.pid for p in psutil.Process().children(recursive=True)}
-    target = f"check_jobs.py:{job}"
-    if job == "global_rng":
-        assert not dj.testing.check_resume(target, interrupt_at=1, modes="kill", timeout=60).ok
-    else:
-        with pytest.raises(ResumeCheckError, match="run stop@2 "):
-            dj.testing.check_resume(target, interrupt_at=2, modes=("stop", "kill"), timeout=60)
+    with pytest.raises(ResumeCheckError, match=r"run stop@2 \(check_jobs.py:fails_when_resumed\) failed: ") as caught:
+        dj.testing.check_resume("check_jobs.py:fails_when_resumed", interrupt_at=2, modes=("stop", "kill"), timeout=60)
+    assert caught.value.run == "stop@2"
+    assert "RuntimeError: the init group did not run in this process" in str(caught.value)
     assert tree(users) == before
     assert len(before) > 10
     assert list(scratch.iterdir()) == []
@@ -224,7 +241,6 @@ def test_only_temporary_prefixes_are_written(jobs_dir, tmp_path, monkeypatch, jo
     ("job", "run", "message"),
     [
         ("failing", "A", "ZeroDivisionError: division by zero on purpose"),
-        ("fails_when_resumed", "stop@2", "RuntimeError: the init group did not run in this process"),
         ("not_a_job", "A", "is not a Job or a callable returning one"),
     ],
 )

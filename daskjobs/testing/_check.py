@@ -159,9 +159,9 @@ class _Check:
         self.executor, self.root, self.where = executor, root, where
         self.target = target if isinstance(target, str) else repr(target)
 
-    def _run(self, name: str, action: Action, folder: str) -> _Planned:
+    def _run(self, name: str, action: Action, folder: str, *, fresh: bool = False) -> _Planned:
         prefix = str(self.root / folder)
-        outcome = self.executor.run(name, prefix, action)
+        outcome = self.executor.run(name, prefix, action, fresh=fresh)
         return _Planned(name, action, prefix, outcome, seconds=outcome.seconds)
 
     def run(self, modes: tuple[str, ...], points: tuple[int, ...] | None) -> ResumeReport:
@@ -181,7 +181,7 @@ class _Check:
                 elif run.outcome.interrupted or run.outcome.last is None:
                     run.resumed_from = CheckpointStore(run.prefix).committed_epochs()[-1]
                 interrupted.append(run)
-        b = self._run("B", Action(), "B")
+        b = self._run("B", Action(), "B", fresh=True)
         for run in interrupted:
             if run.action.kind in ("stop", "kill") and run.resumed_from is not None:
                 run.seconds += self.executor.run(run.name, run.prefix, Action()).seconds
