@@ -3,6 +3,7 @@ text, HTML and JSON forms (pure: no runs, except the one-line ``assert_resumes_e
 
 from __future__ import annotations
 
+import html
 import json
 
 import numpy as np
@@ -115,7 +116,7 @@ FOUND = [
 @pytest.mark.parametrize(("found", "ok"), [(FOUND, False), ([], True)])
 def test_report_text(found, ok):
     """One line per run with what happened to it; the verdict; the first divergence with what differs
-    and the likely causes of its kind."""
+    and the likely causes of its kind, wrapped at 100 columns."""
     report = ResumeReport("train", "jobs.py:make", "LocalSession", RUNS, found)
     lines = str(report).splitlines()
     assert lines[0] == "daskjobs check of job 'train' (jobs.py:make) on LocalSession: 5 runs"
@@ -123,20 +124,34 @@ def test_report_text(found, ok):
     assert " ".join(lines[2].split()) == "B reference, run again epochs 0-3 1.0 s equal to A"
     assert " ".join(lines[4].split()) == "kill@2 driver killed in epoch 3, resumed from 2 epochs 0-3 2.0 s equal to A"
     assert " ".join(lines[5].split()).startswith("lose-node@2 node 'ps' lost in epoch 3, restored from 2")
+    assert max(map(len, lines[6:])) <= 100
     if ok:
         assert " ".join(lines[3].split()).endswith("equal to A")
-        assert lines[6].startswith("OK: job 'train' resumes exactly")
-        assert len(lines) == 7
+        assert " ".join(line.strip() for line in lines[6:]) == (
+            "OK: job 'train' resumes exactly: every run equals reference A in every committed epoch (every "
+            "blob of every node, the stop values and the metrics)"
+        )
         return
-    assert " ".join(lines[3].split()).endswith("2 divergence(s), first in epoch 2")
-    assert lines[6] == "DIVERGES: job 'train' does not resume exactly; 2 divergence(s) in run(s) stop@1 (2)"
-    assert lines[7] == (
-        "first divergence: epoch 2, node 'ps', blob 'w', run stop@1 (resume): "
-        "float64 (4,): largest absolute difference 0.5 at [1]"
+    assert " ".join(lines[3].split()).endswith("2 divergences, first in epoch 2")
+    assert lines[6] == "DIVERGES: job 'train' does not resume exactly; 2 divergences in stop@1 (2)"
+    assert lines[7] == "first divergence: epoch 2, node 'ps', blob 'w', run stop@1 (resume)"
+    assert lines[8] == "  float64 (4,): largest absolute difference 0.5 at [1]"
+    assert " ".join(line.strip() for line in lines[9:11]) == (
+        "likely causes (the uninterrupted runs agree, the interrupted run differs: state kept outside the workspaces):"
     )
-    assert lines[8].startswith("likely causes (the uninterrupted runs agree, the interrupted run differs")
-    assert lines[9:] == [f"  - {cause}" for cause in LIKELY_CAUSES["resume"]]
-    assert "global random generator" in lines[9]
+    assert lines[11].startswith("  - the global random generator seeded once in init")
+    assert unwrapped(lines[11:]) == [f"- {cause}" for cause in LIKELY_CAUSES["resume"]]
+
+
+def unwrapped(lines: list[str]) -> list[str]:
+    """The bullets of wrapped lines, each joined back into one line."""
+    bullets: list[str] = []
+    for line in lines:
+        if line.startswith("  - "):
+            bullets.append(line.strip())
+        else:
+            bullets[-1] += " " + line.strip()
+    return bullets
 
 
 @pytest.mark.parametrize("kind", ["nondeterministic", "resume", "missing", "extra", "metric"])
@@ -145,9 +160,11 @@ def test_every_kind_has_likely_causes_in_text_and_html(kind):
     without state, PRIVATE accumulators between them), in the text and the HTML."""
     run = "B" if kind == "nondeterministic" else "stop@1"
     report = ResumeReport("j", "t", "w", RUNS, [Divergence(1, "a", "x", run, kind, "x <differs> & more")])
-    text, page = str(report), report._repr_html_()
+    lines, page = str(report).splitlines(), report._repr_html_()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  - "))
+    assert unwrapped(lines[start:]) == [f"- {cause}" for cause in LIKELY_CAUSES[kind]]
     for cause in LIKELY_CAUSES[kind]:
-        assert f"  - {cause}" in text
+        assert html.escape(cause) in page
     assert "x &lt;differs&gt; &amp; more" in page
     assert "<table>" in page
     assert (report.ok, report.deterministic) == (False, kind != "nondeterministic")

@@ -163,6 +163,7 @@ class Children:
             zygote = self._zygote = self._new_zygote()
         else:
             zygote = self._zygote
+        zygote.wait_ready()
         started = time.perf_counter()
         try:
             code = zygote.run(Path(f"{stem}.json"), Path(f"{stem}.log"), self.timeout)

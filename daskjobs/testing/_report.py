@@ -7,6 +7,7 @@ Pure: no Dask, no I/O.
 from __future__ import annotations
 
 import html
+import textwrap
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -16,6 +17,9 @@ from ..errors import ResumeDivergenceError
 Kind = Literal["nondeterministic", "resume", "missing", "extra", "metric"]
 
 KINDS: tuple[Kind, ...] = ("nondeterministic", "resume", "missing", "extra", "metric")
+
+_WIDTH = 100
+"""Columns the summary's sentences are wrapped at."""
 """Every kind of divergence; within an epoch, divergences are listed in this order."""
 
 LIKELY_CAUSES: dict[str, tuple[str, ...]] = {
@@ -223,7 +227,7 @@ class ResumeReport:
             raise ResumeDivergenceError(str(self))
 
     def verdict(self) -> str:
-        """One line: whether the job resumes exactly."""
+        """Whether the job resumes exactly, in one sentence."""
         if self.ok:
             return (
                 f"OK: job {self.job!r} resumes exactly: every run equals reference A in every committed epoch "
@@ -236,7 +240,7 @@ class ResumeReport:
             if not self.deterministic
             else "does not resume exactly"
         )
-        return f"DIVERGES: job {self.job!r} {what}; {len(self.divergences)} divergence(s) in run(s) {runs}"
+        return f"DIVERGES: job {self.job!r} {what}; {_count(len(self.divergences), 'divergence')} in {runs}"
 
     def run_lines(self) -> list[str]:
         """One line per run: its name, what happened to it, its epochs, time and result."""
@@ -249,7 +253,7 @@ class ResumeReport:
             if run.name == "A":
                 result = ""
             elif mine:
-                result = f"  {len(mine)} divergence(s), first in epoch {mine[0].epoch}"
+                result = f"  {_count(len(mine), 'divergence')}, first in epoch {mine[0].epoch}"
             else:
                 result = "  equal to A"
             lines.append(
@@ -257,21 +261,25 @@ class ResumeReport:
             )
         return lines
 
-    def first_lines(self) -> list[str]:
-        """The first divergence and the likely causes of its kind (nothing when :attr:`ok`)."""
+    def first_lines(self, width: int = _WIDTH) -> list[str]:
+        """The first divergence, what differs, and the likely causes of its kind, wrapped at ``width``
+        (nothing when :attr:`ok`)."""
         first = self.first
         if first is None:
             return []
         lines = [
-            f"first divergence: {first.where()}, run {first.run} ({first.kind}): {first.detail}",
-            f"likely causes ({_kind_meaning(first.kind)}):",
+            f"first divergence: {first.where()}, run {first.run} ({first.kind})",
+            *textwrap.wrap(first.detail, width, initial_indent="  ", subsequent_indent="  "),
+            *textwrap.wrap(f"likely causes ({_kind_meaning(first.kind)}):", width, subsequent_indent="  "),
         ]
-        lines += [f"  - {cause}" for cause in LIKELY_CAUSES[first.kind]]
+        for cause in LIKELY_CAUSES[first.kind]:
+            lines += textwrap.wrap(cause, width, initial_indent="  - ", subsequent_indent="    ")
         return lines
 
     def __str__(self) -> str:
         head = f"daskjobs check of job {self.job!r} ({self.target}) on {self.where}: {len(self.runs)} runs"
-        return "\n".join([head, *(f"  {line}" for line in self.run_lines()), self.verdict(), *self.first_lines()])
+        verdict = textwrap.wrap(self.verdict(), _WIDTH, subsequent_indent="  ")
+        return "\n".join([head, *(f"  {line}" for line in self.run_lines()), *verdict, *self.first_lines()])
 
     def __repr__(self) -> str:
         return (
@@ -316,6 +324,10 @@ class ResumeReport:
                 f"<p>Likely causes ({esc(_kind_meaning(first.kind))}):</p><ul>{causes}</ul>"
             )
         return "\n".join(parts)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _kind_meaning(kind: str) -> str:

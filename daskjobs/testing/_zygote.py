@@ -108,7 +108,7 @@ class Zygote:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         """Wait until the zygote imported what it needs (it starts in the background)."""
         if self._ready:
             return
@@ -123,7 +123,7 @@ class Zygote:
     def run(self, spec: Path, log: Path, timeout: float) -> int | None:
         """Fork a child for ``spec`` (its output in ``log``); its exit code (``-9``: SIGKILLed), or
         ``None`` when it did not end within ``timeout`` seconds (its process group is killed then)."""
-        self._wait_ready()
+        self.wait_ready()
         deadline = time.monotonic() + timeout
         self._process.stdin.write((json.dumps({"spec": str(spec), "log": str(log)}) + "\n").encode())  # type: ignore[union-attr]
         pid = self._answer("pid", deadline)
