@@ -157,11 +157,17 @@ class _Check:
 
     def __init__(self, executor: InProcess | Children, root: Path, target: Target, where: str) -> None:
         self.executor, self.root, self.where = executor, root, where
-        self.target = target if isinstance(target, str) else repr(target)
+        if isinstance(target, str):
+            self.target = target
+        elif isinstance(target, Job):
+            self.target = f"the Job {target.name!r} itself"
+        else:
+            self.target = f"{getattr(target, '__qualname__', type(target).__name__)}()"
 
     def _run(self, name: str, action: Action, folder: str, *, fresh: bool = False) -> _Planned:
         prefix = str(self.root / folder)
         outcome = self.executor.run(name, prefix, action, fresh=fresh)
+        logger.info("check: run %s (%s) took %.1f s", name, action.kind, outcome.seconds)
         return _Planned(name, action, prefix, outcome, seconds=outcome.seconds)
 
     def run(self, modes: tuple[str, ...], points: tuple[int, ...] | None) -> ResumeReport:

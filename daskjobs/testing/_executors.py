@@ -14,8 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import daskjobs
-
 from .._model.job import Job
 from ..errors import ResumeCheckError
 from ..runner import JobRunner
@@ -191,7 +189,7 @@ class Children:
 
 def _environment() -> dict[str, str]:
     """This process's environment, with this daskjobs first on the path of the child."""
-    root = str(Path(daskjobs.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the daskjobs package
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
