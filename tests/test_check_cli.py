@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -158,6 +159,23 @@ def test_default_node_cluster(jobs):
     assert lines[6].startswith("OK:")
     assert "Traceback" not in result.stderr
     assert "ERROR" not in result.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_readme_commands_run_as_printed(tmp_path):
+    """The commands of the README's "Prove it resumes exactly" section exit 0 in a copy of examples/."""
+    readme = (Path(dj.__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Prove it resumes exactly\n", 1)[1].split("\n## ", 1)[0]
+    commands = section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(commands) == 2
+    shutil.copytree(Path(dj.__file__).resolve().parents[1] / "examples", tmp_path / "examples")
+    for line in commands:
+        argv = shlex.split(line, comments=True)
+        assert argv[:2] == ["daskjobs", "check"]
+        result = daskjobs(*argv[1:], cwd=tmp_path)
+        assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
+    assert json.loads(result.stdout)["runs"][2]["description"] == "node 'ps' lost in epoch 6, restored from 5"
 
 
 @pytest.mark.cluster
