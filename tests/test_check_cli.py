@@ -144,38 +144,29 @@ def test_a_failing_run_exits_1_naming_it(jobs, monkeypatch, capsys):
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_default_node_cluster(jobs):
-    """Without --local or --scheduler the runs use a new node_cluster of the job's nodes, which the
-    job file never reached; a node loss is recovered; no Dask error or traceback is printed."""
-    args = ["check_jobs.py:exact", "--interrupt-at", "2", "--mode", "kill", "--mode", "lose-node"]
-    result = daskjobs("check", *args, cwd=jobs)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0] == "starting a local Dask cluster with one worker per node: a, b, c"
-    assert lines[1].startswith(
-        "daskjobs check of job 'exact' (check_jobs.py:exact) on the Dask cluster at tcp://127.0.0.1:"
-    )
-    assert squeeze(lines[5]).startswith("lose-node@2 node 'a' lost in epoch 3, restored from 2 epochs 0-4")
-    assert lines[6].startswith("OK:")
-    assert "Traceback" not in result.stderr
-    assert "ERROR" not in result.stderr
-
-
-@pytest.mark.cluster
-@pytest.mark.slow
 def test_readme_commands_run_as_printed(tmp_path):
-    """The commands of the README's "Prove it resumes exactly" section exit 0 in a copy of examples/."""
+    """The commands of the README's "Prove it resumes exactly" section exit 0 in a copy of examples/:
+    on LocalSessions, and on the default session, a new node_cluster of the job's nodes (which the
+    job file never reached), where a lost node is recovered; no Dask error or traceback is printed."""
     readme = (Path(dj.__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("\n## Prove it resumes exactly\n", 1)[1].split("\n## ", 1)[0]
     commands = section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    assert len(commands) == 2
+    assert [shlex.split(line, comments=True)[-1] for line in commands] == ["--local", "--json"]
     shutil.copytree(Path(dj.__file__).resolve().parents[1] / "examples", tmp_path / "examples")
     for line in commands:
         argv = shlex.split(line, comments=True)
         assert argv[:2] == ["daskjobs", "check"]
         result = daskjobs(*argv[1:], cwd=tmp_path)
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
-    assert json.loads(result.stdout)["runs"][2]["description"] == "node 'ps' lost in epoch 6, restored from 5"
+        assert "Traceback" not in result.stderr
+        assert "ERROR" not in result.stderr
+    report = json.loads(result.stdout)
+    assert report["where"].startswith("the Dask cluster at tcp://127.0.0.1:")
+    assert [run["description"] for run in report["runs"]] == [
+        "reference",
+        "reference, run again",
+        "node 'ps' lost in epoch 6, restored from 5",
+    ]
 
 
 @pytest.mark.cluster
