@@ -24,6 +24,8 @@ from ._zygote import Zygote
 
 _GRACE = 10.0
 """Seconds a run in this process gets, after its deadline asked it to stop, before it is abandoned."""
+_DASK_HASH_SEED = "6640"
+"""The ``PYTHONHASHSEED`` a Dask cluster started in this process puts into its environment."""
 _LOG_LINES = 15
 """Lines of a failed child's output its error shows."""
 
@@ -111,7 +113,8 @@ class Children:
     new process that imports the job afresh, the leader of its own process group, killed (with its
     group) at its deadline. A run asked for ``fresh`` gets a zygote of its own, a new interpreter
     with its own hash seed (reference B: a job whose results depend on the iteration order of sets
-    of strings is not reproducible). Use as a context manager: leaving it ends the zygotes.
+    of strings is not reproducible), also when a Dask cluster started in this process fixed
+    ``PYTHONHASHSEED`` for its workers. Use as a context manager: leaving it ends the zygotes.
     """
 
     def __init__(self, target: str, client: Any, root: Path, timeout: float, max_epochs: int | None) -> None:
@@ -124,7 +127,7 @@ class Children:
         """The zygote of the next ``fresh`` run, started early (it imports while other runs run)."""
 
     def __enter__(self) -> Children:
-        self._zygote, self._spare = self._new_zygote(), self._new_zygote()
+        self._zygote, self._spare = self._new_zygote(), self._new_zygote(fresh=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -132,9 +135,12 @@ class Children:
             if zygote is not None:
                 zygote.close()
 
-    def _new_zygote(self) -> Zygote:
+    def _new_zygote(self, *, fresh: bool = False) -> Zygote:
         self._count += 1
-        return Zygote(_environment(), self.folder / f"zygote-{self._count:03d}.log", self.target)
+        env = _environment()
+        if fresh and env.get("PYTHONHASHSEED") == _DASK_HASH_SEED:  # Dask set it here for its workers, not you
+            env["PYTHONHASHSEED"] = "random"
+        return Zygote(env, self.folder / f"zygote-{self._count:03d}.log", self.target)
 
     def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False) -> Outcome:
         """Carry out ``action`` as run ``name`` against ``prefix`` in a new process.
@@ -156,7 +162,7 @@ class Children:
         }
         Path(f"{stem}.json").write_text(json.dumps(spec))
         if fresh:
-            zygote, self._spare = self._spare or self._new_zygote(), None
+            zygote, self._spare = self._spare or self._new_zygote(fresh=True), None
         elif self._zygote is None or not self._zygote.alive():
             zygote = self._zygote = self._new_zygote()
         else:
