@@ -33,20 +33,26 @@ _LAZY = {
 }
 
 
+_SUBMODULES = {"testing"}
+"""Public submodules loaded on first use: ``dj.testing``."""
+
+
 def __getattr__(name: str) -> object:
+    from importlib import import_module
+
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'daskjobs' has no attribute {name!r}")
-    from importlib import import_module
-
     value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    """The public names (``__all__``) and the module's dunder attributes: no helper imports, no
-    private modules, no subpackages loaded on first use."""
+    """The public names (``__all__``, ``testing`` included) and the module's dunder attributes: no
+    helper imports, no private modules."""
     return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
 
 
@@ -84,4 +90,5 @@ __all__ = [
     "node_resource",
     "open_checkpoint",
     "pipe",
+    "testing",
 ]

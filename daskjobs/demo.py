@@ -200,6 +200,15 @@ def build_demo_job(config: DemoConfig | None = None) -> DemoJob:
     return DemoJob(job, apply.outputs()[0], weights, evaluate.outputs()[0])
 
 
+def demo_job() -> Job:
+    """The demo's :class:`~daskjobs.Job` in its default configuration, as a command-line target.
+
+    ``daskjobs run daskjobs.demo:demo_job`` trains it; ``daskjobs check daskjobs.demo:demo_job``
+    proves that it resumes exactly.
+    """
+    return build_demo_job().job
+
+
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``daskjobs demo``."""
     parser = subparsers.add_parser(

@@ -19,6 +19,8 @@ The tree::
     ├── SessionLostError(ConnectionError)     the Dask scheduler went away, refused or did not answer
     ├── SchedulerAddressError(ValueError)     a scheduler address that does not parse
     ├── JobInterruptedError(RuntimeError)     a graceful stop on SIGTERM (SIGINT raises KeyboardInterrupt)
+    ├── ResumeCheckError(RuntimeError)        a run of daskjobs.testing.check_resume failed or missed its deadline
+    ├── ResumeDivergenceError(AssertionError) a job that does not resume exactly (report.raise_for_divergence())
     └── CheckpointError(OSError)
         ├── CheckpointNotFoundError(FileNotFoundError)
         ├── CheckpointCorruptError            data does not match its commit record
@@ -53,6 +55,8 @@ __all__ = [
     "NodeLostError",
     "NodePlacementError",
     "OutputNotReadyError",
+    "ResumeCheckError",
+    "ResumeDivergenceError",
     "SchedulerAddressError",
     "SessionClosedError",
     "SessionLostError",
@@ -271,6 +275,30 @@ class JobInterruptedError(DaskJobsError, RuntimeError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ResumeCheckError(DaskJobsError, RuntimeError):
+    """A run of :func:`daskjobs.testing.check_resume` (or ``daskjobs check``) failed: the job
+    raised, its process died, or it did not finish within the deadline.
+
+    :attr:`run` names the run (``"A"``, ``"B"``, ``"stop@3"``, ``"kill@3"``, ``"lose-node@3"``);
+    the message says what happened and, for a run in a child process, ends with its last output.
+    """
+
+    def __init__(self, message: str = "", run: str | None = None) -> None:
+        super().__init__(message, run)
+        self.message = message
+        self.run = run
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ResumeDivergenceError(DaskJobsError, AssertionError):
+    """A job does not resume exactly: a run of :func:`daskjobs.testing.check_resume` differs from
+    its reference. Raised by :meth:`~daskjobs.testing.ResumeReport.raise_for_divergence` and
+    :func:`~daskjobs.testing.assert_resumes_exactly`; the message is the report's summary.
+    """
 
 
 class CheckpointError(DaskJobsError, OSError):

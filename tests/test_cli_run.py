@@ -457,6 +457,19 @@ def test_readme_command_line_section_runs_as_printed(tmp_path):
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
 
 
+def test_daskjobs_own_modules_are_never_shipped_by_value(monkeypatch):
+    """``daskjobs.demo:demo_job`` loaded in a daskjobs checkout: daskjobs' modules stay pickled by
+    reference (every worker imports daskjobs; by value, an ArrayReader's thread-local fails)."""
+    import cloudpickle
+
+    from daskjobs.cli import load_job
+
+    monkeypatch.chdir(Path(dj.__file__).resolve().parents[1])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert load_job("daskjobs.demo:demo_job").name == "ps-logistic-regression"
+    assert len(cloudpickle.dumps(dj.ArrayReader)) < 200  # a module and a name, not the class
+
+
 def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
     """--scheduler at an address nobody listens on: exit 1 naming the address, within the connect timeout."""
     result = subprocess.run(

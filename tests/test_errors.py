@@ -29,6 +29,8 @@ BUILTIN = {
     "SessionLostError": ConnectionError,
     "SchedulerAddressError": ValueError,
     "JobInterruptedError": RuntimeError,
+    "ResumeCheckError": RuntimeError,
+    "ResumeDivergenceError": AssertionError,
     "CheckpointError": OSError,
     "CheckpointNotFoundError": FileNotFoundError,
     "CheckpointCorruptError": OSError,
@@ -79,6 +81,12 @@ def test_node_errors_keep_nodes_through_pickle(name):
     copy = pickle.loads(pickle.dumps(error))
     assert copy.nodes == ["a", "b"]
     assert str(copy) == "nodes a and b have no worker"
+
+
+def test_resume_check_error_keeps_its_run_through_pickle():
+    """A ResumeCheckError keeps the run it names through pickling."""
+    copy = pickle.loads(pickle.dumps(errors.ResumeCheckError("run kill@3 failed: ...", "kill@3")))
+    assert (copy.run, str(copy)) == ("kill@3", "run kill@3 failed: ...")
 
 
 def test_task_failed_error_keeps_fields_and_cause_through_pickle():

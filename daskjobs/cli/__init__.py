@@ -1,7 +1,8 @@
 """The ``daskjobs`` command line (also ``python -m daskjobs``).
 
-Subcommands: ``run`` (a job from ``module:name`` or ``file.py:name``), ``worker`` (a Dask
-worker serving nodes), ``checkpoints list|show|verify|prune|unlock`` and ``demo``.
+Subcommands: ``run`` (a job from ``module:name`` or ``file.py:name``), ``check`` (prove that
+such a job resumes exactly), ``worker`` (a Dask worker serving nodes),
+``checkpoints list|show|verify|prune|unlock`` and ``demo``.
 
 Exit codes: 0 success; 1 the job or a check failed (one paragraph naming what and where; the
 traceback only with ``-v``); 2 a usage error (nothing is done or created); 130 / 143 after a
@@ -13,6 +14,7 @@ Examples
 
     daskjobs --version
     daskjobs run train.py:job --checkpoint /tmp/ckpt --max-epochs 10
+    daskjobs check train.py:job --local
     daskjobs worker tcp://127.0.0.1:8786 --node ps --node trainer --nthreads 4
     daskjobs checkpoints list /tmp/ckpt
 """
@@ -29,6 +31,7 @@ from types import FrameType
 
 from .._version import __version__
 from ..errors import DaskJobsError, JobInterruptedError
+from ._check import add_check_parser
 from ._checkpoints import add_checkpoints_parser
 from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, Terminated, UsageError
 from ._run import add_run_parser, load_job
@@ -47,13 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``daskjobs`` parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="daskjobs",
-        description="Epoch-checkpointed jobs on Dask: run jobs, serve nodes, inspect checkpoints.",
+        description="Epoch-checkpointed jobs on Dask: run jobs, check that they resume exactly, serve nodes, "
+        "inspect checkpoints.",
         epilog="exit codes: 0 success, 1 the job or a check failed, 2 usage error, 130/143 stopped by SIGINT/SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"daskjobs {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more, show tracebacks of failures")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_run_parser, add_worker_parser, add_checkpoints_parser, _add_demo_parser):
+    for add in (add_run_parser, add_check_parser, add_worker_parser, add_checkpoints_parser, _add_demo_parser):
         add(subparsers)
     return parser
 

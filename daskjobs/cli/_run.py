@@ -276,14 +276,24 @@ def _import_module(name: str) -> ModuleType:
             raise UsageError(f"cannot import {name!r}: no module named {exc.name!r} (run from its folder?)") from None
         raise
     here = Path.cwd()
-    if getattr(module, "__file__", None) and Path(module.__file__).resolve().is_relative_to(here):
+    if (
+        not _is_daskjobs(name)
+        and getattr(module, "__file__", None)
+        and Path(module.__file__).resolve().is_relative_to(here)
+    ):
         ship_by_value(module, _modules_under(here, set(sys.modules) - before))
     return module
 
 
+def _is_daskjobs(name: str) -> bool:
+    """Whether module ``name`` is part of daskjobs, which every worker imports (also when the
+    target is a module of a daskjobs checkout, such as ``daskjobs.demo``, run from that checkout)."""
+    return name.partition(".")[0] == __name__.partition(".")[0]
+
+
 def _modules_under(folder: Path, names: set[str]) -> list[ModuleType]:
     """The modules named in ``names`` whose files lie under ``folder`` but not in an installed
-    package (a virtual environment inside the project folder stays by reference)."""
+    package (a virtual environment inside the project folder stays by reference) nor in daskjobs."""
     found = []
     for name in sorted(names):
         module = sys.modules.get(name)
@@ -291,7 +301,9 @@ def _modules_under(folder: Path, names: set[str]) -> list[ModuleType]:
         if module is None or not file:
             continue
         path = Path(file).resolve()
-        if path.is_relative_to(folder) and not {"site-packages", "dist-packages"} & set(path.parts):
+        if _is_daskjobs(name) or {"site-packages", "dist-packages"} & set(path.parts):
+            continue
+        if path.is_relative_to(folder):
             found.append(module)
     return found
 

@@ -1,0 +1,285 @@
+"""``check_resume``: run a job uninterrupted twice and interrupted at given epochs, each run against
+its own temporary prefix, and compare every committed epoch with the first run."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._model.job import Job
+from .._validation import check_count, check_positive
+from ..checkpoint import CheckpointStore
+from ..errors import DefinitionTypeError, JobDefinitionError
+from ..session import DaskSession, LocalSession, Session
+from ._compare import compare_runs, ordering
+from ._executors import Children, InProcess
+from ._report import CheckedRun, Divergence, ResumeReport
+from ._runs import Action, Outcome, quiet_interruptions
+
+logger = logging.getLogger("daskjobs")
+
+MODES = ("stop", "kill", "lose-node")
+DEFAULT_TIMEOUT = 600.0
+"""Seconds each run (each process of a run) may take when ``timeout`` is not given."""
+
+Target = Job | Callable[[], Job] | str
+
+
+def check_resume(
+    target: Target,
+    *,
+    max_epochs: int | None = None,
+    interrupt_at: int | Iterable[int] | None = None,
+    modes: str | Iterable[str] = ("stop",),
+    session: Session | Any = None,
+    timeout: float | None = None,
+) -> ResumeReport:
+    """Prove that ``target`` resumes exactly: interrupt it, resume it, compare every epoch.
+
+    The job runs twice from scratch without interruption (references A and B), and once per
+    interruption point and mode, each interrupted once and then taken on to its end. Every
+    committed epoch of every run is compared with A: every node, every blob (dtype, shape and
+    bytes; JSON values by equality; chunk digests first, blobs are read only where they differ),
+    the stop values and the metrics logged with ``ws.log``. Each run writes under its own
+    temporary prefix, removed afterwards; the job's own checkpoints are never touched.
+
+    Parameters
+    ----------
+    target : Job, callable or str
+        A :class:`~daskjobs.Job`, a callable returning one (called once per run), or
+        ``"path/to/file.py:name"`` / ``"package.module:name"`` as ``daskjobs run`` takes it.
+        With a string every run, the references included, runs in a fresh process; with a Job
+        or a callable every run runs in this process, on a new session each.
+    max_epochs : int, optional
+        Passed to every :class:`~daskjobs.JobRunner`; the job needs it or a stop condition.
+    interrupt_at : int or iterable of int, optional
+        The epochs after whose commit runs are interrupted, each before reference A's last
+        epoch. Default: epoch 1, the middle epoch and the last but one.
+    modes : str or iterable of str
+        ``"stop"``: a graceful stop right after epoch ``k`` is committed (what SIGTERM does),
+        then a new runner (a new process, for a string target) resumes. ``"kill"``: the driver
+        process SIGKILLed in the middle of epoch ``k + 1`` after epoch ``k`` is committed, then
+        a new process resumes (string targets only). ``"lose-node"``: a node's worker killed in
+        the middle of epoch ``k + 1``; the runner recovers (clusters only).
+    session : Session, distributed.Client, cluster or str, optional
+        ``None`` or a :class:`~daskjobs.LocalSession`: every run on a new ``LocalSession``. A
+        :class:`~daskjobs.DaskSession`, a Client, a cluster or a scheduler address: every run on
+        that cluster, in a new ``DaskSession`` (its temporary prefixes must be visible to the
+        workers: set ``TMPDIR`` to a shared folder for a cluster of several machines).
+    timeout : float, optional
+        Seconds each run (each process of it) may take (default 600). A run in a child process
+        is killed at its deadline; one in this process is stopped after its running epoch.
+
+    Returns
+    -------
+    ResumeReport
+        ``.ok``, ``.deterministic``, ``.runs`` and ``.divergences``; ``str()`` is a summary.
+
+    Raises
+    ------
+    JobDefinitionError, DefinitionTypeError
+        Invalid arguments (an unknown mode, ``"kill"`` without a string target, ``"lose-node"``
+        without a cluster, an interruption point not before A's last epoch).
+    ResumeCheckError
+        A run failed or missed its deadline; the message names the run.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import daskjobs as dj
+    >>> def make_job():
+    ...     with dj.Cluster(), dj.Job(name="counter") as job:
+    ...         with job.init_group:
+    ...             _ = dj.Task(lambda ws: ws.__setitem__("rng", np.random.default_rng(0).bit_generator.state))
+    ...         def step(ws):
+    ...             rng = np.random.default_rng()
+    ...             rng.bit_generator.state = ws["rng"]
+    ...             ws["x"] = rng.normal(size=3)
+    ...             ws["rng"] = rng.bit_generator.state
+    ...         _ = dj.Task(step)
+    ...         dj.epoch_limiter(job, 4)
+    ...     return job
+    >>> report = check_resume(make_job)
+    >>> report.ok, [run.name for run in report.runs]
+    (True, ['A', 'B', 'stop@1', 'stop@2', 'stop@3'])
+    """
+    chosen = _modes(modes)
+    points = _points(interrupt_at)
+    if max_epochs is not None:
+        max_epochs = check_count(max_epochs, "max_epochs (or None)")
+    seconds = DEFAULT_TIMEOUT if timeout is None else check_positive(timeout, "timeout (or None)")
+    if "kill" in chosen and not isinstance(target, str):
+        raise JobDefinitionError(
+            "mode 'kill' needs a string target ('path/to/file.py:name' or 'package.module:name'): it kills the "
+            "process the job runs in, and a Job or a callable runs in this one"
+        )
+    if not isinstance(target, str | Job) and not callable(target):
+        raise DefinitionTypeError(
+            f"check_resume needs a Job, a callable returning one, or 'path/file.py:name', got {target!r:.80}"
+        )
+    with _cluster(session) as client, _scratch() as root, quiet_interruptions():
+        if "lose-node" in chosen and client is None:
+            raise JobDefinitionError(
+                "mode 'lose-node' kills a node's worker, so it needs a cluster: pass session= a DaskSession, "
+                "a distributed.Client or a scheduler address"
+            )
+        where = "LocalSession" if client is None else f"the Dask cluster at {client.scheduler.address}"
+        if not isinstance(target, str):
+            executor = InProcess(_job_maker(target, max_epochs), client, seconds, max_epochs)
+            return _Check(executor, root, target, where).run(chosen, points)
+        with Children(target, client, root, seconds, max_epochs) as children:
+            return _Check(children, root, target, f"{where}, a new process per run").run(chosen, points)
+
+
+@dataclass
+class _Planned:
+    """A run being made: its action, prefix, and what its parts took."""
+
+    name: str
+    action: Action
+    prefix: str
+    outcome: Outcome
+    resumed_from: int | None = None
+    seconds: float = 0.0
+
+
+class _Check:
+    """The runs of one check, in an order that disturbs state kept outside the workspaces: A, the
+    interrupted runs up to their interruption, B, then the resumes. A resume in this process thus
+    starts with module state (and a global random generator) as B left it, not as its own first
+    part did, as it would in a new process."""
+
+    def __init__(self, executor: InProcess | Children, root: Path, target: Target, where: str) -> None:
+        self.executor, self.root, self.where = executor, root, where
+        if isinstance(target, str):
+            self.target = target
+        elif isinstance(target, Job):
+            self.target = f"the Job {target.name!r} itself"
+        else:
+            self.target = f"{getattr(target, '__qualname__', type(target).__name__)}()"
+
+    def _run(self, name: str, action: Action, folder: str, *, fresh: bool = False) -> _Planned:
+        prefix = str(self.root / folder)
+        outcome = self.executor.run(name, prefix, action, fresh=fresh)
+        logger.info("check: run %s (%s) took %.1f s", name, action.kind, outcome.seconds)
+        return _Planned(name, action, prefix, outcome, seconds=outcome.seconds)
+
+    def run(self, modes: tuple[str, ...], points: tuple[int, ...] | None) -> ResumeReport:
+        a = self._run("A", Action(), "A")
+        reference = CheckpointStore(a.prefix)
+        committed = reference.committed_epochs()
+        record = reference.read_commit(committed[-1])
+        last, nodes = committed[-1], list(record["nodes"])
+        points = _interruption_points(points, last)
+        interrupted: list[_Planned] = []
+        for i, at in enumerate(points):
+            for mode in modes:
+                node = nodes[i % len(nodes)] if mode == "lose-node" else None
+                run = self._run(f"{mode}@{at}", Action(mode, at, node), f"{mode}-at-{at}")  # type: ignore[arg-type]
+                if mode == "lose-node":
+                    run.resumed_from = run.outcome.recovered_from
+                elif run.outcome.interrupted or run.outcome.last is None:
+                    run.resumed_from = CheckpointStore(run.prefix).committed_epochs()[-1]
+                interrupted.append(run)
+        b = self._run("B", Action(), "B", fresh=True)
+        for run in interrupted:
+            if run.action.kind in ("stop", "kill") and run.resumed_from is not None:
+                run.seconds += self.executor.run(run.name, run.prefix, Action()).seconds
+        found: list[Divergence] = []
+        runs = []
+        unreproducible: set[tuple[int, str | None, str | None]] = set()
+        for run in [a, b, *interrupted]:
+            store = CheckpointStore(run.prefix)
+            own = [] if run is a else compare_runs(reference, store, run.name, unreproducible)
+            if run is b:
+                unreproducible = {(d.epoch, d.node, d.blob) for d in own}
+            found += own
+            runs.append(
+                CheckedRun(
+                    run.name,
+                    None if run.action.kind == "run" else run.action.kind,
+                    run.action.at,
+                    run.resumed_from,
+                    tuple(store.committed_epochs()),
+                    run.seconds,
+                    len(own),
+                    run.action.node,
+                )
+            )
+        found.sort(key=ordering([run.name for run in runs]))
+        return ResumeReport(record["job"], self.target, self.where, runs, found)
+
+
+def _interruption_points(points: tuple[int, ...] | None, last: int) -> tuple[int, ...]:
+    """The given points (each before ``last``), or epoch 1, the middle one and the last but one."""
+    if points is None:
+        return tuple(sorted({k for k in (1, (last + 1) // 2, last - 1) if 1 <= k < last}))
+    late = [k for k in points if k >= last]
+    if late:
+        raise JobDefinitionError(
+            f"interrupt_at {late}: reference run A ended at epoch {last}, so runs can be interrupted after "
+            f"epochs 1 to {last - 1} only"
+        )
+    return points
+
+
+def _modes(modes: str | Iterable[str]) -> tuple[str, ...]:
+    chosen = (modes,) if isinstance(modes, str) else tuple(modes)
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise JobDefinitionError(f"modes must be some of {MODES}, got {modes!r}")
+    return tuple(dict.fromkeys(chosen))
+
+
+def _points(interrupt_at: int | Iterable[int] | None) -> tuple[int, ...] | None:
+    if interrupt_at is None:
+        return None
+    given = [interrupt_at] if not isinstance(interrupt_at, Iterable) else list(interrupt_at)
+    if not given:
+        raise JobDefinitionError("interrupt_at must name at least one epoch (or be None for the defaults)")
+    return tuple(sorted({check_count(k, "interrupt_at") for k in given}))
+
+
+def _job_maker(target: Job | Callable[[], Job], max_epochs: int | None) -> Callable[[], Job]:
+    """What makes the job of each run: the Job itself, or a call of ``target`` (checked once, here)."""
+    job = target if isinstance(target, Job) else target()
+    if not isinstance(job, Job):
+        raise DefinitionTypeError(f"check_resume: {target!r:.80}() returned {type(job).__name__}, not a Job")
+    if not job.stop_conditions and max_epochs is None:
+        raise JobDefinitionError(
+            f"job {job.name!r} has no stop condition and no max_epochs: it would never stop; pass max_epochs="
+        )
+    if isinstance(target, Job):
+        return lambda: target
+    made = [job]
+    return lambda: made.pop() if made else target()
+
+
+@contextlib.contextmanager
+def _cluster(session: Session | Any) -> Iterator[Any]:
+    """The ``distributed.Client`` the runs use, or ``None`` for LocalSessions."""
+    if session is None or isinstance(session, LocalSession):
+        yield None
+    elif isinstance(session, DaskSession):
+        yield session.client
+    elif isinstance(session, Session):
+        raise DefinitionTypeError(f"check_resume runs on LocalSessions or a Dask cluster, got {session!r}")
+    else:
+        with DaskSession(session) as anchor:
+            yield anchor.client
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A temporary folder for every run's prefix, removed afterwards whatever happens."""
+    root = Path(tempfile.mkdtemp(prefix="daskjobs-check-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

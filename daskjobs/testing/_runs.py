@@ -1,0 +1,213 @@
+"""One run of a check, as it happens in a driver process: a job trained against a fresh prefix,
+from scratch or resumed, interrupted once if its action says so.
+
+The same code runs in this process (a Job or callable target) and in the child process of a
+string target (:mod:`._child`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._model.job import Job
+from ..checkpoint import MultiNodeCheckpointManager
+from ..errors import JobInterruptedError
+from ..history import EpochRecord
+from ..runner import JobRunner
+from ..session import Session, node_resource
+
+logger = logging.getLogger("daskjobs")
+
+ActionKind = Literal["run", "stop", "kill", "lose-node"]
+
+_NOTED = {
+    "daskjobs": ("interrupted by SIGTERM: stopped after the running epoch", "node lost; restoring all nodes from"),
+    "distributed.scheduler": ("marked as failed because", "Couldn't gather keys", "Closed comm <BatchedSend"),
+}
+"""By logger: the log lines of the interruptions a check makes on purpose (left out while it runs)."""
+_KILL_WAIT = 60.0
+"""Seconds a driver that is to be killed waits for its kill before it exits on its own."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one driver process (or in-process runner) does.
+
+    ``"run"`` trains from scratch, or resumes from the prefix's latest commit, to the end.
+    ``"stop"`` stops gracefully right after epoch :attr:`at` is committed. ``"kill"`` commits
+    epoch :attr:`at`, then SIGKILLs its own process in the middle of epoch ``at + 1``.
+    ``"lose-node"`` commits epoch :attr:`at`, then kills :attr:`node`'s worker in the middle of
+    epoch ``at + 1`` and recovers (``max_failures >= 1``), to the end.
+    """
+
+    kind: ActionKind = "run"
+    at: int | None = None
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a driver's run ended."""
+
+    last: int | None
+    """The last epoch :meth:`~daskjobs.JobRunner.train` returned (``None``: interrupted)."""
+    interrupted: bool
+    """The action's interruption happened (a stop, a node loss)."""
+    recovered_from: int | None = None
+    """After a node loss: the epoch every node was restored from."""
+    seconds: float = 0.0
+
+
+def perform(
+    job: Job,
+    prefix: str,
+    action: Action,
+    session: Session,
+    *,
+    max_epochs: int | None,
+    watch: Callable[[JobRunner], object] | None = None,
+) -> Outcome:
+    """Run ``job`` against checkpoint ``prefix`` on ``session`` as ``action`` says; ``watch`` is
+    given the runner before it starts (to enforce a deadline).
+
+    Raises
+    ------
+    Exception
+        Whatever the run raised, except the interruption the action asked for.
+    """
+    started = time.perf_counter()
+    manager = MultiNodeCheckpointManager(prefix)
+    failures = 3 if action.kind == "lose-node" else 0
+    runner = InterruptingRunner(job, manager, action, max_epochs=max_epochs, max_failures=failures)
+    if watch is not None:
+        watch(runner)
+    with quiet_interruptions():
+        try:
+            last = runner.train(session)
+        except JobInterruptedError:
+            if action.kind != "stop" or not runner.stopped:
+                raise
+            return Outcome(None, True, seconds=time.perf_counter() - started)
+    recovered = next((r.epoch - 1 for r in runner.history if r.recoveries), None)
+    interrupted = action.kind == "lose-node" and recovered is not None
+    return Outcome(last, interrupted, recovered, time.perf_counter() - started)
+
+
+class InterruptingRunner(JobRunner):
+    """A :class:`~daskjobs.JobRunner` that interrupts itself once, as its :class:`Action` says.
+
+    A stop asks for the runner's own graceful stop (what a first SIGTERM does) once epoch
+    ``at`` has run: the runner commits it and raises :class:`~daskjobs.errors.JobInterruptedError`.
+    A kill or a node loss first commits epoch ``at`` (the runner's flush), then strikes while
+    epoch ``at + 1`` runs: a kill half an epoch's time after the epoch started, a node loss as
+    soon as its tasks are submitted.
+    """
+
+    def __init__(self, job: Job, manager: MultiNodeCheckpointManager, action: Action, **kwargs: Any) -> None:
+        super().__init__(job, manager, progress=False, **kwargs)
+        self.action = action
+        self.stopped = False
+        self._armed = action.kind in ("kill", "lose-node")
+
+    def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
+        action, saver = self.action, self._saver
+        if not self._armed or epoch != action.at + 1 or saver is None:
+            record = super()._run_epoch(session, epoch, failures)
+            if action.kind == "stop" and epoch == action.at:
+                self.stopped = True
+                self._signals.requested = signal.SIGTERM  # a graceful stop after this epoch, committed
+            return record
+        self._armed = False
+        saver.flush(session)  # epoch `at` is committed before epoch `at + 1` starts
+        if action.kind == "kill":  # in this process: steps running in its threads die with it
+            strike, delay = _kill_self, 0.5 * statistics.median(r.seconds for r in self.history)
+        else:  # on the cluster: the epoch's tasks are submitted when meanwhile() is called
+            strike, delay = _node_killer(session, action.node), 0.0
+        timer = threading.Timer(delay, strike)
+        timer.daemon = True
+        original = saver.meanwhile
+
+        def meanwhile() -> None:  # while the epoch's tasks run (or, in this process, just before)
+            original()
+            timer.start()
+
+        saver.meanwhile = meanwhile  # type: ignore[method-assign]
+        try:
+            record = super()._run_epoch(session, epoch, failures)
+        finally:
+            del saver.meanwhile
+            if not timer.is_alive() and not timer.finished.is_set():
+                timer.start()  # the session never called meanwhile: strike now, before the commit
+        timer.join(_KILL_WAIT)
+        if action.kind == "kill":  # the epoch ended before the kill landed: it is not committed yet
+            time.sleep(_KILL_WAIT)
+            os._exit(70)
+        return record
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _kill_worker() -> None:
+    """Run on a worker (``client.run``, which does not wait only for coroutines): its process dies."""
+    _kill_self()
+
+
+def _node_killer(session: Session, node: str | None) -> Callable[[], None]:
+    """What kills ``node``'s worker process at once: a SIGKILL from here when the worker runs on
+    this machine (its pid asked for now), else through ``client.run``."""
+    client = getattr(session, "client", None)
+    if client is None or node is None:
+        raise ValueError("a node loss needs a session on a Dask cluster")
+    resource = node_resource(node)
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    address = next((a for a, w in workers.items() if resource in (w.get("resources") or {})), None)
+    if address is None:
+        raise ValueError(f"no worker serves node {node!r}")
+    pid = client.run(os.getpid, workers=[address])[address]
+    local = workers[address].get("host") in ("127.0.0.1", "localhost", "::1", socket.gethostname())
+
+    def strike() -> None:
+        if local:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        else:
+            with contextlib.suppress(Exception):
+                client.run(_kill_worker, workers=[address], wait=False)
+
+    return strike
+
+
+class _DropNoted(logging.Filter):
+    def __init__(self, noted: tuple[str, ...]) -> None:
+        super().__init__()
+        self.noted = noted
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(noted in message for noted in self.noted)
+
+
+@contextlib.contextmanager
+def quiet_interruptions() -> Iterator[None]:
+    """Leave the log lines of a check's own interruptions out of the log (of ``daskjobs``, and of a
+    Dask scheduler in this process that sees a node's worker die)."""
+    filters = [(logging.getLogger(name), _DropNoted(noted)) for name, noted in _NOTED.items()]
+    for log, noted in filters:
+        log.addFilter(noted)
+    try:
+        yield
+    finally:
+        for log, noted in filters:
+            log.removeFilter(noted)
