@@ -281,7 +281,7 @@ class ResumeCheckError(DaskJobsError, RuntimeError):
     """A run of :func:`daskjobs.testing.check_resume` (or ``daskjobs check``) failed: the job
     raised, its process died, or it did not finish within the deadline.
 
-    :attr:`run` names the run (``"A"``, ``"B"``, ``"stop@3"``, ``"kill@3"``, ``"lose-node@3"``);
+    ``run`` names the run (``"A"``, ``"B"``, ``"stop@3"``, ``"kill@3"``, ``"lose-node@3"``);
     the message says what happened and, for a run in a child process, ends with its last output.
     """
 

@@ -116,8 +116,10 @@ def documented_objects() -> dict[str, object]:
     """The objects the API reference documents, by their documented name."""
     from daskjobs import checkpoint
 
-    objects = {f"daskjobs.{n}": getattr(dj, n) for n in dj.__all__ if n not in ("__version__", "errors")}
+    objects = {f"daskjobs.{n}": getattr(dj, n) for n in dj.__all__ if n not in ("__version__", "errors", "testing")}
     objects.update({f"daskjobs.errors.{n}": getattr(daskjobs.errors, n) for n in daskjobs.errors.__all__})
+    testing = {n: getattr(dj.testing, n) for n in dj.testing.__all__}
+    objects.update({f"daskjobs.testing.{n}": v for n, v in testing.items() if hasattr(v, "__module__")})
     for name in ("CheckpointInfo", "CheckpointView", "NodeCheckpoint", "MetadataHandler", "CommitRecordHandler"):
         objects[f"daskjobs.checkpoint.{name}"] = getattr(checkpoint, name)
     return objects
@@ -173,11 +175,13 @@ def html_ids(page: Path) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_api_reference_documents_every_public_name(site):
-    """Every name of ``daskjobs.__all__`` and ``daskjobs.errors.__all__`` has its entry in the API reference."""
+    """Every name of ``daskjobs.__all__``, ``daskjobs.errors.__all__`` and ``daskjobs.testing.__all__``
+    has its entry in the API reference."""
     ids = html_ids(site / "reference" / "api.html")
-    public = [n for n in dj.__all__ if n not in ("errors", "__version__")]
+    public = [n for n in dj.__all__ if n not in ("errors", "testing", "__version__")]
     missing = [n for n in public if f"daskjobs.{n}" not in ids]
     missing += [n for n in daskjobs.errors.__all__ if f"daskjobs.errors.{n}" not in ids]
+    missing += [n for n in dj.testing.__all__ if f"daskjobs.testing.{n}" not in ids]
     assert missing == []
     assert "module-daskjobs.errors" in ids
     assert "dj.__version__" in (site / "reference" / "api.html").read_text()
