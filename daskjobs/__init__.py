@@ -5,8 +5,8 @@ from ._model.group import TaskGroup
 from ._model.job import Job, epoch_limiter
 from ._model.node import Cluster, Node
 from ._model.task import SetupNets, Task, TaskOutput, TaskOutputList, WorkspaceType, final_output
+from ._model.workspace import Workspace
 from ._version import __version__
-from ._workspace import Workspace
 
 # Sessions import ``distributed`` and checkpoints import ``zarr``: load them on first use, so that
 # importing the pure model (and ``import daskjobs`` itself) stays light.
@@ -23,7 +23,7 @@ _LAZY = {
     "get_ckpt_filename": "checkpoint",
     "list_checkpoints": "checkpoint",
     "open_checkpoint": "checkpoint",
-    "EpochRecord": "history",
+    "EpochRecord": "runner",
     "JobRunner": "runner",
     "DaskSession": "session",
     "LocalSession": "session",

@@ -4,8 +4,9 @@ The tree::
 
     DaskJobsError(Exception)
     ├── JobDefinitionError(ValueError)        a bad name, value or cycle in a job definition
-    │   └── DefinitionTypeError(TypeError)    an argument of the wrong kind (e.g. ``num_instances=True``)
-    │       └── StepTypeError                 a step that is not a plain synchronous callable
+    │   ├── DefinitionTypeError(TypeError)    an argument of the wrong kind (e.g. ``num_instances=True``)
+    │   │   └── StepTypeError                 a step that is not a plain synchronous callable
+    │   └── TargetError                       a TARGET string that names no job (``daskjobs run TARGET``)
     ├── BlobTypeError(TypeError)              a blob value that could not survive a checkpoint
     ├── StopConditionError(TypeError)         a stop condition that is not a boolean
     ├── InvalidStateError(RuntimeError)       a call its object's state forbids (a task changed after its group ran)
@@ -18,6 +19,7 @@ The tree::
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
     ├── SessionLostError(ConnectionError)     the Dask scheduler went away, refused or did not answer
     ├── SchedulerAddressError(ValueError)     a scheduler address that does not parse
+    ├── TargetLoadError(RuntimeError)         importing a TARGET's module, or building its job, raised
     ├── JobInterruptedError(RuntimeError)     a graceful stop on SIGTERM (SIGINT raises KeyboardInterrupt)
     ├── ResumeCheckError(RuntimeError)        a run of daskjobs.testing.check_resume failed or missed its deadline
     ├── ResumeDivergenceError(AssertionError) a job that does not resume exactly (report.raise_for_divergence())
@@ -62,6 +64,8 @@ __all__ = [
     "SessionLostError",
     "StepTypeError",
     "StopConditionError",
+    "TargetError",
+    "TargetLoadError",
     "TaskFailedError",
     "TaskTypeError",
     "TaskValueError",
@@ -93,6 +97,19 @@ class StepTypeError(DefinitionTypeError):
     that nevertheless returns a coroutine, generator or awaitable fails its task with a
     :class:`TaskFailedError` whose cause is this error.
     """
+
+
+class TargetError(JobDefinitionError):
+    """A ``TARGET`` string (``package.module:name`` or ``path/to/file.py:name``, as ``daskjobs run``,
+    ``daskjobs check`` and :func:`daskjobs.testing.check_resume` take it) names no job: it is
+    malformed, its file or attribute does not exist, or it names something that is neither a
+    :class:`~daskjobs.Job` nor a callable without arguments returning one. The command line
+    exits with code 2."""
+
+
+class TargetLoadError(DaskJobsError, RuntimeError):
+    """Importing a ``TARGET``'s module, or calling the callable it names to build the job, raised
+    (the exception is the ``__cause__``). The command line exits with code 1."""
 
 
 class BlobTypeError(DaskJobsError, TypeError):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import daskjobs as dj
-from daskjobs._execute import NodeState
+from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
 from daskjobs.checkpoint._steps import SAVER, AsyncSaveFinish, BackgroundSave

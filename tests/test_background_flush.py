@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs._execute import NodeState
+from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._durable import in_background
 from daskjobs.checkpoint._saves import Saves

@@ -20,8 +20,8 @@ import pytest
 from distributed import Client, Scheduler, SpecCluster, Worker, get_worker
 
 import daskjobs as dj
-from daskjobs._execute import NodePlan, RunInfo
-from daskjobs._shipping import unpack_plan
+from daskjobs._execution.plan import NodePlan, RunInfo
+from daskjobs._execution.shipping import unpack_plan
 from daskjobs.errors import NodeLostError, NodePlacementError, SessionClosedError, TaskFailedError
 from daskjobs.session import as_session
 

@@ -9,7 +9,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs import errors
-from daskjobs._interrupt import AbandonedRun
+from daskjobs.runner._interrupt import AbandonedRun
 
 BUILTIN = {
     "DaskJobsError": Exception,

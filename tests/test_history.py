@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.history import EpochRecord, history_frame, history_rows, plot_history
+from daskjobs.runner._history import EpochRecord, history_frame, history_rows, plot_history
 
 
 def logging_job(epochs: int = 4) -> dj.Job:

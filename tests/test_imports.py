@@ -15,8 +15,10 @@ CORE = (
     "daskjobs._model.group",
     "daskjobs._model.task",
     "daskjobs._model.node",
-    "daskjobs._workspace",
-    "daskjobs._execute",
+    "daskjobs._model.workspace",
+    "daskjobs._execution.lowering",
+    "daskjobs._execution.node_run",
+    "daskjobs._execution.shipping",
     "daskjobs.data",
 )
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import daskjobs as dj
-from daskjobs._context import Managed
+from daskjobs._model.context import Managed
 from daskjobs.errors import InvalidStateError, JobDefinitionError, OutputNotReadyError
 
 BAD_NAMES = ["", "../x", "..", ".", "/abs", "a/b", "a\\b", "__x", "x" * 129, "a\x00b", "a b", "a,b", "a=b"]

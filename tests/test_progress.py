@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs._notebook import in_jupyter
-from daskjobs._progress import EpochProgress, _bar_class, describe, known_total
-from daskjobs.history import EpochRecord
+from daskjobs.runner._history import EpochRecord
+from daskjobs.runner._notebook import in_jupyter
+from daskjobs.runner._progress import EpochProgress, _bar_class, describe, known_total
 
 
 def counting_job(limit: int | None = None, stop_at: int | None = None) -> dj.Job:
@@ -148,7 +148,7 @@ def test_bare_terminal_gets_a_size(monkeypatch, size, expected):
     """A pty that reports 0 columns or rows would make tqdm print nothing."""
     import os
 
-    from daskjobs._progress import _bare_terminal_size
+    from daskjobs.runner._progress import _bare_terminal_size
 
     monkeypatch.setattr(sys.stderr, "fileno", lambda: 2, raising=False)
     monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size(size))

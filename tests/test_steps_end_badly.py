@@ -90,8 +90,9 @@ def test_a_run_opened_on_a_worker_that_left_is_reported_as_a_lost_node(call):
     """Edge mode: a node's tasks of one run reach a worker that did not open the run (the node's
     worker left and a replacement took its resource): NodeLostError naming the node, never a
     KeyError, so the runner recovers."""
-    from daskjobs._execute import RunInfo, close_node, open_node, run_node_task
-    from daskjobs._lowering import plan_group
+    from daskjobs._execution.lowering import plan_group
+    from daskjobs._execution.node_run import close_node, open_node, run_node_task
+    from daskjobs._execution.plan import RunInfo
     from daskjobs.errors import NodeLostError
     from daskjobs.session._local import _LocalStates
 

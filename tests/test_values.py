@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskjobs as dj
-from daskjobs._validation import MAX_JSON_INT_DIGITS, as_value, copy_value
-from daskjobs._workspace import Scope, Workspace
+from daskjobs._model.values import MAX_JSON_INT_DIGITS, as_value, copy_value
+from daskjobs._model.workspace import Scope, Workspace
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.errors import BlobTypeError, CheckpointCorruptError, StepTypeError, TaskFailedError
 

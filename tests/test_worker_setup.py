@@ -9,7 +9,7 @@ import dask.config
 import pytest
 
 import daskjobs as dj
-from daskjobs.session._departures import departure
+from daskjobs.session._losses import departure
 
 
 def _dispositions() -> tuple[object, object]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import daskjobs as dj
-from daskjobs._workspace import Scope, Workspace
+from daskjobs._model.workspace import Scope, Workspace
 from daskjobs.errors import BlobTypeError
 
 

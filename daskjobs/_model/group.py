@@ -7,11 +7,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._context import Managed
-from .._validation import check_positive, validate_name
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
 from .node import Node, node_name
-from .task import SetupNets, Step, Task, TaskOutput, WorkspaceType, as_steps, as_workspace_type
+from .task import SetupNets, Step, Task, TaskOutput, TaskRegistry, WorkspaceType, as_steps, as_workspace_type
+from .values import check_positive, validate_name
 
 _group_ids = itertools.count()
 
@@ -25,7 +24,7 @@ class ReportStep:
     interval_ms: int
 
 
-class TaskGroup(Managed):
+class TaskGroup(TaskRegistry):
     """The tasks that make up one run: they start together and the run ends with the last one.
 
     Not related to :class:`asyncio.TaskGroup` nor to the task groups Dask's scheduler shows on

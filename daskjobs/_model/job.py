@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._context import Managed
-from .._validation import check_count, validate_name
 from ..errors import DefinitionTypeError, JobDefinitionError
+from .context import Managed
 from .group import TaskGroup, stepless_output_task
 from .node import Node, node_name
 from .task import Task, TaskOutput, WorkspaceType
+from .values import check_count, validate_name
 
 
 class Job(Managed):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._context import Managed
-from .._validation import check_positive, validate_name
 from ..errors import DefinitionTypeError
+from .context import Managed
+from .values import check_positive, validate_name
 
 
 class Cluster(Managed):

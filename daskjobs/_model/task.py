@@ -9,14 +9,14 @@ import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._context import Managed
-from .._validation import check_count, check_label, copy_value, validate_name
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError, OutputNotReadyError, StepTypeError
+from .context import Managed
 from .node import Cluster, Node
+from .values import check_count, check_label, copy_value, validate_name
 
 if TYPE_CHECKING:
-    from .._validation import Value
     from .group import TaskGroup
+    from .values import Value
 
 Step = Callable[..., Any]
 """A step is a callable taking the node's workspace: ``step(ws)``."""
@@ -249,6 +249,21 @@ class SetupNets:
         return f"SetupNets(init_nets={self.init_nets or None}, exit_nets={self.exit_nets or None})"
 
 
+class TaskRegistry(Managed):
+    """What a task joins when it is made: the current :class:`TaskGroup` (the only subclass, in
+    :mod:`.group`). Tasks know groups through this base, so that :mod:`.task` need not import
+    :mod:`.group` (which imports it)."""
+
+    def _register(self, task: Task) -> None:
+        raise NotImplementedError
+
+    def _unique_task_name(self, name: str) -> str:
+        raise NotImplementedError
+
+    def _move_to_end(self, task: Task) -> None:
+        raise NotImplementedError
+
+
 class Task(Managed):
     """A unit of work: Python steps run in order on one node, inside a :class:`TaskGroup`.
 
@@ -306,10 +321,8 @@ class Task(Managed):
         instance_init: Step | Sequence[Step] | None = None,
         instance_exit: Step | Sequence[Step] | None = None,
     ) -> None:
-        from .group import TaskGroup
-
         workspace_type = as_workspace_type(workspace_type, "Task")
-        if group is not None and not isinstance(group, TaskGroup):
+        if group is not None and not isinstance(group, TaskRegistry):
             raise DefinitionTypeError(f"group must be a TaskGroup, got {type(group).__name__}: {group!r}")
         if node is not None and not isinstance(node, str | Node):
             raise DefinitionTypeError(f"node must be a str or a Node, got {type(node).__name__}: {node!r}")
@@ -338,7 +351,7 @@ class Task(Managed):
         Cluster.current().add_node(node_obj)
         self._node = str(node_obj)
         self._node_resources = node_obj.kwargs()
-        self._group = TaskGroup.current(group, required=False)
+        self._group = TaskRegistry.current(group, required=False)
         self._name = f"{self._node}/{base}"
         for output in made:
             self.add_output(output)

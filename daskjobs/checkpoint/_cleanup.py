@@ -28,7 +28,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
 from ._files import read_regular
 from ._format import RESERVED_BLOB_NAMES, loads

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import (
     CheckpointCorruptError,
     CheckpointError,

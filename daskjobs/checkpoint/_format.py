@@ -27,7 +27,7 @@ read as the truth. Records of format version 2 (written before seals existed) ar
 that check.
 
 Everything read back is validated here before any path is built or byte is decoded: names
-with :func:`~daskjobs._validation.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
+with :func:`~daskjobs._model.values.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
 shapes and sizes against the limits below.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .._validation import check_dtype, validate_name
+from .._model.values import check_dtype, validate_name
 from .._version import __version__
 from ..errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
 

@@ -4,7 +4,7 @@
 decimal digits (4300 by default): Python's conversion between ``int`` and decimal text takes time
 quadratic in the digits. Raising that limit is process-wide, so this module leaves it alone and
 converts such ints itself, through :class:`decimal.Decimal`, only when the fast path fails.
-Reading refuses ints of more than :data:`~daskjobs._validation.MAX_JSON_INT_DIGITS` digits, the
+Reading refuses ints of more than :data:`~daskjobs._model.values.MAX_JSON_INT_DIGITS` digits, the
 most an assignment accepts, which bounds the time one stored int can cost.
 """
 
@@ -14,7 +14,7 @@ import decimal
 import json
 from typing import Any
 
-from .._validation import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS
+from .._model.values import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS
 
 
 def encode(value: Any) -> bytes:
@@ -25,7 +25,7 @@ def encode(value: Any) -> bytes:
     TypeError
         Something in ``value`` is not a JSON value.
     ValueError
-        A non-finite float, nesting deeper than :data:`~daskjobs._validation.MAX_JSON_DEPTH` (or a
+        A non-finite float, nesting deeper than :data:`~daskjobs._model.values.MAX_JSON_DEPTH` (or a
         cycle), or a ``str`` that UTF-8 cannot encode (a lone surrogate).
     """
     try:

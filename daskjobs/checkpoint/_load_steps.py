@@ -1,7 +1,7 @@
 """Checkpoint steps that run on a node's worker for a load (read, then assign or discard) and the
 pre-flight check of a run.
 
-Each step class is marked :data:`~daskjobs._execute.INTERNAL`: the daskjobs errors it raises (a
+Each step class is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it raises (a
 corrupt checkpoint) surface as themselves, not as a user's task failure.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._execute import INTERNAL
+from .._execution.node_run import INTERNAL
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from ._sharing import unseen_commit
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
     from ._store import CheckpointStore
 
 STAGED = "daskjobs.staged_load"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, DefinitionTypeError, JobDefinitionError
 from ._load_steps import READ_BLOB, AssignStep, DiscardStep, ReadStep
 from ._store import CheckpointStore

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .._model.group import TaskGroup
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
-from .._validation import check_count, validate_name
+from .._model.values import check_count, validate_name
 from ..errors import (
     CheckpointError,
     InvalidStateError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .._validation import check_count
+from .._model.values import check_count
 from ..errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ._format import check_epoch
 
 

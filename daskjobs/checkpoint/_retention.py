@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._validation import check_count
+from .._model.values import check_count
 from ..errors import CheckpointLockedError, JobDefinitionError
 from ._commits import RetiredEpoch
 from ._store import CheckpointStore

@@ -42,7 +42,7 @@ from ._steps import idle
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .._execute import NodeState
+    from .._execution.node_run import NodeState
     from ..session import Session
     from ._store import CheckpointStore
 

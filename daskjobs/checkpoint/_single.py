@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._model.node import Node
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import JobDefinitionError
 from ._manager import MultiNodeCheckpointManager
 from ._metadata import MetadataHandler

@@ -1,6 +1,6 @@
 """Checkpoint steps that run on a node's worker: save (now or in the background) and wait for it.
 
-Each step class is marked :data:`~daskjobs._execute.INTERNAL`: the daskjobs errors it raises
+Each step class is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it raises
 (a failed write) surface as themselves, not as a user's task failure.
 The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's own Dask task
 (:meth:`~daskjobs.Session.run_group` ``finish=``); they return their outcome instead of raising.
@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._execute import INTERNAL
-from .._validation import copy_value
+from .._execution.node_run import INTERNAL
+from .._model.values import copy_value
 from ..errors import CheckpointError, CheckpointLockedError
 from ._commits import RetiredEpoch
 from ._durable import in_background
 from ._fork import ForkedSave, forks
 
 if TYPE_CHECKING:
-    from .._execute import NodeState
-    from .._workspace import Workspace
+    from .._execution.node_run import NodeState
+    from .._model.workspace import Workspace
     from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")

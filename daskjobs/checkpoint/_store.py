@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from .._execute import INTERNAL
+from .._execution.node_run import INTERNAL
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
 from ..errors import JobDefinitionError
@@ -19,7 +19,7 @@ from ._store import CheckpointStore
 from ._zarr import expected_metadata, group_document
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
     from ._manager import MultiNodeCheckpointManager
 
 logger = logging.getLogger("daskjobs")

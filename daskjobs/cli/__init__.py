@@ -1,8 +1,10 @@
-"""The ``daskjobs`` command line (also ``python -m daskjobs``).
+"""The ``daskjobs`` command line (also ``python -m daskjobs``), the top of the package.
 
-Subcommands: ``run`` (a job from ``module:name`` or ``file.py:name``), ``check`` (prove that
-such a job resumes exactly), ``worker`` (a Dask worker serving nodes),
-``checkpoints list|show|verify|prune|unlock`` and ``demo``.
+Subcommands: ``run`` (a job from ``module:name`` or ``file.py:name``, :mod:`._run`), ``check``
+(prove that such a job resumes exactly, :mod:`._check`), ``worker`` (a Dask worker serving nodes,
+:mod:`._worker`), ``checkpoints list|show|verify|prune|unlock`` (:mod:`._checkpoints`) and
+``demo`` (:mod:`._demo`); what they share is in :mod:`._common`. It may import every other part
+of daskjobs; nothing imports it but ``python -m daskjobs``.
 
 Exit codes: 0 success; 1 the job or a check failed (one paragraph naming what and where; the
 traceback only with ``-v``); 2 a usage error (nothing is done or created); 130 / 143 after a
@@ -31,19 +33,15 @@ from types import FrameType
 
 from .._version import __version__
 from ..errors import DaskJobsError, JobInterruptedError
+from ..runner._targets import load_job
 from ._check import add_check_parser
 from ._checkpoints import add_checkpoints_parser
 from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, Terminated, UsageError
-from ._run import add_run_parser, load_job
+from ._demo import add_demo_parser
+from ._run import add_run_parser
 from ._worker import add_worker_parser, worker_argv
 
 __all__ = ["build_parser", "load_job", "main", "worker_argv"]
-
-
-def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
-    from ..demo import add_demo_parser
-
-    add_demo_parser(subparsers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"daskjobs {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more, show tracebacks of failures")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_run_parser, add_check_parser, add_worker_parser, add_checkpoints_parser, _add_demo_parser):
+    for add in (add_run_parser, add_check_parser, add_worker_parser, add_checkpoints_parser, add_demo_parser):
         add(subparsers)
     return parser
 

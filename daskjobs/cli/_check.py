@@ -15,8 +15,7 @@ from typing import Any
 
 from .._model.job import Job
 from ..errors import JobDefinitionError
-from ._common import FAILED, OK, CommandFailed, Subparsers, UsageError, add_verbose, positive_int
-from ._run import load_job
+from ._common import FAILED, OK, CommandFailed, Subparsers, UsageError, add_verbose, load_target, positive_int
 
 _DEFAULT_MODES = ("stop", "kill")
 
@@ -77,7 +76,7 @@ def check_job(args: argparse.Namespace) -> int:
         raise UsageError("--mode lose-node kills a node's worker: it needs a cluster, not --local")
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    job = load_job(args.target)  # a TARGET that is no job is a usage error, before any run starts
+    job = load_target(args.target)  # a TARGET that is no job is a usage error, before any run starts
     if not job.stop_conditions and args.max_epochs is None:
         raise CommandFailed(
             f"job {job.name!r} ({args.target}) has no stop condition, so it would never stop: "

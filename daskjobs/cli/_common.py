@@ -114,7 +114,7 @@ def add_verbose(parser: argparse.ArgumentParser) -> None:
 
 
 def leave_when_abandoned(error: BaseException) -> None:
-    """After a runner's interruption (see ``daskjobs._interrupt``; the runner logged its message):
+    """After a runner's interruption (see ``daskjobs.runner._interrupt``; the runner logged its message):
     a second SIGINT/SIGTERM (an ``abandoned`` one) ends the process at once, with exit code 130 /
     143; after a graceful stop, so does the next signal, while the command cleans up.
 
@@ -150,3 +150,17 @@ def _release_process_resources(deadline: float) -> None:
     finalizers = threading.Thread(target=multiprocessing.util._run_finalizers, args=(0,), daemon=True)
     finalizers.start()
     finalizers.join(deadline)
+
+
+def load_target(target: str) -> Any:
+    """The job ``TARGET`` names (see :func:`daskjobs.runner._targets.load_job`): a TARGET that names
+    no job is a usage error (exit 2), one whose import or callable raised a failure (exit 1)."""
+    from ..errors import TargetError, TargetLoadError
+    from ..runner._targets import load_job
+
+    try:
+        return load_job(target)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    except TargetLoadError as exc:
+        raise CommandFailed(str(exc)) from exc.__cause__

@@ -9,7 +9,7 @@ import sys
 
 from dask.utils import parse_timedelta
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import JobDefinitionError
 from ..session._placement import worker_resources
 from ._common import OK, Subparsers, UsageError, positive_int

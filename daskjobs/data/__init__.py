@@ -2,8 +2,9 @@
 
 A reader lives on one node and keeps all of its state in that node's GLOBAL workspace, so the
 state is checkpointed with the model in the same epoch and a resumed or recovered job neither
-repeats nor skips a record. This package sits on the job model and the workspaces: it imports
-neither ``distributed`` nor ``zarr`` (Zarr sources are opened on the node, on first use).
+repeats nor skips a record. This package sits on the job model and the workspaces; it imports
+neither ``distributed`` nor ``zarr`` when it is imported (a Zarr source is opened on its node,
+on first use, through :mod:`daskjobs.checkpoint`'s verified Zarr access). The runner imports it.
 """
 
 from ._array import ArrayReader

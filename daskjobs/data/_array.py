@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._validation import check_count
+from .._model.values import check_count
 from ..errors import JobDefinitionError
 from ._reader import Reader
 from ._sources import ZarrSource, as_source
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
 
 
 def _positive_int(value: object, what: str, reader: str, minimum: int = 1) -> int:

@@ -11,12 +11,12 @@ import numpy as np
 from .._model.group import TaskGroup
 from .._model.job import Job
 from .._model.task import SetupNets, Task, TaskOutput
-from .._validation import check_count
+from .._model.values import check_count
 from ..errors import JobDefinitionError
 from ._reader import Reader, check_node, current_group
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
 
 _limits: weakref.WeakKeyDictionary[TaskGroup, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
 """``(node, reader name)`` of the limiters built in each group, so that each gets its own blobs."""

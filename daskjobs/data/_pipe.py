@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._model.task import Task, not_plain
-from .._validation import check_count
+from .._model.values import check_count
 from ..errors import JobDefinitionError, StepTypeError
 from ._reader import Reader, check_node, current_group
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
 
 Processor = Callable[["Workspace", Any], Any]
 """``processor(ws, batch)``: consumes one batch in the pipe task's workspace."""

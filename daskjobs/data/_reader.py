@@ -11,11 +11,11 @@ from .._model.group import TaskGroup
 from .._model.job import Job
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import JobDefinitionError
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._model.workspace import Workspace
 
 _names: weakref.WeakKeyDictionary[TaskGroup, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
 """``(node, name)`` of the readers whose setup task each group holds, in creation order."""

@@ -1,4 +1,15 @@
-"""Sessions: where TaskGroups run. The only package that imports ``distributed``."""
+"""Sessions: where TaskGroups run, and where node workspaces live.
+
+:class:`LocalSession` runs the lowered graphs in this process (:mod:`._local`);
+:class:`DaskSession` on a ``distributed`` cluster (:mod:`._dask`, with its client
+:mod:`._client` and :mod:`._address`, the worker side :mod:`._plugin`, placement by resources
+:mod:`._placement`, lost nodes and planned departures :mod:`._losses`); :func:`node_cluster`
+starts a local cluster with one worker per node (:mod:`._cluster`, :mod:`._worker_process`).
+
+The only package that imports ``distributed``. It imports the model and the execution layer
+(:mod:`daskjobs._execution`); the runner and the checkpoint managers use sessions (the managers
+for type hints only).
+"""
 
 from __future__ import annotations
 

@@ -11,14 +11,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar
 
-from .._execute import NodeResult, NodeState, NodeStateProvider, abandon_node_run, private_trap_message
-from .._lowering import LoweredGraph, lower, plan_group
+from .._execution.lowering import LoweredGraph, lower, plan_group
+from .._execution.node_run import NodeState, NodeStateProvider, abandon_node_run, private_trap_message
+from .._execution.plan import NodeResult
 from .._model.group import TaskGroup
+from .._model.metrics import MetricSums, merge_sums
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType, as_workspace_type
-from .._validation import Value, as_value, copy_value, validate_name
+from .._model.values import Value, as_value, copy_value, validate_name
 from ..errors import JobDefinitionError, NodeLostError, SessionClosedError
-from ..history import MetricSums, merge_sums
 
 T = TypeVar("T")
 

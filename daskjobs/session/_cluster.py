@@ -14,7 +14,7 @@ from distributed import Nanny, Scheduler, Security, SpecCluster, Worker
 
 from .._model.job import Job
 from .._model.node import Node
-from .._validation import check_count, validate_name
+from .._model.values import check_count, validate_name
 from ..errors import DefinitionTypeError, JobDefinitionError
 from . import _worker_process
 from ._placement import worker_resources

@@ -11,19 +11,20 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
-from distributed import Client, Future, secede
+from distributed import Client, Future
 from distributed.comm.core import CommClosedError
-from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
-from .._execute import NodePlan, NodeResult, abandon_node_run
-from .._lowering import Dep, LoweredGraph
-from .._validation import validate_name
-from ..errors import NodeLostError, SessionClosedError, SessionLostError, TaskFailedError, picklable_cause
+from .._execution.lowering import Dep, LoweredGraph
+from .._execution.node_run import abandon_node_run
+from .._execution.plan import NodePlan, NodeResult
+from .._execution.shipping import pack_plan
+from .._model.values import validate_name
+from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
-from ._departures import departure
+from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
 from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
-from ._plugin import PLUGIN_NAME, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
+from ._plugin import PLUGIN_NAME, OnWorker, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
 from ._worker_process import quiet_compute_failures
 
 T = TypeVar("T")
@@ -33,68 +34,12 @@ logger = logging.getLogger("daskjobs")
 _WATCH_INTERVAL = 1.0
 """Seconds between checks, while a run is in flight, that its nodes still have workers."""
 
-_RECOVERY_HINT = (
-    "Its workspace is gone: wait for the node's worker to return (session.wait_for_nodes) and restore "
-    "the workspace from a checkpoint (JobRunner does both when given a checkpoint manager and max_failures > 0)."
-)
-
-_DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, CancelledError, CommClosedError)
-"""What distributed raises when a node's worker dies, is missing, or the cluster connection breaks."""
-
-
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
 
 
 _EDGE_SHARE = 1 / 1024
 """The part of a node's resources one Dask task of a run with dataflow edges asks for."""
-
-
-class _OnWorker:
-    """A Dask task function of a run, as a worker calls it.
-
-    With ``seceding`` it first leaves the worker's thread pool (``distributed.secede``). A
-    :class:`~daskjobs.errors.TaskFailedError` leaves the worker with causes that can be pickled:
-    Dask pickles an error with its whole chain of causes, and one that cannot be pickled would
-    reach the client as a bare ``Exception`` holding a repr.
-    """
-
-    def __init__(self, fn: Callable[..., Any], seceding: bool) -> None:
-        self.fn, self.seceding = fn, seceding
-
-    def __call__(self, *args: Any) -> Any:
-        if self.seceding:
-            secede()
-        try:
-            return self.fn(*args)
-        except TaskFailedError as exc:
-            exc.__cause__ = picklable_cause(exc.__cause__)
-            exc.__context__ = exc.__cause__
-            raise
-
-
-class _Watchdog:
-    """Notices nodes that stay without a worker while some of a run's futures are pending."""
-
-    def __init__(self, session: DaskSession, futures: list[Future], node_of: dict[str, str]) -> None:
-        self.session, self.futures, self.node_of = session, futures, node_of
-        self.missing_since: dict[str, float] = {}
-
-    def check(self) -> NodeLostError | None:
-        """Cancel the run and return the error once a node had no worker for ``daskjobs.placement-timeout``."""
-        tolerance = config_timeout("placement-timeout")
-        served = served_nodes(self.session._workers())
-        now = time.monotonic()
-        for node in {self.node_of[f.key] for f in self.futures if not f.done()}:
-            if node in served:
-                self.missing_since.pop(node, None)
-            else:
-                self.missing_since.setdefault(node, now)
-        lost = sorted(n for n, since in self.missing_since.items() if now - since >= tolerance)
-        if not lost:
-            return None
-        self.session._client.cancel(self.futures)
-        return NodeLostError(f"node(s) {lost} had no worker for {tolerance:g} s while running. {_RECOVERY_HINT}", lost)
 
 
 class DaskSession(Session):
@@ -228,7 +173,7 @@ class DaskSession(Session):
         for task in graph.tasks:  # pack the steps first: a step that cannot be pickled raises before any submit
             for arg in task.args:
                 if isinstance(arg, NodePlan):
-                    arg.packed  # noqa: B018 - made once per plan, then reused by every run
+                    pack_plan(arg)  # made once per plan, then reused by every run
         send_at_once(self._client)
         futures: dict[str, Future] = {}
         # A run with dataflow edges is one Dask task per daskjobs task: each takes a sliver of its
@@ -239,7 +184,7 @@ class DaskSession(Session):
             needs = {node_resource(task.node): 1, **graph.resources.get(task.node, {})}
             try:
                 futures[task.key] = self._client.submit(
-                    _OnWorker(task.fn, seceding=share != 1.0),
+                    OnWorker(task.fn, seceding=share != 1.0),
                     *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
                     key=task.key,
                     resources={name: amount * share for name, amount in needs.items()},
@@ -420,7 +365,7 @@ class DaskSession(Session):
         leave no keys on the scheduler.
         """
         every = list(futures.values())
-        watchdog = _Watchdog(self, every, node_of)
+        watchdog = Watchdog(self._workers, self._client.cancel, every, node_of)
         tb = None
         self._partial = {}
         try:
@@ -451,14 +396,16 @@ class DaskSession(Session):
             # The scheduler connection broke (distributed cancelled the futures): a lost
             # session unless the client reconnects within daskjobs.connect-timeout.
             self._await_reconnect()
-        if isinstance(error, _DISTRIBUTED_FAILURES):
-            raise self._with_departure(self._lost(error, node_of)) from None
+        if isinstance(error, DISTRIBUTED_FAILURES):
+            error = lost_node_error(error, node_of)
+            self._unplace(error.nodes)
+            raise with_departure(self._client, self._serving, error) from None
         if isinstance(error, NodeLostError):
             self._unplace(error.nodes)
-            error = self._with_departure(error)
+            error = with_departure(self._client, self._serving, error)
         raise error.with_traceback(tb)
 
-    def _gather_watched(self, futures: list[Future], watchdog: _Watchdog) -> list[Any] | NodeLostError:
+    def _gather_watched(self, futures: list[Future], watchdog: Watchdog) -> list[Any] | NodeLostError:
         """The results of the successful ``futures`` once all are done, or the watchdog's error."""
         results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL)
         while pending is not None:
@@ -468,7 +415,7 @@ class DaskSession(Session):
             results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL, pending)
         return results
 
-    def _drain(self, watchdog: _Watchdog) -> NodeLostError | None:
+    def _drain(self, watchdog: Watchdog) -> NodeLostError | None:
         """Block until all of the run's futures are done, or return the watchdog's error."""
         done = when_all_done(watchdog.futures)
         while not done.wait(_WATCH_INTERVAL):
@@ -476,36 +423,6 @@ class DaskSession(Session):
             if lost is not None:
                 return lost
         return None
-
-    def _lost(self, exc: BaseException, node_of: dict[str, str]) -> NodeLostError:
-        """The NodeLostError for a distributed failure ``exc`` of a run on ``node_of``'s nodes."""
-        key = getattr(exc, "task", None)
-        nodes = [node_of[key]] if key in node_of else sorted(set(node_of.values()))
-        self._unplace(nodes)
-        if isinstance(exc, KilledWorker):
-            what = f"the worker of node {nodes[0]!r} ({exc.last_worker.address}) died while running {key!r}"
-        elif isinstance(exc, NoValidWorkerError | NoWorkerError):
-            what = f"no worker served node(s) {nodes} for {exc.timeout:g} s"
-        else:
-            what = f"the run on node(s) {nodes} was cancelled or lost its connection to the Dask cluster ({exc!r})"
-        return NodeLostError(f"{what}. {_RECOVERY_HINT}", nodes)
-
-    def _with_departure(self, error: NodeLostError) -> NodeLostError:
-        """``error``, telling why its nodes' worker left when the scheduler's log shows it left on
-        purpose (see :mod:`._departures`): the runner then recovers without counting a failure."""
-        for address in sorted({self._serving[n] for n in error.nodes if n in self._serving}):
-            try:
-                events = self._client.sync(
-                    self._client.scheduler.events, topic=address, callback_timeout=config_timeout("connect-timeout")
-                )
-            except Exception:  # the log is an explanation, not a necessity
-                continue
-            why = departure(events)
-            if why is not None:
-                message = f"{error.message} (the worker at {address} left on purpose: {why})"
-                error.message, error.departure, error.args = message, why, (message, error.nodes, why)
-                break
-        return error
 
     def _unplace(self, nodes: Iterable[str]) -> None:
         for node in nodes:

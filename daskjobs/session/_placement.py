@@ -31,7 +31,7 @@ from typing import Any
 import dask.config
 from dask.utils import parse_timedelta
 
-from .._validation import validate_name
+from .._model.values import validate_name
 from ..errors import NodePlacementError
 
 RESOURCE_PREFIX = "daskjobs-node-"

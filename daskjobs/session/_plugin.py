@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from distributed import Client, Worker, get_worker
+from distributed import Client, Worker, get_worker, secede
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._execute import NodeState
-from ..errors import NodeLostError, NodePlacementError
+from .._execution.node_run import NodeState
+from ..errors import NodeLostError, NodePlacementError, TaskFailedError, picklable_cause
 from ._placement import node_resource
 
 T = TypeVar("T")
@@ -144,3 +144,26 @@ def wait_for_steps(client: Client, prefix: str, timeout: float) -> list[str]:
             logger.info("waiting for %d step(s) of an interrupted run to end on the workers", len(keys))
             logged = True
         time.sleep(min(0.1, left))
+
+
+class OnWorker:
+    """A Dask task function of a run, as a worker calls it.
+
+    With ``seceding`` it first leaves the worker's thread pool (``distributed.secede``). A
+    :class:`~daskjobs.errors.TaskFailedError` leaves the worker with causes that can be pickled:
+    Dask pickles an error with its whole chain of causes, and one that cannot be pickled would
+    reach the client as a bare ``Exception`` holding a repr.
+    """
+
+    def __init__(self, fn: Callable[..., Any], seceding: bool) -> None:
+        self.fn, self.seceding = fn, seceding
+
+    def __call__(self, *args: Any) -> Any:
+        if self.seceding:
+            secede()
+        try:
+            return self.fn(*args)
+        except TaskFailedError as exc:
+            exc.__cause__ = picklable_cause(exc.__cause__)
+            exc.__context__ = exc.__cause__
+            raise

@@ -1,4 +1,4 @@
-"""Prove that a job resumes exactly (SPEC §1.11).
+"""Prove that a job resumes exactly: testing helpers for users' own test suites.
 
 daskjobs guarantees that what it checkpoints comes back bit for bit. Whether a *job* resumes
 exactly also depends on its steps keeping all of their state in workspaces: no global random
@@ -7,6 +7,9 @@ tasks finish. :func:`check_resume` runs a job uninterrupted twice and interrupte
 epochs (a graceful stop, a killed driver process, a lost node), resumes each, and compares every
 committed epoch of every run with the first; :func:`assert_resumes_exactly` does the same in a
 test. ``daskjobs check TARGET`` is the command-line form.
+
+It sits on the runner (it imports the runner, sessions and checkpoints); only the command line
+imports it.
 
 Examples
 --------

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._model.job import Job
-from .._validation import check_count, check_positive
+from .._model.values import check_count, check_positive
 from ..checkpoint import CheckpointStore
 from ..errors import DefinitionTypeError, JobDefinitionError
 from ..session import DaskSession, LocalSession, Session

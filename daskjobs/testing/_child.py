@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..cli._run import load_job
+from ..runner._targets import load_job
 from ..session import DaskSession, LocalSession
 from ._runs import Action, perform
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._model.job import Job
 from ..errors import ResumeCheckError
-from ..runner import JobRunner
+from ..runner._runner import JobRunner
 from ..session import DaskSession, LocalSession
 from ..session._plugin import wait_for_steps
 from ._runs import Action, Outcome, perform

@@ -22,8 +22,8 @@ from typing import Any, Literal
 from .._model.job import Job
 from ..checkpoint import MultiNodeCheckpointManager
 from ..errors import JobInterruptedError
-from ..history import EpochRecord
-from ..runner import JobRunner
+from ..runner._history import EpochRecord
+from ..runner._runner import JobRunner
 from ..session import Session, node_resource
 
 logger = logging.getLogger("daskjobs")

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import daskjobs as dj
-from daskjobs._workspace import Scope, Workspace
+from daskjobs._model.workspace import Scope, Workspace
 from daskjobs.errors import BlobTypeError, TaskFailedError
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .errors import CheckpointError, JobInterruptedError
+from ..errors import CheckpointError, JobInterruptedError
 
 logger = logging.getLogger("daskjobs")
 

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from .checkpoint._lock import local_holder
-from .errors import CheckpointWriteError
+from ..checkpoint._lock import local_holder
+from ..errors import CheckpointWriteError
 
 if TYPE_CHECKING:
-    from ._model.job import Job
-    from .checkpoint import MultiNodeCheckpointManager
-    from .session import Session
+    from .._model.job import Job
+    from ..checkpoint import MultiNodeCheckpointManager
+    from ..session import Session
 
 logger = logging.getLogger("daskjobs")
 

@@ -8,13 +8,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from .checkpoint import MultiNodeCheckpointManager
-from .errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
-from .history import means
+from .._model.metrics import means
+from ..checkpoint import MultiNodeCheckpointManager
+from ..errors import CheckpointLockedError, CheckpointWriteError, NodeLostError, SessionClosedError, SessionLostError
+from ..session import Session, as_session
+from ._writer import holding_lock
 
 if TYPE_CHECKING:
-    from ._model.group import TaskGroup
-    from .session import Session
+    from .._model.group import TaskGroup
 
 logger = logging.getLogger("daskjobs")
 
@@ -381,3 +382,41 @@ def overrides(manager: MultiNodeCheckpointManager, method: str) -> bool:
     """Whether ``manager``'s class overrides ``method`` (``"save"``, ``"load"``, ``"init"``): the
     runner then runs the group it returns, as in Caffe2, instead of its own equivalent."""
     return getattr(type(manager), method) is not getattr(MultiNodeCheckpointManager, method)
+
+
+def save_now(
+    manager: MultiNodeCheckpointManager,
+    job: str,
+    epoch: int,
+    session: Session,
+    stop_values: dict[str, bool],
+    *,
+    save_retries: int,
+    on_save_error: str,
+    break_lock: bool,
+) -> None:
+    """:meth:`~daskjobs.JobRunner.save_checkpoints`: save and commit ``epoch`` now, holding the
+    prefix's lock for it (unless this process holds it already: a running ``train()``)."""
+    saver = EpochSaver(manager, job, save_retries=save_retries, on_save_error=on_save_error)
+    if manager.holds_lock:  # called while this runner trains (from on_epoch, for instance)
+        saver.save(epoch, session, stop_values, {})
+        return
+    with holding_lock(manager, job, break_lock=break_lock):
+        manager.check_shared(session)
+        saver.save(epoch, session, stop_values, {})
+        saver.flush(session)
+
+
+def load_now(
+    manager: MultiNodeCheckpointManager, nodes: list[str], blob_names: list[str], epoch: int, session: Any
+) -> bool:
+    """:meth:`~daskjobs.JobRunner.load_blobs_from_checkpoints` (``session`` may also be a Client or
+    ``None``: a session made here is closed here)."""
+    own, session = not isinstance(session, Session), as_session(session)
+    try:
+        loaded = manager.load_blobs_locally(nodes, blob_names, epoch, session)
+    finally:
+        if own:
+            session.close()
+    manager.report_checkpoint_stats("checkpoint_partial_load")
+    return loaded

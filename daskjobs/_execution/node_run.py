@@ -1,130 +1,31 @@
-"""Runs one node's share of a TaskGroup run against that node's workspace (pure: no Dask).
+"""Runs one node's share of a TaskGroup run against that node's workspace (no Dask).
 
-Both sessions call these functions from the Dask tasks that lowering produces: the
-in-process session with its own node states, the distributed session on the node's worker.
+Both sessions call these functions from the Dask tasks that lowering produces: the in-process
+session with its own node states, the distributed session on the node's worker.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import threading
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ._model.group import ReportStep
-from ._model.task import SetupNets, Step, WorkspaceType
-from ._shipping import PackedPlan, pack_plan, unpack_plan
-from ._validation import Value, copy_value
-from ._workspace import Scope, Workspace
-from .errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
-from .history import MetricLog, MetricSums
+from .._model.group import ReportStep
+from .._model.metrics import MetricLog
+from .._model.task import Step, WorkspaceType
+from .._model.values import Value, copy_value
+from .._model.workspace import Scope, Workspace
+from ..errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
+from .plan import Captured, NodePlan, NodeResult, RunInfo, TaskSpec
+from .shipping import PackedPlan, unpack_plan
 
 _pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="daskjobs-task")
-
-Captured = list[list[Value]]
-"""The values of a task's outputs: one list of values per TaskOutput."""
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a node needs to run one task: picklable, without references to the job model."""
-
-    index: int
-    name: str
-    steps: tuple[Step, ...]
-    task_init: tuple[Step, ...]
-    task_exit: tuple[Step, ...]
-    instance_init: tuple[Step, ...]
-    instance_exit: tuple[Step, ...]
-    num_instances: int
-    outputs: tuple[tuple[str, ...], ...]
-    inputs: tuple[tuple[str, int, int], ...]
-    """``(local_name, producer task index, producer output index)`` per input."""
-    subtasks: tuple[TaskSpec, ...] = ()
-
-    @property
-    def has_work(self) -> bool:
-        """Whether the task runs code; step-less tasks only capture their outputs."""
-        return bool(
-            self.steps or self.task_init or self.task_exit or self.instance_init or self.instance_exit or self.subtasks
-        )
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """One node's share of a TaskGroup."""
-
-    job: str
-    group: str
-    node: str
-    workspace_type: WorkspaceType
-    tasks: tuple[TaskSpec, ...]
-    report_steps: tuple[ReportStep, ...] = ()
-    local_setups: tuple[SetupNets, ...] = ()
-
-    @property
-    def reserved(self) -> frozenset[str]:
-        """Output names of this node's tasks: new blobs with these names live at node level."""
-        return frozenset(n for t in self.tasks for out in t.outputs for n in out)
-
-    def steps(self) -> Iterator[tuple[str, Step]]:
-        """Every user callable of the plan with the name of the task it belongs to."""
-
-        def of(spec: TaskSpec) -> Iterator[tuple[str, Step]]:
-            for steps in (spec.task_init, spec.instance_init, spec.steps, spec.instance_exit, spec.task_exit):
-                yield from ((spec.name, step) for step in steps)
-            for sub in spec.subtasks:
-                yield from of(sub)
-
-        for spec in self.tasks:
-            yield from of(spec)
-        for report in self.report_steps:
-            yield f"{self.node}/report_step", report.step
-        for setup in self.local_setups:
-            yield from ((f"{self.node}/local_init", step) for step in setup.init_nets)
-            yield from ((f"{self.node}/local_exit", step) for step in setup.exit_nets)
-
-    @functools.cached_property
-    def packed(self) -> PackedPlan:
-        """The plan as it travels to a worker (see :mod:`._shipping`), made once."""
-        return pack_plan(self)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """A plan travels as a :class:`~._shipping.PackedPlan`: its steps as bytes that daskjobs
-        turns back into functions inside the task that runs them (:func:`~._shipping.unpack_plan`)."""
-        packed = self.packed
-        return PackedPlan, tuple(getattr(packed, f.name) for f in fields(packed))
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """Identifies one run of a group; ``token`` is the node generation the run expects."""
-
-    key: str
-    epoch: int | None
-    token: str | None = None
-    finish: Callable[[NodeState], Any] | None = None
-    """Called on the node's state after the node's share of the run (e.g. the epoch's checkpoint
-    save); its result comes back as :attr:`NodeResult.finished`."""
-
-
-@dataclass(frozen=True)
-class NodeResult:
-    """What a node returns from a group run: its generation token, captured outputs by task
-    index, the metrics its steps logged, the blobs caught in the accumulate-in-PRIVATE trap
-    (see :func:`private_trap_message`), and what :attr:`RunInfo.finish` returned."""
-
-    token: str
-    captured: dict[int, Captured]
-    metrics: MetricSums = field(default_factory=dict)
-    traps: tuple[str, ...] = ()
-    finished: Any = None
 
 
 def private_trap_message(job: str, group: str, node: str, blob: str) -> str:

@@ -7,28 +7,25 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._model.job import Job
+from .._model.metrics import means
+from .._model.values import check_count
+from ..data import epochs_until_finished
+from ..errors import JobDefinitionError, JobInterruptedError, NodeLostError, SessionLostError
+from ..session import Session, as_session
+from ._checks import check_can_stop, resume_epoch, stop_condition_values
+from ._history import EpochRecord, history_frame, history_html, plot_history, settle_bytes
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
-from ._model.job import Job
 from ._progress import EpochProgress, known_total
-from ._recovery import MAX_DEPARTURES_IN_A_ROW, RECOVERY_WAIT, check_recoverable, prepare_restore, with_last_commit
-from ._saving import EpochSaver, overrides
-from ._validation import check_can_stop, check_count, resume_epoch, stop_condition_values
+from ._recovery import Departures, Recovery, check_recoverable, load_epoch, restore, with_last_commit
+from ._saving import EpochSaver, load_now, overrides, save_now
 from ._writer import end_saves, holding_lock, prepare_manager
-from .data import epochs_until_finished
-from .errors import (
-    JobDefinitionError,
-    JobInterruptedError,
-    NodeLostError,
-    SessionLostError,
-)
-from .history import EpochRecord, history_frame, history_html, means, plot_history, settle_bytes
-from .session import Session, as_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._model.group import TaskGroup
-    from .checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
+    from .._model.group import TaskGroup
+    from ..checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
 
 logger = logging.getLogger("daskjobs")
 
@@ -129,8 +126,7 @@ class JobRunner:
         self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
-        self._departed_at: int | None = None
-        self._departures_in_a_row = 0
+        self._departures = Departures()
         """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, before it starts)."""
 
     # -- public ---------------------------------------------------------------------------
@@ -202,28 +198,21 @@ class JobRunner:
             A node's worker does not see the prefix as this process does (see
             :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`); nothing was written.
         """
-        manager = self._set_up_manager()
-        saver = EpochSaver(manager, self.job.name, save_retries=self.save_retries, on_save_error=self.on_save_error)
-        if manager.holds_lock:  # called while this runner trains (from on_epoch, for instance)
-            saver.save(epoch, session, stop_values or {}, {})
-            return
-        with holding_lock(manager, self.job.name, break_lock=self.break_lock):
-            manager.check_shared(session)
-            saver.save(epoch, session, stop_values or {}, {})
-            saver.flush(session)
+        save_now(
+            self._set_up_manager(),
+            self.job.name,
+            epoch,
+            session,
+            stop_values or {},
+            save_retries=self.save_retries,
+            on_save_error=self.on_save_error,
+            break_lock=self.break_lock,
+        )
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
         if any node has no committed checkpoint of that epoch (works before :meth:`train` too)."""
-        manager = self._set_up_manager()
-        own, session = not isinstance(session, Session), as_session(session)
-        try:
-            loaded = manager.load_blobs_locally(self.job.nodes_to_checkpoint(), blob_names, epoch, session)
-        finally:
-            if own:
-                session.close()
-        manager.report_checkpoint_stats("checkpoint_partial_load")
-        return loaded
+        return load_now(self._set_up_manager(), self.job.nodes_to_checkpoint(), blob_names, epoch, session)
 
     # -- the algorithm --------------------------------------------------------------------
     def _train(self, session: Session, manager: MultiNodeCheckpointManager | None) -> int:
@@ -255,7 +244,10 @@ class JobRunner:
             while True:
                 try:
                     if phase == "restore":
-                        restored = self._restore(session, manager, failures, departures, lost, departed)
+                        assert manager is not None
+                        latest = self._last_committed()
+                        recovery = Recovery(failures, departures, self.max_failures, lost, departed)
+                        restored = restore(session, manager, self.job, latest, recovery, self.max_epochs)
                         phase, resume = ("loop", resume) if restored is not None else ("start", None)
                         epoch, stop = restored or (0, False)
                         # One history record per epoch: those of the epochs run again go.
@@ -278,7 +270,7 @@ class JobRunner:
                     return epoch
                 except NodeLostError as exc:
                     self._settle()
-                    lost, departed = exc.nodes, self._departed(exc, manager)
+                    lost, departed = exc.nodes, self._departures.planned(exc, manager, self._last_committed())
                     if departed is not None:
                         departures += 1
                     else:
@@ -411,72 +403,7 @@ class JobRunner:
         check = manager.init(nodes, retrieve_from_epoch=resume)
         if overrides(manager, "init"):
             session.run_group(check, job=job.name, attempt=failures)
-        return self._load(session, manager, resume, failures)
-
-    def _load(
-        self, session: Session, manager: MultiNodeCheckpointManager, epoch: int, failures: int
-    ) -> tuple[int, bool]:
-        """Restore every checkpointed node from ``epoch``; return the next epoch and whether to stop.
-
-        The commit record is read once: the load and the stop values come from it.
-        """
-        if overrides(manager, "load"):
-            session.run_group(manager.load(epoch), job=self.job.name, attempt=failures)
-            record = manager.store.read_commit(epoch)
-        else:
-            record = manager.store.read_commit(epoch)
-            manager.restore(session, record, job=self.job.name, attempt=failures)
-        manager.report_checkpoint_stats("checkpoint_load")
-        stopped = [name for name, value in record.get("stop_values", {}).items() if value]
-        if stopped or self._reached_max(epoch):
-            why = f"stop conditions {stopped} true" if stopped else f"max_epochs={self.max_epochs} reached"
-            logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)
-            return epoch, True
-        return epoch + 1, False
-
-    def _departed(self, exc: NodeLostError, manager: MultiNodeCheckpointManager | None) -> str | None:
-        """Why ``exc``'s worker left, when that is a planned departure to recover from without
-        counting a failure: it left on purpose, there is a checkpoint manager to restore from, and
-        the job still moves (at most :data:`MAX_DEPARTURES_IN_A_ROW` departures between commits)."""
-        if exc.departure is None or manager is None:
-            return None
-        last = self._last_committed()
-        if last != self._departed_at:
-            self._departed_at, self._departures_in_a_row = last, 0
-        self._departures_in_a_row += 1
-        return exc.departure if self._departures_in_a_row <= MAX_DEPARTURES_IN_A_ROW else None
-
-    def _restore(
-        self,
-        session: Session,
-        manager: MultiNodeCheckpointManager | None,
-        failures: int,
-        departures: int,
-        lost: list[str],
-        departed: str | None,
-    ) -> tuple[int, bool] | None:
-        """After the loss of nodes ``lost`` (a planned departure when ``departed`` says why): wait for
-        every node and restore all of them from the last commit.
-
-        Returns the epoch to run next and whether to stop, or ``None`` when nothing was
-        committed yet (init runs again from scratch, on emptied workspaces).
-        """
-        assert manager is not None
-        manager.discard_pending()
-        latest = self._last_committed()
-        prepare_restore(
-            session,
-            self.job.nodes(),
-            latest,
-            RECOVERY_WAIT,
-            lost=lost,
-            departed=departed,
-            failures=(failures, self.max_failures),
-        )
-        if latest is None:
-            return None
-        manager.check_shared(session)  # a node's new worker may be on a machine without the prefix
-        return self._load(session, manager, latest, failures + departures)
+        return load_epoch(session, manager, job.name, resume, failures, self.max_epochs)
 
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job

@@ -1,23 +1,14 @@
-"""What happened in each epoch of a run: :class:`EpochRecord`, epoch metrics, and tables and plots of them.
-
-No Dask, no I/O. pandas and matplotlib are optional and imported only by :func:`history_frame`
-and :func:`plot_history`.
-"""
+"""The history of a run: one record per epoch, its table (pandas), plot (matplotlib) and HTML."""
 
 from __future__ import annotations
 
 import html
 import importlib
-import math
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._notebook import show_figures_inline
-
-MetricSums = dict[str, tuple[float, int]]
-"""Metric name -> (sum of the logged values, how many were logged)."""
 
 
 @dataclass(frozen=True)
@@ -45,25 +36,6 @@ class EpochRecord:
         return self.bytes_written + self.bytes_reused
 
 
-class MetricLog:
-    """Thread-safe sums and counts of the metrics logged during one group run on one node."""
-
-    def __init__(self) -> None:
-        self._sums: MetricSums = {}
-        self._lock = threading.Lock()
-
-    def add(self, name: str, value: float) -> None:
-        """Record one value of ``name``."""
-        with self._lock:
-            total, count = self._sums.get(name, (0.0, 0))
-            self._sums[name] = (total + value, count + 1)
-
-    def sums(self) -> MetricSums:
-        """A copy of what was logged."""
-        with self._lock:
-            return dict(self._sums)
-
-
 def settle_bytes(records: list[EpochRecord], pending: list[int], committed: Mapping[int, tuple[int, int]]) -> None:
     """Give the records of the ``pending`` epochs (saved asynchronously) the bytes written and
     reused that their commits report (``committed``: epoch -> bytes); drop those from ``pending``."""
@@ -74,22 +46,8 @@ def settle_bytes(records: list[EpochRecord], pending: list[int], committed: Mapp
         records[index] = replace(records[index], bytes_written=written, bytes_reused=reused)
 
 
-def merge_sums(parts: Iterable[Mapping[str, tuple[float, int]]]) -> MetricSums:
-    """Add up metric sums and counts from several nodes or runs."""
-    merged: MetricSums = {}
-    for part in parts:
-        for name, (total, count) in part.items():
-            old_total, old_count = merged.get(name, (0.0, 0))
-            merged[name] = (old_total + total, old_count + count)
-    return merged
-
-
-def means(sums: Mapping[str, tuple[float, int]]) -> dict[str, float]:
-    """The mean of each metric (metrics logged zero times are left out)."""
-    return {name: total / count for name, (total, count) in sorted(sums.items()) if count and math.isfinite(total)}
-
-
 _NOTEBOOK_EXTRA = 'pip install "daskjobs[notebook]"'
+
 
 HISTORY_COLUMNS = ("epoch", "seconds", "checkpoint_seconds", "bytes_written", "bytes_reused", "recoveries")
 """The fixed columns of :func:`history_frame`, in order; stop values and metrics follow."""

@@ -15,20 +15,11 @@ from typing import Any
 
 from dask.core import literal
 
-from ._execute import (
-    NodePlan,
-    NodeState,
-    NodeStateProvider,
-    RunInfo,
-    TaskSpec,
-    close_node,
-    open_node,
-    run_node,
-    run_node_task,
-)
-from ._model.group import TaskGroup
-from ._model.task import Task, WorkspaceType
-from .errors import JobDefinitionError
+from .._model.group import TaskGroup
+from .._model.task import Task, WorkspaceType
+from ..errors import JobDefinitionError
+from .node_run import NodeState, NodeStateProvider, close_node, open_node, run_node, run_node_task
+from .plan import NodePlan, RunInfo, TaskSpec
 
 
 @dataclass(frozen=True)

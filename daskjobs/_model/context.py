@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar, Self
 
-from .errors import DefinitionTypeError, InvalidStateError
+from ..errors import DefinitionTypeError, InvalidStateError
 
 _local = threading.local()
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ._notebook import in_jupyter
 
 if TYPE_CHECKING:
-    from .history import EpochRecord
+    from ._history import EpochRecord
 
 logger = logging.getLogger("daskjobs")
 
@@ -68,7 +68,7 @@ def describe(record: EpochRecord) -> str:
 
     Examples
     --------
-    >>> from daskjobs.history import EpochRecord
+    >>> from daskjobs.runner import EpochRecord
     >>> describe(EpochRecord(3, 0.25, 0.5, 10, 0, {"done": False}, {"loss": 0.125}))
     'epoch 3 0.25s ckpt 0.50s loss=0.125 done=0'
     """

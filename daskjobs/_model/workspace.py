@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._validation import Value, as_value, check_label, validate_name
-from .errors import DefinitionTypeError, JobDefinitionError
+from ..errors import DefinitionTypeError, JobDefinitionError
+from .values import Value, as_value, check_label, validate_name
 
 if TYPE_CHECKING:
-    from .history import MetricLog
+    from .metrics import MetricLog
 
 
 class Scope:

@@ -11,31 +11,33 @@ that runs them (:func:`unpack_plan`). A module the worker cannot import fails th
 :class:`~daskjobs.errors.TaskFailedError` naming the task, the node and the module; the worker
 lives on and nothing is retried.
 
-A plan is packed once (its group is compiled once per job), and a worker keeps the plans it
-unpacked (by digest, the last :data:`_KEEP_UNPACKED`): a job file's module state then lives on the
-worker across epochs, as it would in a module the worker imported.
+Pickling a :class:`~.plan.NodePlan` gives its :class:`PackedPlan` (registered with
+:mod:`copyreg`, for plain pickle and cloudpickle alike). A plan is packed once (its group is
+compiled once per job), and a worker keeps the plans it unpacked (by digest, the last
+:data:`_KEEP_UNPACKED`): a job file's module state then lives on the worker across epochs, as it
+would in a module the worker imported.
 """
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import inspect
 import pickle
 import threading
 import traceback
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, fields
+from typing import Any
 
 import cloudpickle
 import xxhash
 
-from ._model.task import Step, WorkspaceType
-from ._sources import SourceFiles, restore_source_files, source_files
-from .errors import TaskFailedError
-
-if TYPE_CHECKING:
-    from ._execute import NodePlan, RunInfo
+from .._model.task import Step, WorkspaceType
+from ..errors import TaskFailedError
+from .plan import NodePlan, RunInfo, TaskSpec
+from .sources import SourceFiles, restore_source_files, source_files
 
 _KEEP_UNPACKED = 64
 """Unpacked plans a process keeps (a job has a few groups per node; a session a few jobs)."""
@@ -51,7 +53,7 @@ class PackedPart:
 
 @dataclass(frozen=True)
 class PackedPlan:
-    """A :class:`~daskjobs._execute.NodePlan` as it travels: names in the clear, steps as bytes.
+    """A :class:`~.plan.NodePlan` as it travels: names in the clear, steps as bytes.
 
     Unpickling it needs nothing but daskjobs: the scheduler and the worker's connection never
     import a user's module. :func:`unpack_plan` makes the plan again, where its steps run.
@@ -66,8 +68,13 @@ class PackedPlan:
     digest: str
 
 
+_packed: weakref.WeakKeyDictionary[NodePlan, PackedPlan] = weakref.WeakKeyDictionary()
+"""The packed form of every plan packed so far (a plan is packed once)."""
+
+
 def pack_plan(plan: NodePlan) -> PackedPlan:
-    """``plan`` with each task's steps (and the node's report and setup steps) as cloudpickle bytes.
+    """``plan`` with each task's steps (and the node's report and setup steps) as cloudpickle bytes,
+    made once per plan.
 
     Raises
     ------
@@ -75,6 +82,22 @@ def pack_plan(plan: NodePlan) -> PackedPlan:
         A step cannot be pickled; the message names task, node and the step (and what in it
         does not pickle).
     """
+    packed = _packed.get(plan)
+    if packed is None:
+        packed = _packed[plan] = _pack(plan)
+    return packed
+
+
+def _reduce_plan(plan: NodePlan) -> tuple[Any, ...]:
+    """How pickle takes a :class:`NodePlan` apart: as its :class:`PackedPlan`."""
+    packed = pack_plan(plan)
+    return PackedPlan, tuple(getattr(packed, f.name) for f in fields(packed))
+
+
+copyreg.pickle(NodePlan, _reduce_plan)
+
+
+def _pack(plan: NodePlan) -> PackedPlan:
     pieces: list[tuple[str, Any]] = [(spec.name, spec) for spec in plan.tasks]
     if plan.report_steps:
         pieces.append((f"{plan.node}/report_step", plan.report_steps))
@@ -145,8 +168,6 @@ def unpack_plan(plan: NodePlan | PackedPlan, run: RunInfo) -> NodePlan:
     found = _unpacked.get(plan.digest)
     if found is not None:
         return found
-    from ._execute import NodePlan, TaskSpec
-
     tasks, report_steps, local_setups = [], (), ()
     for part in plan.parts:
         value = _loads(plan, part, run)

@@ -1,48 +1,58 @@
-"""Name and value rules shared by the model, the workspaces, the sessions and the checkpoint code (pure).
+"""Names and values: what a node or blob may be called, and what a workspace can hold (pure).
 
-A blob value is one of two kinds, told apart by ``isinstance(value, np.ndarray)``:
-
-* an **array**: a base-class ``numpy.ndarray`` of kind ``b i u f c`` or fixed-width ``U``/``S``
-  with at most :data:`MAX_NDIM` dimensions, in native byte order (numbers become 0-d arrays);
-* a **JSON value**: ``None``, ``str`` (valid Unicode: no lone surrogates), ``bool``, ``int`` (of up
-  to :data:`MAX_JSON_INT_DIGITS` digits), finite ``float``, ``list`` and ``dict`` with ``str`` keys,
-  nested (tuples become lists).
-
-:func:`as_value` turns what a step assigns into one of them or refuses it with
-:class:`~daskjobs.errors.BlobTypeError`; :func:`copy_value` copies a stored value.
+Every name (node, blob, metric, task) and every value a step assigns is checked here once, so that
+what a step reads back is exactly what a restore from a checkpoint gives it.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import re
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from .errors import BlobTypeError, DefinitionTypeError, JobDefinitionError, StopConditionError
+from ..errors import BlobTypeError, DefinitionTypeError, JobDefinitionError
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_\-.:]{1,128}")
+
+
 ALLOWED_DTYPE_KINDS = frozenset("biufcUS")
 """numpy dtype kinds a blob array may have: bool, integers, floats, complex, fixed-width strings."""
+
+
 MAX_NDIM = 32
 """Most dimensions a blob array may have (Zarr v3 and the checkpoint reader refuse more)."""
+
+
 MAX_STRING_CHARS = 1 << 20
 """Longest item of a fixed-width string array (characters for ``U``, bytes for ``S``)."""
+
+
 MAX_JSON_DEPTH = 100
 """Deepest nesting of lists and dicts in a JSON value."""
+
+
 MAX_JSON_INT_DIGITS = 10_000
 """Most decimal digits of an ``int`` kept as a JSON value. Converting an int to decimal text and back
 takes time quadratic in its digits (Python refuses more than 4300 by default); at this bound one int
 costs milliseconds, and a stored value cannot make reading a checkpoint take much longer."""
+
+
 _INT_BOUND = 10**MAX_JSON_INT_DIGITS
+
+
 _INT64 = np.iinfo(np.int64)
+
+
 RESERVED_BLOB_NAMES = frozenset(["zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"])
 """Blob names that would collide with Zarr metadata keys inside a node's checkpoint group."""
 
+
 JSON: TypeAlias = bool | int | float | str | list[Any] | dict[str, Any] | None
 """A normalised JSON value: lists and ``str``-keyed dicts of ``None``, bool, int, finite float, str."""
+
+
 Value: TypeAlias = np.ndarray | JSON
 """What a workspace holds under a blob name."""
 
@@ -355,62 +365,6 @@ def _refused(value: object, blob: str, path: str) -> BlobTypeError:
         )
     what = f"a {module}.{name}" if module not in ("builtins", "") and not module.startswith("numpy") else f"a {name}"
     return BlobTypeError(f"blob {blob!r}{_where(path)}: cannot store {what}; {hint}")
-
-
-def resume_epoch(value: object) -> int | None:
-    """``resume_from_epoch`` checked: ``None`` or a non-negative int (numpy integers accepted)."""
-    if value is None:
-        return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
-        raise DefinitionTypeError(
-            f"resume_from_epoch must be a non-negative int naming a committed epoch (or None), "
-            f"got {type(value).__name__} {value!r}"
-        )
-    epoch = operator.index(value)
-    if epoch < 0:
-        raise DefinitionTypeError(f"resume_from_epoch must be a non-negative int, got {epoch}")
-    return epoch
-
-
-def stop_value(name: str, value: Any) -> bool:
-    """Check that the stop condition ``name`` produced one boolean and return it."""
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    if isinstance(value, np.ndarray) and value.dtype == np.bool_ and value.size == 1:
-        return bool(value.reshape(()))
-    kind = f"array of dtype {value.dtype} and shape {value.shape}" if isinstance(value, np.ndarray) else type(value)
-    raise StopConditionError(f"stop condition {name!r} must be a bool or a one-element bool array, got {kind}")
-
-
-def stop_condition_values(outputs: list[Any]) -> dict[str, bool]:
-    """The checked value of each stop condition output, by its name (``name#i`` for a repeated name)."""
-    values: dict[str, bool] = {}
-    for i, output in enumerate(outputs):
-        key = output.names[0] if output.names[0] not in values else f"{output.names[0]}#{i}"
-        values[key] = stop_value(output.names[0], output.fetch())
-    return values
-
-
-def check_can_stop(job: Any, max_epochs: int | None) -> str | None:
-    """Refuse a job that could never stop; a warning when some of its stop conditions never change.
-
-    Raises
-    ------
-    JobDefinitionError
-        ``job`` has no stop condition and ``max_epochs`` is ``None``.
-    """
-    if not job.stop_conditions and max_epochs is None:
-        raise JobDefinitionError(
-            f"job {job.name!r} has no stop condition and no max_epochs: it would never stop; "
-            "add job.add_stop_condition(...), dj.epoch_limiter(job, n) or JobRunner(..., max_epochs=n)"
-        )
-    if fixed := job._fixed_stop_conditions():
-        return (
-            f"stop conditions {fixed} of job {job.name!r} are outputs of tasks outside the epoch group: each "
-            "keeps the value captured when its task ran and never changes between epochs; make it an epoch-group "
-            "task's output (job.add_stop_condition('<blob>') reads a blob after every epoch)"
-        )
-    return None
 
 
 def check_label(name: object, what: str, *, forbidden: str = "") -> str:

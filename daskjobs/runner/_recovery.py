@@ -1,0 +1,188 @@
+"""Recovering a run from a lost node: whether one more recovery is allowed (planned departures do
+not count), waiting for every node, restoring all of them from the last commit (or emptying their
+workspaces for init to run again), and what a lost session says about resuming."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._model.group import TaskGroup
+from .._model.task import Task, WorkspaceType
+from ..errors import NodeLostError, SessionLostError
+from ._saving import overrides
+
+if TYPE_CHECKING:
+    from .._model.job import Job
+    from ..checkpoint import MultiNodeCheckpointManager
+    from ..session import Session
+
+logger = logging.getLogger("daskjobs")
+
+RECOVERY_WAIT = 60.0
+"""Seconds a recovery waits for every node to have a worker again (a restarted worker process
+needs a few seconds, more on a loaded machine)."""
+
+MAX_DEPARTURES_IN_A_ROW = 10
+"""Planned departures (see :attr:`~daskjobs.errors.NodeLostError.departure`) a run recovers from
+between two commits without counting them as failures; more count against ``max_failures``
+(workers that leave faster than an epoch commits would otherwise loop forever)."""
+
+
+def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
+    """``exc`` told with the last committed epoch and how to resume from it."""
+    try:
+        epochs = manager.store.committed_epochs()
+    except OSError as error:
+        where = f"the committed epochs under {manager.store.url} could not be listed ({error})"
+    else:
+        where = f"last committed epoch {epochs[-1]} under {manager.store.url}" if epochs else "no epoch was committed"
+    return SessionLostError(f"{exc}; {where}: run the job again on a working scheduler to resume")
+
+
+def check_recoverable(
+    manager: MultiNodeCheckpointManager | None, exc: NodeLostError, failures: int, max_failures: int, last: int | None
+) -> None:
+    """Raise the final :class:`NodeLostError` unless one more recovery is allowed.
+
+    ``last`` is the newest epoch the run committed (``None``: none), named in the error.
+    """
+    if manager is not None and failures < max_failures:
+        return
+    where = "no committed epoch" if last is None else f"last committed epoch {last}"
+    why = "no checkpoint manager" if manager is None else f"giving up after {failures} recoveries"
+    raise NodeLostError(f"{exc} — {why} ({where})", exc.nodes) from exc
+
+
+def prepare_restore(
+    session: Session,
+    nodes: list[str],
+    latest: int | None,
+    timeout: float,
+    *,
+    lost: list[str],
+    departed: str | None,
+    failures: tuple[int, int],
+) -> None:
+    """Before restoring from ``latest`` (``None``: from scratch) after the loss of the nodes ``lost``:
+    wait up to ``timeout`` seconds for every node to have a worker again, forget the session's
+    tokens, and without a commit empty the nodes' GLOBAL workspaces (init then runs again).
+
+    Logs one line: an INFO naming the nodes and ``departed`` (why their worker left) for a planned
+    departure, else a WARNING with the ``(failures, max_failures)`` count.
+    """
+    start = "scratch" if latest is None else f"epoch {latest}"
+    if departed is not None:
+        logger.info(
+            "node(s) %s: the worker left on purpose (%s); waiting for its replacement and restoring all nodes "
+            "from %s (a planned departure, not counted against max_failures)",
+            lost,
+            departed,
+            start,
+        )
+    else:
+        logger.warning("node(s) %s lost; restoring all nodes from %s (recovery %d of %d)", lost, start, *failures)
+    wait = getattr(session, "wait_for_nodes", None)
+    if wait is not None:
+        wait(nodes, timeout=timeout)
+    session.forget_tokens()
+    if latest is None:
+        session.run(_clear_group(nodes))
+
+
+def _clear_workspace(ws: Any) -> None:
+    """Step: empty the node's GLOBAL workspace (before init runs again after a node loss)."""
+    ws._state.replace_blobs({})
+
+
+def _clear_group(nodes: list[str]) -> TaskGroup:
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        for node in nodes:
+            Task(_clear_workspace, node=node, name="clear_workspace")
+    return group
+
+
+class Departures:
+    """Tells the planned departures a run recovers from without counting them as failures."""
+
+    def __init__(self) -> None:
+        self._at: int | None = None
+        self._in_a_row = 0
+
+    def planned(self, exc: NodeLostError, manager: object, last_committed: int | None) -> str | None:
+        """Why ``exc``'s worker left, when that is a planned departure to recover from without counting
+        a failure: it left on purpose, there is a checkpoint ``manager`` to restore from, and the job
+        still moves (at most :data:`MAX_DEPARTURES_IN_A_ROW` departures between two commits)."""
+        if exc.departure is None or manager is None:
+            return None
+        if last_committed != self._at:
+            self._at, self._in_a_row = last_committed, 0
+        self._in_a_row += 1
+        return exc.departure if self._in_a_row <= MAX_DEPARTURES_IN_A_ROW else None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One recovery of a run: the counts so far, the nodes lost, and why their worker left when
+    that was a planned departure (``departed``, see :class:`Departures`)."""
+
+    failures: int
+    departures: int
+    max_failures: int
+    lost: list[str]
+    departed: str | None
+
+
+def restore(
+    session: Session,
+    manager: MultiNodeCheckpointManager,
+    job: Job,
+    latest: int | None,
+    recovery: Recovery,
+    max_epochs: int | None,
+) -> tuple[int, bool] | None:
+    """After a loss: wait for every node of ``job`` and restore all of them from ``latest``, the last
+    epoch the run committed.
+
+    Returns the epoch to run next and whether to stop, or ``None`` when nothing was committed
+    yet (init runs again from scratch, on emptied workspaces).
+    """
+    manager.discard_pending()
+    prepare_restore(
+        session,
+        job.nodes(),
+        latest,
+        RECOVERY_WAIT,
+        lost=recovery.lost,
+        departed=recovery.departed,
+        failures=(recovery.failures, recovery.max_failures),
+    )
+    if latest is None:
+        return None
+    manager.check_shared(session)  # a node's new worker may be on a machine without the prefix
+    return load_epoch(session, manager, job.name, latest, recovery.failures + recovery.departures, max_epochs)
+
+
+def load_epoch(
+    session: Session, manager: MultiNodeCheckpointManager, job: str, epoch: int, attempt: int, max_epochs: int | None
+) -> tuple[int, bool]:
+    """Restore every checkpointed node from ``epoch``; return the next epoch and whether to stop
+    (a stop condition was true, or ``max_epochs`` is reached).
+
+    The commit record is read once: the load and the stop values come from it. A manager whose
+    class overrides ``load`` (Caffe2-style) has its group run instead.
+    """
+    if overrides(manager, "load"):
+        session.run_group(manager.load(epoch), job=job, attempt=attempt)
+        record = manager.store.read_commit(epoch)
+    else:
+        record = manager.store.read_commit(epoch)
+        manager.restore(session, record, job=job, attempt=attempt)
+    manager.report_checkpoint_stats("checkpoint_load")
+    stopped = [name for name, value in record.get("stop_values", {}).items() if value]
+    if stopped or (max_epochs is not None and epoch >= max_epochs):
+        why = f"stop conditions {stopped} true" if stopped else f"max_epochs={max_epochs} reached"
+        logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)
+        return epoch, True
+    return epoch + 1, False
