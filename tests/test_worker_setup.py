@@ -48,6 +48,10 @@ def _events(*messages: dict) -> list[tuple[float, dict]]:
     [
         (_events({"action": "closing-worker", "reason": "worker-lifetime-reached"}), "its --lifetime ran out"),
         (_events({"action": "remove-worker", "expected": True}, {"action": "retired"}), "it was retired"),
+        (  # its lifetime ran out, its closing reason not logged yet: it retired itself
+            _events({"action": "remove-worker", "expected": True, "stimulus_id": "worker-close-gracefully-17.5"}),
+            "its --lifetime ran out",
+        ),
         (
             _events(
                 {"action": "remove-worker", "expected": True},
@@ -71,7 +75,17 @@ def _events(*messages: dict) -> list[tuple[float, dict]]:
             None,
         ),
     ],
-    ids=["lifetime", "retired", "retired-closed", "sigterm", "killed", "connection-broken", "still-there", "reused"],
+    ids=[
+        "lifetime",
+        "retired",
+        "lifetime-unlogged",
+        "retired-closed",
+        "sigterm",
+        "killed",
+        "connection-broken",
+        "still-there",
+        "reused",
+    ],
 )
 def test_why_a_worker_left_is_read_from_its_event_log(events, expected):
     assert departure(events) == expected

@@ -123,15 +123,19 @@ def departure(events: Iterable[tuple[float, Mapping[str, Any]]]) -> str | None:
     >>> departure([(0, {"action": "add-worker"}), (1, {"action": "remove-worker", "expected": False})]) is None
     True
     """
-    reason, expected = None, False
+    reason, expected, stimulus = None, False, ""
     for _, message in events:
         action = message.get("action")
         if action == "add-worker":
-            reason, expected = None, False
+            reason, expected, stimulus = None, False, ""
         elif action == "closing-worker":
             reason = message.get("reason")
         elif action == "remove-worker":
-            expected = bool(message.get("expected"))
+            expected, stimulus = bool(message.get("expected")), str(message.get("stimulus_id", ""))
     if reason in _REASONS:
         return _REASONS[reason]
-    return "it was retired" if expected else None
+    if not expected:
+        return None
+    if stimulus.startswith("worker-close-gracefully"):  # the worker retired itself: its lifetime ran out
+        return _REASONS["worker-lifetime-reached"]
+    return "it was retired"

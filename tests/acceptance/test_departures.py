@@ -37,22 +37,26 @@ def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
     how, saves, job_dir, elsewhere, tmp_path, external_cluster, reference
 ):
     """The trainer's worker leaves mid-run (a new one is started for it, as a batch system would, or
-    its nanny restarts it after its lifetime): the run ends with exit 0 and ``--max-failures 0``,
+    a batch system's next job after its lifetime): the run ends with exit 0 and ``--max-failures 0``,
     every committed epoch equals the uninterrupted run's, stderr holds one INFO line naming the node
     and the reason (``-v``) and no ERROR or traceback."""
     marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
     marks.mkdir()
     cluster = external_cluster
-    if how == "lifetime":
+    if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
         os.killpg(cluster.workers["trainer"].pid, signal.SIGKILL)
         cluster.workers["trainer"].wait(timeout=10)
         cluster.wait_for_nodes("ps")
-        cluster.start_worker("trainer", "--lifetime", "4s", "--lifetime-stagger", "0s", "--lifetime-restart")
+        expiring = cluster.start_worker("trainer", "--lifetime", "5s", "--lifetime-stagger", "0s")
         cluster.wait_for_nodes("trainer")
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0", "-v", *saves]
     env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5")
     process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
-    wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
+    if how == "lifetime":
+        wait_until(lambda: expiring.poll() is not None, 60, "the worker's lifetime to run out", process)
+        cluster.start_worker("trainer")
+    else:
+        wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
     if how == "retire":
         leaving = cluster.worker_address("trainer")
         cluster.client().retire_workers([leaving])
