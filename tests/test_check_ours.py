@@ -48,7 +48,7 @@ def test_the_demo_resumes_exactly():
 def test_every_example_resumes_exactly():
     """Every example that defines a job (``examples/*.py`` with a module-level ``job``)."""
     examples = sorted(p for p in (ROOT / "examples").rglob("*.py") if "\njob = " in p.read_text())
-    assert [p.name for p in examples] == ["train.py"]
+    assert [str(p.relative_to(ROOT / "examples")) for p in examples] == ["quickstart/job.py", "train.py"]
     for example in examples:
         passed(check(f"{example}:job", example.parent, "--interrupt-at", "5"), 4)
 

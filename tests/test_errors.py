@@ -16,6 +16,8 @@ BUILTIN = {
     "JobDefinitionError": ValueError,
     "DefinitionTypeError": TypeError,
     "StepTypeError": TypeError,
+    "TargetError": ValueError,
+    "TargetLoadError": RuntimeError,
     "BlobTypeError": TypeError,
     "StopConditionError": TypeError,
     "InvalidStateError": RuntimeError,
