@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 
 MIB = 1 << 20
 

@@ -32,7 +32,8 @@ from .._validation import validate_name
 from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
 from ._files import read_regular
 from ._format import RESERVED_BLOB_NAMES, loads
-from ._zarr import ENTRY_KEY
+from ._manifest import ENTRY_KEY, reference
+from ._record import MANIFEST_KEY
 
 logger = logging.getLogger("daskjobs")
 
@@ -134,7 +135,8 @@ class Tree:
 
 
 def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | None:
-    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours."""
+    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours;
+    it names the group's ``zarr.json`` (its manifest, once the save finished) under ``"manifest"``."""
     if tree.kind(group) != DIR:
         return None
     data = tree.read_small(f"{group}/{_META}")
@@ -155,7 +157,7 @@ def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | No
         and type(found.get("epoch")) is int
         and found["epoch"] == epoch
     ):
-        return found
+        return {**found, MANIFEST_KEY: reference(data)}
     return None
 
 
@@ -198,13 +200,16 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     Parameters
     ----------
     entry
-        The node's entry from the commit record of a committed group: only its blobs' folders
-        and exactly their chunks are deleted. ``None`` (uncommitted debris): blob folders with
-        valid names and files of daskjobs' name patterns.
+        What the commit record of a committed group held of it: the node's entry, or the summary
+        naming its manifest (which must match the group's ``zarr.json``): only its blobs' folders
+        and exactly their chunks are deleted. ``None`` (uncommitted debris), or a manifest that
+        does not match: blob folders with valid names and files of daskjobs' name patterns.
     """
     found = marker(tree, group, node, epoch)
     if found is None:
         return False
+    if entry is not None and "blobs" not in entry:  # a summary: the group's own entry, if it is the manifest named
+        entry = found if found[MANIFEST_KEY] == entry.get(MANIFEST_KEY) else None
     blobs = entry.get("blobs") if entry is not None and found.get("save_id") == entry.get("save_id") else None
     doomed, folders = [], []
     for name, kind in tree.entries(group).items():

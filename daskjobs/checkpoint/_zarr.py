@@ -2,7 +2,8 @@
 
 Layout of ``<prefix>/<node>.<epoch>/``::
 
-    zarr.json            group metadata; attributes["daskjobs"] holds the node's entry (written last)
+    zarr.json            group metadata; attributes["daskjobs"] holds the node's entry (written last):
+                         the node's manifest, named by the commit record (see ``_manifest``)
     <blob>/zarr.json     array metadata: shape, data type, chunk grid, codecs
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
@@ -48,12 +49,12 @@ from ._chunks import (
     raw_metadata,
 )
 from ._files import LocalFiles
-from ._format import check_blob_name, dumps, storage_dtype
+from ._format import check_blob_name, storage_dtype
+from ._manifest import group_document, reference
+from ._record import MANIFEST_KEY
 from ._remote import RemoteFiles
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
-ENTRY_KEY = "daskjobs"
-"""Key of the node entry in the group's attributes."""
 
 _THREADS = 4
 """Threads writing blobs at once on local disks, for groups of at least :data:`_THREADS_FROM` bytes."""
@@ -201,7 +202,8 @@ def write_group(
     previous: Mapping[str, Any] | None = None,
     sync: bool = True,
 ) -> dict[str, Any]:
-    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store).
+    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store),
+    naming the manifest written (the group's ``zarr.json``) under ``"manifest"``.
 
     ``sync=False`` leaves the fsync of a local group to the caller (``where.files.flush()``).
     """
@@ -238,7 +240,9 @@ def write_group(
             "bytes_reused": sum(r for _, _, _, r in results),
             "seconds": time.perf_counter() - started,
         }
-        files.put_atomic(f"{where.path}/zarr.json", group_document(entry))
+        manifest = group_document(entry)
+        files.put_atomic(f"{where.path}/zarr.json", manifest)
+        entry[MANIFEST_KEY] = reference(manifest)
         if sync or not isinstance(files, LocalFiles):
             files.flush()
     except CheckpointError:
@@ -248,10 +252,6 @@ def write_group(
             f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
         ) from exc
     return entry
-
-
-def group_document(entry: Mapping[str, Any]) -> bytes:
-    return dumps({"zarr_format": 3, "node_type": "group", "attributes": {ENTRY_KEY: entry}})
 
 
 def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict[str, Any]:
@@ -314,7 +314,8 @@ def describe_group(
     """The entry :func:`write_group` would return for ``blobs``, computed without writing anything.
 
     Digests and layout are exact; ``bytes_written``/``bytes_reused`` assume every chunk whose
-    digest equals the previous epoch's is reused (a failed hard link writes it instead).
+    digest equals the previous epoch's is reused (a failed hard link writes it instead). It names
+    no manifest (none is written): the write's own entry does.
     """
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
