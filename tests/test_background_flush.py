@@ -86,18 +86,21 @@ def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path, elements)
     assert second["flushed"]["save_id"] == "s1"
     assert second["flushed"]["error"] is None
     written = second["flushed"]["entry"]
-    if elements == BLOB:
-        assert {k: v for k, v in written.items() if k != "seconds"} == {
-            k: v for k, v in first["entry"].items() if k != "seconds"
+    if elements == BLOB:  # what the hook described, and the manifest the background write wrote
+        assert {k: v for k, v in written.items() if k not in ("seconds", "manifest")} == {
+            k: v for k, v in first["entry"].items() if k not in ("seconds", "manifest")
         }
+        assert first["entry"]["manifest"] is None
+        assert written["manifest"] == store.read_node_entry("n", 1)["manifest"]
     else:
         assert written is None
+        assert first["entry"]["manifest"] == store.read_node_entry("n", 1)["manifest"]
     assert second["entry"]["bytes_reused"] == elements * 8  # v is linked from epoch 1
     last = FlushFinish()(state)["flushed"]
     assert (last["save_id"], last["error"]) == ("s2", None)
     assert FlushFinish()(state) == {"flushed": None}
-    assert store.read_node("n", 1, first["entry"])["w"][0] == 0.0
-    assert store.read_node("n", 2, second["entry"])["w"][0] == 2.0
+    assert store.read_node("n", 1, store.read_node_entry("n", 1))["w"][0] == 0.0
+    assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"][0] == 2.0
 
 
 @pytest.mark.parametrize("elements", [BLOB, 1 << 18], ids=["written-later", "flushed-later"])
@@ -120,7 +123,7 @@ def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, el
     assert "epoch 1" in str(second["flushed"]["error"])
     assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (elements * 8, 0)
     FlushFinish()(state)
-    assert store.read_node("n", 2, second["entry"])["w"].sum() == 0.0
+    assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"].sum() == 0.0
     assert (tmp_path / "ckpt" / "n.1").read_text() == "not daskjobs'"
 
 
@@ -272,7 +275,8 @@ WORKSPACES = {
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_the_described_entry_is_the_written_one(tmp_path, case, compression):
     """What a hook returns for a background write (``describe_node``) equals what the write
-    returns, also for a delta against the epoch before, so a commit never depends on the guess."""
+    returns, also for a delta against the epoch before, so a commit never depends on the guess;
+    only the write names a manifest (the group's ``zarr.json`` it wrote)."""
     store = CheckpointStore(tmp_path / "ckpt", compression=compression)
     blobs = WORKSPACES[case]
     first = store.write_node("n", 1, blobs, save_id="s1")
@@ -281,6 +285,8 @@ def test_the_described_entry_is_the_written_one(tmp_path, case, compression):
         described = store.describe_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
         written = store.write_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
         assert {k: v for k, v in described.items() if k != "seconds"} == {
-            k: v for k, v in written.items() if k != "seconds"
+            k: v for k, v in written.items() if k not in ("seconds", "manifest")
         }
+        assert "manifest" not in described
+        assert written["manifest"]["size"] == len((tmp_path / "ckpt" / f"n.{epoch}" / "zarr.json").read_bytes())
     assert written["bytes_reused"] > 0

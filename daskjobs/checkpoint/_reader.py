@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
+from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError, InvalidStateError
 from . import _json
 from ._chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
 from ._files import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError, read_chunk_file
@@ -132,6 +132,11 @@ def read_manifest(where: Location, node: str, epoch: int, summary: Mapping[str, 
         It is not a regular file (or its group not a real folder), or it names a dtype or codec
         daskjobs does not read.
     """
+    if not isinstance(summary.get(MANIFEST_KEY), Mapping):
+        raise InvalidStateError(
+            f"epoch {epoch}, node {node!r}: the summary names no manifest (its group was described, not written "
+            "yet); read it once its write finished"
+        )
     data = _manifest_bytes(where, node, epoch, summary[MANIFEST_KEY]["size"])
     label = f"epoch {epoch}, node {node!r}: the node's manifest {where.url}/zarr.json"
     return check_manifest(data, summary, node, epoch, label)
