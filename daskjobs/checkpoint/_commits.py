@@ -227,12 +227,13 @@ class Commits(Prefix):
         CheckpointLockedError, CheckpointWriteError
             As :meth:`delete_epoch`.
         """
-        nodes = [validate_name(node, "node") for node in nodes]
+        if record is None or nodes is not record["nodes"]:  # a record's nodes were validated with it
+            nodes = [validate_name(node, "node") for node in nodes]
         epoch = check_epoch(epoch)
         self._check_held()
         try:
             record = record or self.read_commit(epoch)
-            entries = {node: committed_entry(record, node) for node in record["nodes"]}
+            entries = record.get("manifests") or {node: committed_entry(record, node) for node in record["nodes"]}
         except CheckpointNotFoundError:
             entries = {}
         self.uncommit(epoch, sync_folder=sync_folder)

@@ -420,7 +420,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just saved or
         loaded, and where their blob names are (read only when :meth:`blob_list` asks)."""
         self._remembered = (store or self.store, epoch, dict(entries))
-        self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+        prefix = self.get_ckpt_db_name(next(iter(entries), "n"), epoch).rsplit("/", 1)[0]  # names were validated
+        self._stats = {f"{prefix}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
 
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""

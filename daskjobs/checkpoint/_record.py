@@ -186,10 +186,14 @@ def summarise(node: str, entry: Mapping[str, Any]) -> dict[str, Any]:
             f"node {node!r}'s checkpoint entry of epoch {entry.get('epoch')} names no manifest: its group is not "
             "written yet (wait for its background write before the commit)"
         )
-    summary = {key: entry[key] for key in SUMMARY_KEYS[:-1]}
-    summary["seconds"] = round(float(summary["seconds"]), 6)
-    summary[MANIFEST_KEY] = {"size": ref["size"], "xxh3": ref["xxh3"]}
-    return summary
+    return {
+        "save_id": entry["save_id"],
+        "bytes": entry["bytes"],
+        "bytes_written": entry["bytes_written"],
+        "bytes_reused": entry["bytes_reused"],
+        "seconds": round(float(entry["seconds"]), 6),
+        MANIFEST_KEY: {"size": ref["size"], "xxh3": ref["xxh3"]},
+    }
 
 
 def record_summaries(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -261,17 +265,47 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
     ):
         raise fail(where, f"nodes must be the sorted names of {field}, got {nodes!r}")
     for node in nodes:
-        label = f"{where}, node {check_name(node, where, 'node')!r}"
+        check_name(node, where, "node")
         if field == "manifests":
-            validate_summary(entries[node], label)
+            if not _plain_summary(entries[node]):  # the usual case checked at once; else say what is wrong
+                validate_summary(entries[node], f"{where}, node {node!r}")
         else:
-            validate_node_entry(entries[node], node, epoch, label)
+            validate_node_entry(entries[node], node, epoch, f"{where}, node {node!r}")
     for key, value_ok in zip(_VALUE_KEYS, (lambda v: type(v) is bool, _finite, _finite), strict=True):
         values = check_mapping(record[key], where, key)
         bad = {k: v for k, v in values.items() if len(k) > 256 or not value_ok(v)}
         if bad or len(values) > 1024:
             raise fail(where, f"{key} must map at most 1024 short names to values of the right type; bad: {bad}")
     return dict(record)
+
+
+def _plain_summary(summary: Any) -> bool:
+    """Whether ``summary`` passes :func:`validate_summary` (one expression: a record holds thousands)."""
+    if type(summary) is not dict or len(summary) != len(SUMMARY_KEYS):
+        return False
+    try:
+        total, written, reused = summary["bytes"], summary["bytes_written"], summary["bytes_reused"]
+        seconds, ref, save_id = summary["seconds"], summary[MANIFEST_KEY], summary["save_id"]
+        return (
+            type(total) is int
+            and type(written) is int
+            and type(reused) is int
+            and written >= 0
+            and reused >= 0
+            and written + reused == total
+            and type(seconds) in (int, float)
+            and 0 <= seconds < math.inf
+            and type(ref) is dict
+            and len(ref) == 2
+            and type(ref["size"]) is int
+            and 0 < ref["size"] <= MAX_JSON_BYTES
+            and type(ref["xxh3"]) is str
+            and HASH_RE.fullmatch(ref["xxh3"]) is not None
+            and type(save_id) is str
+            and SAVE_ID_RE.fullmatch(save_id) is not None
+        )
+    except KeyError:
+        return False
 
 
 def validate_summary(obj: Any, where: str) -> dict[str, Any]:
