@@ -141,9 +141,12 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
     fd = os.open(path, _WRITE_FLAGS, FILE_MODE)
     try:
         for part in parts:
-            view = memoryview(part).cast("B")
-            while view:
-                view = view[os.write(fd, view) :]
+            size = part.nbytes if isinstance(part, memoryview) else len(part)
+            written = os.write(fd, part) if size else 0
+            if written < size:  # a short write (or a multi-byte memoryview): write on from where it stopped
+                view = memoryview(part).cast("B")[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -216,7 +219,8 @@ class LocalFiles:
         Its data then goes to disk while other threads still hash and write (the GIL is released
         in fsync), instead of all of it waiting for :meth:`flush`.
         """
-        early = self._fsync and sum(memoryview(part).nbytes for part in parts) >= _SYNC_EARLY_FROM
+        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        early = self._fsync and size >= _SYNC_EARLY_FROM
         write_file(path, parts)
         if early:
             fsync_path(path)

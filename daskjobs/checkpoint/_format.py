@@ -97,6 +97,9 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
     BlobTypeError
         The dtype is not bool or numeric, or has no Zarr v3 data type (e.g. ``float128``).
     """
+    stored = _STORED.get(dtype)
+    if stored is not None:  # a dtype seen before (every epoch saves the same ones)
+        return stored
     if dtype.kind not in "US":
         check_dtype(dtype, blob)
     stored = dtype.newbyteorder("<") if dtype.kind != "S" else dtype
@@ -105,7 +108,13 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
             f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use one of {sorted(ALLOWED_DTYPES)} "
             f"or a fixed-width string dtype of 1 to {MAX_STRING_CHARS} characters"
         )
+    if len(_STORED) < 1024:
+        _STORED[dtype] = stored
     return stored
+
+
+_STORED: dict[np.dtype, np.dtype] = {}
+"""Dtypes :func:`storage_dtype` accepted, with what they are stored as."""
 
 
 def check_blob_name(name: object) -> str:

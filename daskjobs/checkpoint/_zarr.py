@@ -267,22 +267,24 @@ def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict
 
 def _layout(kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """One array's blob entry without digests, its chunk spans and each chunk's stored parts."""
-    chunks = chunk_rows(array.shape, array.itemsize)
+    shape, nbytes = array.shape, array.nbytes
+    chunks = chunk_rows(shape, array.itemsize)
     meta: dict[str, Any] = {
         "kind": kind,
         "dtype": array.dtype.str,
-        "shape": list(array.shape),
-        "nbytes": array.nbytes,
+        "shape": list(shape),
+        "nbytes": nbytes,
         "chunks": chunks,
         "codec": codec,
     }
+    if codec is not None:
+        spans = list(chunk_spans(nbytes, shape, chunks))
+        return meta, spans, [(part, b"") for part in _encode(array, chunks, kind, codec)]
+    if nbytes and (not shape or chunks[0] == shape[0]):  # one chunk holding the whole array (small blobs)
+        return meta, [(0, nbytes, 0)], [(flat_bytes(array),)]
     data = flat_bytes(array) if array.size else memoryview(b"")
-    spans = list(chunk_spans(array.nbytes, array.shape, chunks))
-    if codec is None:
-        stored = [(data[start:stop], bytes(pad)) for start, stop, pad in spans]
-    else:
-        stored = [(part, b"") for part in _encode(array, chunks, kind, codec)]
-    return meta, spans, stored
+    spans = list(chunk_spans(nbytes, shape, chunks))
+    return meta, spans, [(data[start:stop], bytes(pad)) if pad else (data[start:stop],) for start, stop, pad in spans]
 
 
 def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chunk_count: int) -> bool:
@@ -359,19 +361,25 @@ def _write_blob(
     """
     before, old_path, sealed = reusable
     meta, spans, stored = _layout(kind, array, codec)
-    same = _same_layout(before, meta, len(spans))
+    same = before is not None and _same_layout(before, meta, len(spans))
     files.mkdir(path)
-    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
+    # the same bytes as the previous epoch's when ``same``
+    metadata = (
+        raw_metadata(meta["dtype"], array.shape, tuple(meta["chunks"]), kind)
+        if codec is None
+        else (expected_metadata(meta))
+    )
     if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed)):
         files.put(f"{path}/zarr.json", metadata)
-    hashes, written, reused = [], 0, 0
-    for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
-        key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)
+    hashes, written, reused, ndim = [], 0, 0, array.ndim
+    for index, (start, stop, _pad) in enumerate(spans):
+        parts = stored[index]
+        key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
-        reused_chunk = same and before["hashes"][index] == hashes[-1]
-        if reused_chunk and files.reuse(f"{old_path}/{key}", f"{path}/{key}", size, sealed):
+        reuse = same and before["hashes"][index] == hashes[-1]
+        if reuse and files.reuse(f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed):
             reused += stop - start
-        else:
-            files.put(f"{path}/{key}", *parts)
-            written += stop - start
+            continue
+        files.put(f"{path}/{key}", *parts)
+        written += stop - start
     return _finish_meta(meta, hashes, codec, stored), written, reused
