@@ -24,7 +24,8 @@ both alike:
 
 Run::
 
-    python benchmarks/checkpoint_io.py [--quick] [--small-only] [--runs 5] [--small-runs 15] [--size-mib 1024] [--dir DIR]
+    python benchmarks/checkpoint_io.py [--quick] [--small-only] [--runs 5] [--small-runs 15] [--size-mib 1024]
+        [--dir DIR]
 
 ``--quick`` uses 256 MiB for the bulk rows. The last line printed is the JSON of all results.
 """

@@ -26,10 +26,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsspec import AbstractFileSystem
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .._validation import validate_name
 from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
+from ._chunks import chunk_key
 from ._files import read_regular
 from ._format import RESERVED_BLOB_NAMES, loads
 from ._manifest import ENTRY_KEY, reference
@@ -54,6 +56,9 @@ class Tree:
     def __init__(self, fs: AbstractFileSystem) -> None:
         self._fs = fs
         self._local = isinstance(fs, LocalFileSystem)
+        self.objects = isinstance(fs, AsyncFileSystem) and not self._local
+        """An object store (S3, GCS, Azure …: fsspec's async filesystems): no folders, symlinks or
+        special files, so none is looked for, listed or removed (each would cost a request)."""
 
     def kind(self, path: str) -> str | None:
         """``FILE``, ``DIR``, ``OTHER`` (symlink, FIFO, device …) or ``None`` if nothing is there."""
@@ -128,7 +133,7 @@ class Tree:
         if self._local:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
-        elif not self.entries(path):
+        elif not self.objects and not self.entries(path):
             with contextlib.suppress(Exception):
                 self._fs.rmdir(path)
             self._fs.invalidate_cache(path.rsplit("/", 1)[0])
@@ -137,7 +142,7 @@ class Tree:
 def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | None:
     """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours;
     it names the group's ``zarr.json`` (its manifest, once the save finished) under ``"manifest"``."""
-    if tree.kind(group) != DIR:
+    if not tree.objects and tree.kind(group) != DIR:
         return None
     data = tree.read_small(f"{group}/{_META}")
     if data is None or len(data) > _MARKER_LIMIT:
@@ -219,6 +224,10 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
             continue
         counts = _chunk_counts(blobs[name]) if isinstance(blobs, Mapping) else None
         folders.append(f"{group}/{name}")
+        if tree.objects and counts is not None:  # exactly the objects the entry lists: no listing needed
+            keys = [chunk_key(i, len(counts)) for i in range(math.prod(counts))]
+            doomed.extend(f"{group}/{name}/{file}" for file in (_META, *keys))
+            continue
         doomed.extend(
             f"{group}/{name}/{file}"
             for file, kind in tree.entries(f"{group}/{name}").items()

@@ -22,11 +22,12 @@ import shutil
 import stat
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import xxhash
 
-from ._durable import fsync_path, fsync_soon, sync_paths
+from ._durable import fsync_path, fsync_soon, sync_paths, sync_soon
 
 logger = logging.getLogger("daskjobs")
 
@@ -254,8 +255,18 @@ class LocalFiles:
     def flush(self) -> None:
         """fsync what was written (and the parent of the first path), if syncing is on."""
         if self._fsync and self._unsynced:
-            sync_paths(list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])])))
+            sync_paths(self._to_sync())
         self._unsynced = []
+
+    def flush_soon(self) -> Future[None]:
+        """:meth:`flush` in this process's next batch of syncs (with other groups', see
+        :func:`~._durable.sync_soon`); the future fails with the sync's ``OSError``."""
+        paths = self._to_sync() if self._fsync and self._unsynced else []
+        self._unsynced = []
+        return sync_soon(paths)
+
+    def _to_sync(self) -> list[str]:
+        return list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])]))
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
         """Read each regular file, at most ``limit + 1`` bytes of it; errors are returned, not raised."""
@@ -279,7 +290,15 @@ class LocalFiles:
         except OSError:
             return None
 
-    def reuse(self, source: str, target: str, size: int, sealed: int | None = None) -> bool:
+    def reuse(
+        self,
+        source: str,
+        target: str,
+        size: int,
+        sealed: int | None = None,
+        parts: Sequence[Any] = (),
+        counted: int = 0,
+    ) -> bool:
         """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible.
 
         ``source`` belongs to an earlier save, made durable before that save returned: only the
@@ -287,6 +306,7 @@ class LocalFiles:
         that save's group got its entry (:meth:`sealed_at`); a ``source`` modified later changed
         on disk after its save — the earlier epoch is damaged — and is not linked (a warning says
         so), so that the damage does not spread to the new epoch: the caller writes the bytes.
+        ``parts`` and ``counted`` (see :meth:`RemoteFiles.reuse`) are not needed here.
         """
         try:
             info = os.lstat(source)
@@ -378,6 +398,10 @@ class LocalFiles:
             relative = os.path.relpath(root, path)
             found.update(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/") for name in files)
         return found
+
+    def take_rewritten(self) -> int:
+        """Always 0: a hard link that fails is written by the caller at once (see :meth:`reuse`)."""
+        return 0
 
     def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
         """Read each chunk into its view and hash the whole file; see :data:`ChunkResult`."""

@@ -26,7 +26,7 @@ from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError, CheckpointLockedError
 from ._commits import RetiredEpoch
-from ._durable import in_background
+from ._durable import deleting_in_background, in_background
 from ._fork import ForkedSave, forks
 from ._manifest import is_summary
 from ._record import MANIFEST_KEY
@@ -353,7 +353,7 @@ class SaveFinish:
     report brings the entry the write returned. Whatever the mode, a node first waits for its
     previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
     group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
-    deleted in the background before that flush.
+    deleted in the background, in a thread of their own (this save's write and flush never wait for it).
     """
 
     store: CheckpointStore
@@ -370,7 +370,7 @@ class SaveFinish:
         flushed = settle_flush(state)
         previous = reuse_from(state, self.store, self.node, self.previous, flushed)
         if self.doomed:
-            in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
+            deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
         def write() -> dict[str, Any]:
@@ -381,19 +381,49 @@ class SaveFinish:
             if store.defers_flush and _small(blobs):
                 copies = snapshot(blobs, {})
                 entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-                write_there = functools.partial(
-                    store.write_node, node, epoch, copies, save_id=save_id, previous=previous
-                )
-                state.services[FLUSH] = PendingFlush(save_id, in_background(write_there))
+                done: Future[dict[str, Any] | None] = Future()
+                in_background(functools.partial(_write_there, store, node, epoch, copies, save_id, previous, done))
+                state.services[FLUSH] = PendingFlush(save_id, done)
                 return reported(entry)
             entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
             if flush is not None:
-                state.services[FLUSH] = PendingFlush(save_id, in_background(flush))
+                state.services[FLUSH] = PendingFlush(save_id, flush.soon())
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
             return reported(entry)
 
         outcome = _outcome(write)
         return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
+
+
+def _write_there(
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    blobs: dict[str, Any],
+    save_id: str,
+    previous: dict[str, Any] | None,
+    done: Future[dict[str, Any] | None],
+) -> None:
+    """Write a small workspace's copy in the background thread; ``done`` gets the written entry once
+    the group is durable (in the next batch of syncs, with the groups of the other nodes this process
+    serves), or the error."""
+    try:
+        entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+    except BaseException as exc:
+        done.set_exception(exc)
+        return
+    if flush is None:
+        done.set_result(entry)
+        return
+
+    def report(synced: Future[None]) -> None:
+        error = synced.exception()
+        if error is None:
+            done.set_result(entry)
+        else:
+            done.set_exception(error)
+
+    flush.soon().add_done_callback(report)
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:

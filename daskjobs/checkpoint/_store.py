@@ -15,10 +15,11 @@ nothing of daskjobs' own can collide with a node's group. File access goes throu
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from .._validation import validate_name
@@ -41,6 +42,35 @@ from ._record import MANIFEST_KEY, committed_entry
 from ._zarr import COMPRESSIONS, Location, describe_group, write_group
 
 logger = logging.getLogger("daskjobs")
+
+
+@dataclass(frozen=True)
+class GroupFlush:
+    """Makes one group a node wrote durable: at once (call it), or in the process's next batch of
+    syncs with the groups of the other nodes it serves (:meth:`soon`). Either fails with
+    :class:`CheckpointWriteError` naming node and epoch."""
+
+    store: CheckpointStore
+    files: LocalFiles
+    node: str
+    epoch: int
+
+    def __call__(self) -> None:
+        self.store._flush_group(self.files, self.node, self.epoch)
+
+    def soon(self) -> Future[None]:
+        """A future that is done once the group is durable."""
+        done: Future[None] = Future()
+
+        def report(synced: Future[None]) -> None:
+            error = synced.exception()
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(self.store._flush_error(self.node, self.epoch, error))
+
+        self.files.flush_soon().add_done_callback(report)
+        return done
 
 
 def _check_save(node: str, save_id: str) -> None:
@@ -178,12 +208,12 @@ class CheckpointStore(Commits):
         *,
         save_id: str,
         previous: Mapping[str, Any] | None = None,
-    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """:meth:`write_node` without the fsync: return the entry and the function that makes the
-        group durable (``None`` when it already is: object stores, ``fsync=False``).
+    ) -> tuple[dict[str, Any], GroupFlush | None]:
+        """:meth:`write_node` without the fsync: return the entry and the :class:`GroupFlush` that makes
+        the group durable (``None`` when it already is: object stores, ``fsync=False``).
 
-        Until that function returned, the group must not be committed, and no later group may
-        reuse its chunks. It raises :class:`CheckpointWriteError` when the flush fails.
+        Until that flush returned, the group must not be committed, and no later group may reuse
+        its chunks. It raises :class:`CheckpointWriteError` when it fails.
         """
         return self._write_node(node, epoch, blobs, save_id, previous, sync=False)
 
@@ -218,7 +248,7 @@ class CheckpointStore(Commits):
         previous: Mapping[str, Any] | None,
         *,
         sync: bool,
-    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    ) -> tuple[dict[str, Any], GroupFlush | None]:
         _check_save(node, save_id)
         url = self.db_name(node, epoch)
         self.check_not_taken()
@@ -243,7 +273,7 @@ class CheckpointStore(Commits):
         )
         if sync or not self.defers_flush:
             return entry, None
-        return entry, functools.partial(self._flush_group, where.files, node, epoch)
+        return entry, GroupFlush(self, where.files, node, epoch)
 
     def _flush_group(self, files: LocalFiles, node: str, epoch: int, *, whole_tree: bool = False) -> None:
         """fsync what ``files`` wrote of ``node``'s group of ``epoch`` (``whole_tree``: every file and
@@ -253,10 +283,13 @@ class CheckpointStore(Commits):
                 files.track_tree(self._path(f"{node}.{epoch}"))
             files.flush()
         except OSError as exc:
-            raise CheckpointWriteError(
-                f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
-                f"{self.db_name(node, epoch)}: {exc}"
-            ) from exc
+            raise self._flush_error(node, epoch, exc) from exc
+
+    def _flush_error(self, node: str, epoch: int, exc: BaseException) -> CheckpointWriteError:
+        return CheckpointWriteError(
+            f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
+            f"{self.db_name(node, epoch)}: {exc}"
+        )
 
     def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Make ``node``'s group of ``epoch`` durable from this process, for a node that wrote it and

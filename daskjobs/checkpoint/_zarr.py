@@ -230,14 +230,16 @@ def write_group(
                 results = list(pool.map(write, stored.items()))
         else:
             results = list(map(write, stored.items()))
+        files.flush_pending()  # object stores: the queued copies and chunks, before the entry counts them
+        rewritten = files.take_rewritten()  # copies that failed there and were written instead
         entry = {
             "node": node,
             "epoch": epoch,
             "save_id": save_id,
             "blobs": {name: meta for name, meta, _, _ in results},
             "bytes": total,
-            "bytes_written": sum(w for _, _, w, _ in results),
-            "bytes_reused": sum(r for _, _, _, r in results),
+            "bytes_written": sum(w for _, _, w, _ in results) + rewritten,
+            "bytes_reused": sum(r for _, _, _, r in results) - rewritten,
             "seconds": time.perf_counter() - started,
         }
         manifest = group_document(entry)
@@ -369,7 +371,7 @@ def _write_blob(
         if codec is None
         else (expected_metadata(meta))
     )
-    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed)):
+    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
         files.put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
     for index, (start, stop, _pad) in enumerate(spans):
@@ -377,7 +379,9 @@ def _write_blob(
         key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
         reuse = same and before["hashes"][index] == hashes[-1]
-        if reuse and files.reuse(f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed):
+        if reuse and files.reuse(
+            f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed, parts, stop - start
+        ):
             reused += stop - start
             continue
         files.put(f"{path}/{key}", *parts)
