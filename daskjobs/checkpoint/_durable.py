@@ -40,8 +40,9 @@ _deleter: tuple[int, ThreadPoolExecutor] | None = None
 _writing = 0
 """Jobs queued in or running on the background write thread."""
 _syncer: _Syncer | None = None
-_WRITE_THREADS = 4
-"""Threads writing (and threads deleting) groups in the background, per process."""
+_WRITE_THREADS = 1
+"""Threads writing (and threads deleting) groups in the background, per process: one each, as
+threads handing the GIL to each other cost more than the syscalls of small groups they overlap."""
 _LINGER = 0.05
 """Longest a batch of syncs waits for the background write thread to finish the jobs queued there."""
 
@@ -68,12 +69,10 @@ def _fsync_pool() -> ThreadPoolExecutor:
 
 
 def in_background(job: Callable[[], T]) -> Future[T]:
-    """Run ``job`` (writing a group) in this process's background write threads.
+    """Run ``job`` (writing a group) in this process's background write thread, one after the other.
 
-    A node hands over one write at a time (its next save waits for it), so writes run concurrently
-    only for different nodes a process serves: their syscalls overlap. While jobs are queued or run
-    there, the batches of syncs wait for them (at most :data:`_LINGER` seconds): the groups a
-    process's nodes hand over at the end of an epoch are made durable together.
+    While jobs are queued or run there, the batches of syncs wait for them (at most :data:`_LINGER`
+    seconds): the groups a process's nodes hand over at the end of an epoch are made durable together.
     """
     global _background, _writing
     with _pool_lock:
@@ -85,10 +84,19 @@ def in_background(job: Callable[[], T]) -> Future[T]:
     return future
 
 
+def writes_in_flight() -> int:
+    """Jobs queued in or running on this process's background write thread."""
+    return _writing
+
+
 def _written(_future: Future[Any]) -> None:
     global _writing
     with _pool_lock:
         _writing -= 1
+        idle = _writing == 0
+    syncer = _syncer
+    if idle and syncer is not None:
+        syncer.wake()
 
 
 def deleting_in_background(job: Callable[[], T]) -> Future[T]:
@@ -163,6 +171,11 @@ class _Syncer:
         self._pending: list[tuple[list[str], Future[None]]] = []
         threading.Thread(target=self._serve, name="daskjobs-sync", daemon=True).start()
 
+    def wake(self) -> None:
+        """The background writes are done: a batch waiting for them goes on."""
+        with self._wake:
+            self._wake.notify()
+
     def request(self, paths: list[str]) -> Future[None]:
         future: Future[None] = Future()
         with self._wake:
@@ -176,9 +189,9 @@ class _Syncer:
                 while not self._pending:
                     self._wake.wait()
             deadline = time.monotonic() + _LINGER
-            while _writing and time.monotonic() < deadline:  # groups being written join this batch
-                time.sleep(0.001)
-            with self._wake:
+            with self._wake:  # groups being written join this batch
+                while _writing and time.monotonic() < deadline:
+                    self._wake.wait(deadline - time.monotonic())
                 batch, self._pending = self._pending, []
             try:
                 self._sync_batch(batch)

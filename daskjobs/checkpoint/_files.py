@@ -125,6 +125,15 @@ def make_dirs(path: str, within: str | None = None) -> None:
     vanished, :class:`FileNotFoundError` is raised instead of creating it again (a prefix on an
     unmounted disk must not come back as an empty local folder).
     """
+    try:
+        os.mkdir(path, DIR_MODE)  # the parent is usually there: one syscall
+        return
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+        return
+    except FileNotFoundError:
+        pass
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
         if parent == within:
@@ -154,9 +163,18 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
 
 def read_regular(path: str, limit: int) -> bytes:
     """At most ``limit + 1`` bytes of a regular file (see :func:`open_regular`)."""
-    fd, _size = open_regular(path)
-    with open(fd, "rb", buffering=0) as file:
-        return file.read(limit + 1)
+    fd, size = open_regular(path)
+    try:
+        want = min(size, limit) + 1  # the size it has (no buffer of ``limit`` bytes), one more to see growth
+        data = os.read(fd, want)
+        while len(data) < want:
+            more = os.read(fd, want - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
 
 
 def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:

@@ -26,7 +26,7 @@ from .._execute import INTERNAL
 from .._validation import copy_value
 from ..errors import CheckpointError, CheckpointLockedError
 from ._commits import RetiredEpoch
-from ._durable import deleting_in_background, in_background
+from ._durable import deleting_in_background, in_background, writes_in_flight
 from ._fork import ForkedSave, forks
 from ._manifest import is_summary
 from ._record import MANIFEST_KEY
@@ -348,9 +348,11 @@ class SaveFinish:
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
     entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
-    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole:
-    the hook returns its entry as :meth:`CheckpointStore.describe_node` computes it, and the
-    report brings the entry the write returned. Whatever the mode, a node first waits for its
+    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole,
+    unless the process's background write thread is busy (with the groups of the other nodes it
+    serves: the hooks then write their groups at once, side by side): the hook returns its entry
+    as :meth:`CheckpointStore.describe_node` computes it, and the report brings the entry the
+    write returned. Whatever the mode, a node first waits for its
     previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
     group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
     deleted in the background, in a thread of their own (this save's write and flush never wait for it).
@@ -378,7 +380,7 @@ class SaveFinish:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
                 return reported(entry)
-            if store.defers_flush and _small(blobs):
+            if store.defers_flush and _small(blobs) and not writes_in_flight():
                 copies = snapshot(blobs, {})
                 entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
                 done: Future[dict[str, Any] | None] = Future()
