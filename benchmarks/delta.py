@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 
 MIB = 1 << 20
 
@@ -81,7 +81,7 @@ def part_one(root: str, runs: int, size_mib: int) -> dict[str, object]:
         delta_store.delete_epoch(run - 1, ["n"])  # retention: the epoch reused from is gone
         shutil.rmtree(os.path.join(full_store.url, f"n.{run}"))
         previous = entry
-    checked = delta_store.read_node("n", runs, delta_store.read_commit(runs)["node_entries"]["n"])
+    checked = delta_store.read_node("n", runs, delta_store.read_commit(runs)["manifests"]["n"])
     assert all(np.array_equal(checked[name], blobs[name]) for name in blobs)
     full, delta = statistics.median(times["full"]), statistics.median(times["delta"])
     return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
-from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint import CheckpointStore, _durable
 from daskjobs.checkpoint._durable import in_background
 from daskjobs.checkpoint._saves import Saves
 from daskjobs.checkpoint._steps import FLUSH, FlushFinish, SaveFinish
@@ -26,15 +27,29 @@ from daskjobs.errors import CheckpointWriteError
 BLOB = 4096
 
 
-def hold_flushes(release: str) -> None:
-    """Queue a job that keeps this process's background flush thread busy until ``release`` exists."""
+def hold_flushes(release: str, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """Keep this process's background write thread and its batches of syncs waiting until ``release``
+    exists (on a worker, without ``monkeypatch``, the batches of syncs are held until then)."""
 
     def wait() -> None:
         deadline = time.monotonic() + 30
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.005)
 
-    in_background(wait)
+    for _ in range(_durable._WRITE_THREADS):  # every background write thread
+        in_background(wait)
+    real = _durable.sync_paths
+
+    def held(paths, many=False):
+        wait()
+        if monkeypatch is None:
+            _durable.sync_paths = real
+        real(paths, many=many)
+
+    if monkeypatch is None:
+        _durable.sync_paths = held
+    else:
+        monkeypatch.setattr(_durable, "sync_paths", held)
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -86,29 +101,32 @@ def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path, elements)
     assert second["flushed"]["save_id"] == "s1"
     assert second["flushed"]["error"] is None
     written = second["flushed"]["entry"]
-    if elements == BLOB:
-        assert {k: v for k, v in written.items() if k != "seconds"} == {
-            k: v for k, v in first["entry"].items() if k != "seconds"
+    if elements == BLOB:  # what the hook described, and the manifest the background write wrote
+        assert {k: v for k, v in written.items() if k not in ("seconds", "manifest")} == {
+            k: v for k, v in first["entry"].items() if k not in ("seconds", "manifest")
         }
+        assert first["entry"]["manifest"] is None
+        assert written["manifest"] == store.read_node_entry("n", 1)["manifest"]
     else:
         assert written is None
+        assert first["entry"]["manifest"] == store.read_node_entry("n", 1)["manifest"]
     assert second["entry"]["bytes_reused"] == elements * 8  # v is linked from epoch 1
     last = FlushFinish()(state)["flushed"]
     assert (last["save_id"], last["error"]) == ("s2", None)
     assert FlushFinish()(state) == {"flushed": None}
-    assert store.read_node("n", 1, first["entry"])["w"][0] == 0.0
-    assert store.read_node("n", 2, second["entry"])["w"][0] == 2.0
+    assert store.read_node("n", 1, store.read_node_entry("n", 1))["w"][0] == 0.0
+    assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"][0] == 2.0
 
 
 @pytest.mark.parametrize("elements", [BLOB, 1 << 18], ids=["written-later", "flushed-later"])
-def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, elements):
+def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, elements, monkeypatch):
     """Epoch 1's group cannot be made durable (its folder is replaced by a file daskjobs did not
     write before the background thread gets to it): the next hook reports the error and writes
     epoch 2 whole."""
     store = CheckpointStore(tmp_path / "ckpt")
     state = make_state({"w": np.zeros(elements)})
     release = str(tmp_path / "release")
-    hold_flushes(release)
+    hold_flushes(release, monkeypatch)
     first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
     shutil.rmtree(tmp_path / "ckpt" / "n.1", ignore_errors=True)
     (tmp_path / "ckpt").mkdir(exist_ok=True)
@@ -120,7 +138,7 @@ def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, el
     assert "epoch 1" in str(second["flushed"]["error"])
     assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (elements * 8, 0)
     FlushFinish()(state)
-    assert store.read_node("n", 2, second["entry"])["w"].sum() == 0.0
+    assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"].sum() == 0.0
     assert (tmp_path / "ckpt" / "n.1").read_text() == "not daskjobs'"
 
 
@@ -272,7 +290,8 @@ WORKSPACES = {
 @pytest.mark.parametrize("case", list(WORKSPACES))
 def test_the_described_entry_is_the_written_one(tmp_path, case, compression):
     """What a hook returns for a background write (``describe_node``) equals what the write
-    returns, also for a delta against the epoch before, so a commit never depends on the guess."""
+    returns, also for a delta against the epoch before, so a commit never depends on the guess;
+    only the write names a manifest (the group's ``zarr.json`` it wrote)."""
     store = CheckpointStore(tmp_path / "ckpt", compression=compression)
     blobs = WORKSPACES[case]
     first = store.write_node("n", 1, blobs, save_id="s1")
@@ -281,6 +300,53 @@ def test_the_described_entry_is_the_written_one(tmp_path, case, compression):
         described = store.describe_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
         written = store.write_node("n", epoch, changed, save_id=f"s{epoch}", previous=previous)
         assert {k: v for k, v in described.items() if k != "seconds"} == {
-            k: v for k, v in written.items() if k != "seconds"
+            k: v for k, v in written.items() if k not in ("seconds", "manifest")
         }
+        assert "manifest" not in described
+        assert written["manifest"]["size"] == len((tmp_path / "ckpt" / f"n.{epoch}" / "zarr.json").read_bytes())
     assert written["bytes_reused"] > 0
+
+
+# -- the process's batches of syncs ------------------------------------------------------------------
+def test_groups_flushed_while_a_sync_runs_share_the_next_one(tmp_path, monkeypatch):
+    """Requests made while a batch syncs are synced together (one syncfs for the union of their paths,
+    once every path is there); a request whose path vanished fails alone, the others of its batch
+    succeed."""
+    calls: list[tuple[list[str], bool]] = []
+    holding, release = threading.Event(), threading.Event()
+    real = _durable.sync_paths
+
+    def recording(paths, many=False):
+        calls.append((list(paths), many))
+        if paths == [str(tmp_path / "hold")]:
+            holding.set()
+            assert release.wait(30)
+        real(paths, many=many)
+
+    def hold() -> object:
+        holding.clear()
+        release.clear()
+        held = _durable.sync_soon([str(tmp_path / "hold")])
+        assert holding.wait(30)
+        return held
+
+    monkeypatch.setattr(_durable, "sync_paths", recording)
+    monkeypatch.setattr(_durable, "_syncer", None)
+    for name in ("hold", "a", "b", "c"):
+        (tmp_path / name).write_text(name)
+    folder, a, b, c = str(tmp_path), str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")
+    hold()
+    later = [_durable.sync_soon([folder, path]) for path in (a, b, c)]
+    gone = _durable.sync_soon([str(tmp_path / "gone")])  # its filesystem cannot be told: refused alone
+    os.unlink(b)  # b vanishes before its batch: the batch is synced request by request, b's fails
+    release.set()
+    assert isinstance(gone.exception(30), FileNotFoundError)
+    assert [f.exception(30) is None for f in later] == [True, False, True]
+    assert isinstance(later[1].exception(), FileNotFoundError)
+    assert calls[1:] == [([folder, a], False), ([folder, b], False), ([folder, c], False)]
+    del calls[:]
+    hold()
+    later = [_durable.sync_soon([folder, path]) for path in (a, c)]  # both there: one syncfs for both
+    release.set()
+    assert [f.result(30) for f in later] == [None, None]
+    assert calls[1:] == [([folder, a, c], True)]

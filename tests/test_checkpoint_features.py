@@ -215,7 +215,7 @@ def test_history_reports_each_epochs_own_bytes(session, tmp_path, async_save):
     )
     runner.train(session)
     committed = {
-        i.epoch: (i.record["node_entries"]["a"]["bytes_written"], i.record["node_entries"]["a"]["bytes_reused"])
+        i.epoch: (i.record["manifests"]["a"]["bytes_written"], i.record["manifests"]["a"]["bytes_reused"])
         for i in dj.list_checkpoints(prefix)
     }
     history = {r.epoch: (r.bytes_written, r.bytes_reused) for r in runner.history}

@@ -366,7 +366,11 @@ def test_list_line_shows_metrics_and_stop_values_of_a_record():
         "epoch": 7,
         "job": "j",
         "nodes": ["a", "b"],
-        "node_entries": {"a": {"bytes": 10}, "b": {"bytes": 5}},
+        "format_version": 4,
+        "manifests": {
+            "a": {"bytes": 10, "bytes_written": 10, "bytes_reused": 0},
+            "b": {"bytes": 5, "bytes_written": 1, "bytes_reused": 4},
+        },
         "created": "2026-01-01T00:00:00+00:00",
         "stop_values": {"done": True, "early": False},
         "metrics": {"loss": 0.125, "accuracy": 0.5},

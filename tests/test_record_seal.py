@@ -4,6 +4,8 @@ after it was written is refused, never read as the truth.
 Exhaustively: flipping any bit of any byte of a record file makes ``read_commit`` raise
 ``CheckpointCorruptError`` or ``CheckpointFormatError`` — never return a record, let alone a
 different one. Records of format version 2 (written before seals existed) still read.
+The record names each node's manifest by its digest, inside the seal: a record cannot be made to
+name another manifest without breaking its seal.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import os
 
 import numpy as np
 import pytest
+from records import as_version, raw_record
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 
@@ -68,18 +71,20 @@ def test_every_flipped_bit_is_refused(sealed):
     assert believed == []
 
 
-@pytest.mark.parametrize(("version", "reads"), [(2, True), (3, False)])
+@pytest.mark.parametrize(("version", "reads"), [(2, True), (3, False), (4, False)])
 def test_an_unsealed_record_reads_only_as_format_version_2(sealed, version, reads):
     """A record of format version 2 (written before seals existed, no ``sealed`` field) is validated
-    and read as before; a version-3 record without its seal is corrupt."""
-    store, data, record = sealed
-    plain = json.loads(data)
-    del plain["sealed"]
-    plain["format_version"] = version
-    _write(store, json.dumps(plain).encode())
+    and read as before; a record of version 3 or 4 without its seal is corrupt."""
+    store, data, _record = sealed
     try:
+        as_version(store, 1, version)
+        plain = raw_record(store, 1)
+        _write(store, json.dumps(plain).encode())
         if reads:
-            assert store.read_commit(1) == {**record, "format_version": 2}
+            assert store.read_commit(1) == plain
+            assert store.read_commit(1)["node_entries"]["n"] == {
+                k: v for k, v in store.node_entries(1)["n"].items() if k != "manifest"
+            }
         else:
             with pytest.raises(CheckpointCorruptError, match="lacks its seal"):
                 store.read_commit(1)

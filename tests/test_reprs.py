@@ -79,18 +79,13 @@ def test_manager_and_checkpoint_view_reprs(prefix):
 
 
 def test_checkpoint_view_repr_names_json_blobs(tmp_path):
-    from daskjobs.checkpoint._inspect import CheckpointView
+    from daskjobs.checkpoint._record import make_commit_record
     from daskjobs.checkpoint._store import CheckpointStore
 
-    entry = {
-        "blobs": {
-            "config": {"kind": "json", "dtype": "|u1", "shape": [9], "nbytes": 9},
-            "labels": {"dtype": "<U3", "shape": [2], "nbytes": 24},
-        },
-        "bytes": 33,
-    }
-    record = {"epoch": 2, "job": "j", "nodes": ["n"], "node_entries": {"n": entry}, "metrics": {"loss": 0.5}}
-    shown = CheckpointView(CheckpointStore(str(tmp_path)), record)._repr_html_()
+    store = CheckpointStore(str(tmp_path))
+    entry = store.write_node("n", 2, {"config": {"a": 1.0}, "labels": np.array(["abc", "de"])}, save_id="s")
+    store.commit(make_commit_record("j", 2, {"n": entry}, {}, {}, metrics={"loss": 0.5}))
+    shown = dj.open_checkpoint(str(tmp_path))._repr_html_()
     assert "<td>config</td><td>JSON</td><td></td><td>9</td>" in shown
     assert "<td>labels</td><td>&lt;U3</td><td>(2,)</td><td>24</td>" in shown
     assert "loss=0.5" in shown

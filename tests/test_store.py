@@ -19,9 +19,16 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from records import as_version, edit_entry, manifest_path, raw_record, record_path, write_record
 
 from daskjobs.checkpoint import CheckpointStore, _chunks, _durable, _reader
-from daskjobs.checkpoint._format import RECORD_FORMAT_VERSION, make_commit_record, validate_commit_record
+from daskjobs.checkpoint._manifest import reference
+from daskjobs.checkpoint._record import (
+    RECORD_FORMAT_VERSION,
+    committed_entry,
+    make_commit_record,
+    validate_commit_record,
+)
 from daskjobs.errors import (
     BlobTypeError,
     CheckpointCorruptError,
@@ -70,6 +77,11 @@ def save(store: CheckpointStore, epoch: int, nodes: dict[str, dict[str, np.ndarr
     return commit(store, epoch, {n: store.write_node(n, epoch, b, save_id=f"s{epoch}") for n, b in nodes.items()})
 
 
+def entry_of(store: CheckpointStore, epoch: int, node: str = "a") -> dict:
+    """What the commit record of ``epoch`` holds of ``node``: the summary naming its manifest."""
+    return committed_entry(store.read_commit(epoch), node)
+
+
 def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
     assert sorted(got) == sorted(want)
     for name, array in want.items():
@@ -105,8 +117,8 @@ def every_kind() -> dict[str, np.ndarray]:
 def test_round_trip_every_dtype_and_layout(store):
     blobs = every_kind()
     record = save(store, 3, {"a": blobs})
-    entry = record["node_entries"]["a"]
-    assert_same(store.read_node("a", 3, entry), blobs)
+    assert_same(store.read_node("a", 3, committed_entry(record, "a")), blobs)
+    entry = store.node_entries(3)["a"]
     assert entry["blobs"]["big_endian"]["dtype"] == "<i4"
     assert entry["blobs"]["a_b1"]["dtype"] == "|b1"
     assert entry["bytes"] == sum(np.asarray(b).nbytes for b in blobs.values())
@@ -118,7 +130,8 @@ def test_the_group_is_plain_zarr_v3(tmp_path):
     blobs = every_kind()
     entry = store.write_node("a", 1, blobs, save_id="s1")
     group = zarr.open_group(store.db_name("a", 1), mode="r", zarr_format=3)
-    assert group.attrs["daskjobs"] == entry
+    assert group.attrs["daskjobs"] == {key: value for key, value in entry.items() if key != "manifest"}
+    assert entry["manifest"] == reference(store.fs.cat_file(fs_path(store, "a.1", "zarr.json")))
     for name, array in blobs.items():
         assert np.array_equal(np.asarray(group[name][...]), array, equal_nan=array.dtype.kind in "fc"), name
     assert store.read_node_entry("a", 1) == entry
@@ -127,8 +140,9 @@ def test_the_group_is_plain_zarr_v3(tmp_path):
 def test_multi_chunk_arrays_with_padding(store, monkeypatch):
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 100)
     blobs = {"rows": np.arange(91 * 3, dtype="f4").reshape(91, 3), "long": np.arange(1000, dtype="i2")}
-    entry = save(store, 1, {"a": blobs})["node_entries"]["a"]
-    assert entry["blobs"]["rows"]["chunks"] == [9, 3]
+    save(store, 1, {"a": blobs})
+    entry = entry_of(store, 1)
+    assert store.node_entries(1)["a"]["blobs"]["rows"]["chunks"] == [9, 3]
     assert_same(store.read_node("a", 1, entry), blobs)
     if "://" not in store.url:
         assert np.array_equal(zarr.open_array(f"{store.db_name('a', 1)}/rows", mode="r")[...], blobs["rows"])
@@ -146,7 +160,8 @@ def test_parallel_reads_and_aligned_outputs(store, monkeypatch):
     monkeypatch.setattr(_reader, "_THREADS", 4)
     monkeypatch.setattr(_chunks, "_ALIGN_FROM", 0)
     blobs = {"w": np.arange(10_000, dtype="f8"), "v": np.arange(3000, dtype="i4").reshape(1000, 3)}
-    entry = save(store, 1, {"a": blobs})["node_entries"]["a"]
+    save(store, 1, {"a": blobs})
+    entry = entry_of(store, 1)
     threads = threading.active_count()
     got = store.read_node("a", 1, entry)
     assert_same(got, blobs)
@@ -164,7 +179,8 @@ def test_parallel_reads_and_aligned_outputs(store, monkeypatch):
 def test_compressed_round_trip_and_corruption(tmp_path, compression):
     store = CheckpointStore(tmp_path / "ckpt", compression=compression)
     blobs = every_kind()
-    entry = save(store, 2, {"a": blobs})["node_entries"]["a"]
+    save(store, 2, {"a": blobs})
+    entry = entry_of(store, 2)
     assert_same(store.read_node("a", 2, entry), blobs)
     assert np.array_equal(zarr.open_array(f"{store.db_name('a', 2)}/a_f4", mode="r")[...], blobs["a_f4"])
     os.remove(os.path.join(store.db_name("a", 2), "zeros", "c.0.0"))  # all-zero chunks are written too
@@ -245,7 +261,7 @@ def test_only_committed_epochs_count(store):
     assert latest["stop_values"] == {"done": False}
     assert latest["format_version"] == RECORD_FORMAT_VERSION
     assert latest["job"] == "job"
-    assert_same(store.read_node("a", 2, latest["node_entries"]["a"]), {"w": np.full(2, 2.0)})
+    assert_same(store.read_node("a", 2, committed_entry(latest, "a")), {"w": np.full(2, 2.0)})
     with pytest.raises(CheckpointNotFoundError):
         store.read_commit(3)
     assert store.read_node_entry("a", 3)["save_id"] == "s3"
@@ -291,7 +307,7 @@ def test_cleanup_removes_only_uncommitted_groups_and_own_temp_files(store):
     for name, data in foreign.items():
         assert fs.cat_file(fs_path(store, name)) == data, name
     assert store.committed_epochs() == [1]
-    assert_same(store.read_node("a", 1, store.read_commit(1)["node_entries"]["a"]), {"w": np.ones(2)})
+    assert_same(store.read_node("a", 1, entry_of(store, 1)), {"w": np.ones(2)})
 
 
 def test_delete_epoch_and_uncommit(store):
@@ -301,7 +317,7 @@ def test_delete_epoch_and_uncommit(store):
     assert store.committed_epochs() == [10]
     assert not store.fs.exists(fs_path(store, "a.1"))
     assert not store.fs.exists(fs_path(store, "b.1"))
-    assert_same(store.read_node("a", 10, store.read_commit(10)["node_entries"]["a"]), {"w": np.full(2, 10.0)})
+    assert_same(store.read_node("a", 10, entry_of(store, 10)), {"w": np.full(2, 10.0)})
     store.uncommit(10)
     store.uncommit(10)  # idempotent
     assert store.committed_epochs() == []
@@ -345,7 +361,8 @@ def test_no_rename_on_memory_filesystem(monkeypatch):
 # -- corrupt checkpoints -----------------------------------------------------------------------------
 def _corrupt_store(store: CheckpointStore) -> dict:
     blobs = {"w": np.arange(24, dtype="f4").reshape(6, 4), "zeros": np.zeros(8, "i4"), "s": np.array(1.5)}
-    return save(store, 3, {"a": blobs})["node_entries"]["a"]
+    save(store, 3, {"a": blobs})
+    return store.node_entries(3)["a"]
 
 
 def _flip(data: bytes) -> bytes:
@@ -392,7 +409,7 @@ def test_missing_metadata_or_group_is_detected(store):
     with pytest.raises(CheckpointCorruptError, match=r"blob 'w': array metadata .* is missing"):
         store.read_node("a", 3, entry)
     store.fs.rm(fs_path(store, "a.3"), recursive=True)
-    with pytest.raises(CheckpointCorruptError, match=r"group .* is missing"):
+    with pytest.raises(CheckpointCorruptError, match=r"the node's manifest .*/a\.3/zarr\.json is missing"):
         store.read_node("a", 3, entry)
 
 
@@ -408,12 +425,11 @@ COMMIT_FAULTS = {
     "truncated": lambda d: d[: len(d) // 2],
     "garbage": lambda d: b"\x00\xffnot json",
     "not_an_object": lambda d: b"[1, 2]",
-    "missing_field": lambda d: json.dumps({k: v for k, v in json.loads(d).items() if k != "node_entries"}).encode(),
+    "missing_field": lambda d: json.dumps({k: v for k, v in json.loads(d).items() if k != "manifests"}).encode(),
     "wrong_epoch": lambda d: d.replace(b'"epoch":3', b'"epoch":4'),
-    "bad_hash": lambda d: d.replace(b'"hashes":["', b'"hashes":["md5:'),
-    "negative_shape": lambda d: d.replace(b'"shape":[6,4]', b'"shape":[-6,4]'),
-    "nbytes_mismatch": lambda d: d.replace(b'"shape":[6,4]', b'"shape":[6,5]'),
     "stop_not_bool": lambda d: d.replace(b'"done":false', b'"done":0'),
+    "manifest_digest": lambda d: d.replace(b'"xxh3":"', b'"xxh3":"0'),
+    "manifest_size": lambda d: d.replace(b'"manifest":{"size":', b'"manifest":{"size":-'),
 }
 
 
@@ -421,19 +437,57 @@ COMMIT_FAULTS = {
 def test_corrupt_commit_record(store, fault):
     _corrupt_store(store)
     path = fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json")
-    store.fs.pipe_file(path, COMMIT_FAULTS[fault](store.fs.cat_file(path)))
+    before = store.fs.cat_file(path)
+    store.fs.pipe_file(path, COMMIT_FAULTS[fault](before))
+    assert store.fs.cat_file(path) != before
     assert store.committed_epochs() == [3]
     with pytest.raises(CheckpointCorruptError, match="commit record of epoch 3"):
         store.read_commit(3)
 
 
+ENTRY_FAULTS = {
+    "bad_hash": lambda d: d.replace(b'"hashes":["', b'"hashes":["md5:'),
+    "negative_shape": lambda d: d.replace(b'"shape":[6,4]', b'"shape":[-6,4]'),
+    "nbytes_mismatch": lambda d: d.replace(b'"shape":[6,4]', b'"shape":[6,5]'),
+    "truncated": lambda d: d[:-1],
+    "extended": lambda d: d + b" ",
+    "empty": lambda d: b"",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(ENTRY_FAULTS))
+@pytest.mark.parametrize("version", [3, 4])
+def test_damaged_entry_in_the_record_or_the_manifest(store, fault, version):
+    """Where the record holds the entries (format 3) a damaged one makes the record unreadable; from
+    format 4 on the damaged manifest makes that node unreadable on every read, naming the manifest."""
+    _corrupt_store(store)
+    as_version(store, 3, version)
+    path = record_path(store, 3) if version < 4 else manifest_path(store, "a", 3)
+    store.fs.pipe_file(path, ENTRY_FAULTS[fault](store.fs.cat_file(path)))
+    if version < 4:
+        with pytest.raises(CheckpointCorruptError, match="commit record of epoch 3"):
+            store.read_commit(3)
+        return
+    summary = entry_of(store, 3)
+    for read in (
+        lambda: store.read_node("a", 3, summary),
+        lambda: store.node_entries(3),
+        lambda: store.reader("a", 3, summary),
+    ):
+        with pytest.raises(CheckpointCorruptError, match=r"epoch 3, node 'a': the node's manifest .*a\.3/zarr\.json"):
+            read()
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ({"format_version": RECORD_FORMAT_VERSION + 1}, "format version 4 is newer than supported version 3"),
+        (
+            {"format_version": RECORD_FORMAT_VERSION + 1},
+            f"format version {RECORD_FORMAT_VERSION + 1} is newer than supported version {RECORD_FORMAT_VERSION}",
+        ),
         ({"format_version": 1}, "format version 1 .* is no longer read"),
         ({"format": "orbax"}, "not 'daskjobs-checkpoint'"),
-        ({"node_entries": {"a": {"blobs": {}}}, "nodes": ["a"]}, None),
+        ({"manifests": {"a": {"save_id": "x"}}, "nodes": ["a"]}, None),
     ],
 )
 def test_commit_record_format(store, edit, message):
@@ -637,23 +691,41 @@ def test_reserved_blob_name_and_bad_epochs(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.parametrize("version", [3, 4])
 @pytest.mark.parametrize("where", ["blob", "node"])
-def test_hostile_names_in_a_commit_record_are_rejected(store, where):
+def test_hostile_names_in_a_commit_record_are_rejected(store, where, version):
+    """Written consistently (sealed, the manifest named by its digest), a hostile name is refused by the
+    record's validation (format 3, or a node name) or the manifest's (a blob name from format 4 on)."""
     entry = _corrupt_store(store)
-    record = store.read_commit(3)
+    as_version(store, 3, version)
     if where == "blob":
-        record["node_entries"]["a"]["blobs"]["../../x"] = record["node_entries"]["a"]["blobs"].pop("w")
+        edit_entry(store, 3, "a", lambda e: e["blobs"].__setitem__("../../x", e["blobs"].pop("w")))
     else:
-        record["node_entries"]["../x"] = dict(record["node_entries"].pop("a"), node="../x")
+        record = raw_record(store, 3)
+        field = "manifests" if version == 4 else "node_entries"
+        record[field]["../x"] = dict(record[field].pop("a"), node="../x")
         record["nodes"] = ["../x"]
-    store.fs.pipe_file(
-        fs_path(store, "__daskjobs__", "commits", "epoch-000000000003.json"), json.dumps(record).encode()
-    )
-    with pytest.raises(CheckpointCorruptError, match=r"invalid \w+ name '\.\./"):
-        store.read_commit(3)
+        write_record(store, 3, record)
+    if where == "node" or version < 4:
+        with pytest.raises(CheckpointCorruptError, match=r"invalid \w+ name '\.\./"):
+            store.read_commit(3)
+    else:
+        with pytest.raises(CheckpointCorruptError, match=r"the node's manifest .*invalid blob name '\.\./"):
+            store.read_node("a", 3, entry_of(store, 3))
     hostile = dict(entry, blobs={"../../x": entry["blobs"]["w"]})
     with pytest.raises(CheckpointCorruptError, match="invalid blob name"):
         store.read_node("a", 3, hostile)
+
+
+def test_absurd_sizes_in_a_manifest_are_refused_before_allocating(store):
+    """A manifest claiming 16 TiB (named by its record, so the claim passes the digest) is refused by
+    its validation before anything is allocated."""
+    _corrupt_store(store)
+    edit_entry(
+        store, 3, "a", lambda e: e["blobs"]["w"].update(shape=[2**30, 2**12], nbytes=2**44, chunks=[2**14, 2**12])
+    )
+    with pytest.raises(CheckpointCorruptError, match="more than the limit"):
+        store.read_node("a", 3, entry_of(store, 3))
 
 
 def test_prefix_normalisation(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import zarr
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 from daskjobs.errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError
 
 
@@ -70,7 +70,7 @@ def assert_equal_values(got: dict, want: dict) -> None:
 def test_json_and_string_blobs_round_trip(store):
     entry = store.write_node("n", 1, VALUES, save_id="a")
     record = commit(store, 1, entry)
-    assert_equal_values(store.read_node("n", 1, record["node_entries"]["n"]), VALUES)
+    assert_equal_values(store.read_node("n", 1, record["manifests"]["n"]), VALUES)
     assert entry["blobs"]["config"]["kind"] == "json"
     view = dj.open_checkpoint(store.url, storage_options=store.storage_options)
     assert view["n"]["rng"] == VALUES["rng"]
@@ -233,7 +233,7 @@ def test_manager_passes_the_previous_entry(tmp_path, monkeypatch, async_save, de
     manager = dj.MultiNodeCheckpointManager(prefix, async_save=async_save, delta=delta, keep_last=1)
     assert dj.JobRunner(build_job(), manager, progress=False).train(dj.LocalSession()) == 3
     (info,) = dj.list_checkpoints(prefix)
-    entry = info.record["node_entries"]["local"]
+    entry = info.record["manifests"]["local"]
     assert (4096 * 8 <= entry["bytes_reused"] < entry["bytes"]) if delta else entry["bytes_reused"] == 0
     assert entry["bytes_written"] + entry["bytes_reused"] == entry["bytes"]
     assert manager.last_commit_reused == entry["bytes_reused"]

@@ -26,7 +26,7 @@ WRITER = """
 import json, os, sys
 import numpy as np
 from daskjobs.checkpoint import CheckpointStore, _files
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 
 prefix, exit_before_write, nodes, rows, count = sys.argv[1], int(sys.argv[2]), *json.loads(sys.argv[3])
 if exit_before_write >= 0:
@@ -87,7 +87,7 @@ def check_recovery(store: CheckpointStore, committed: list[int]) -> int:
     assert latest["epoch"] in (committed[-1], committed[-1] + 1), (latest["epoch"], committed[-3:])
     assert latest["nodes"] == list(NODES)
     for n, node in enumerate(NODES):
-        blobs = store.read_node(node, latest["epoch"], latest["node_entries"][node])
+        blobs = store.read_node(node, latest["epoch"], latest["manifests"][node])
         for i in range(BLOBS):
             assert np.array_equal(blobs[f"b{i}"], expected(latest["epoch"], n, i))
     removed = store.cleanup_uncommitted(NODES)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 
 boto3 = pytest.importorskip("boto3")
@@ -91,7 +91,7 @@ def test_full_cycle(s3, url, no_rename, monkeypatch):
     assert store.committed_epochs() == [1, 10]
     record = store.read_commit(1)
     for node, sign in (("ps", 1), ("trainer", -1)):
-        got = store.read_node(node, 1, record["node_entries"][node])
+        got = store.read_node(node, 1, record["manifests"][node])
         for name, array in blobs_of(sign).items():
             assert np.array_equal(got[name], array)
             assert got[name].dtype == array.dtype
@@ -100,16 +100,16 @@ def test_full_cycle(s3, url, no_rename, monkeypatch):
     data = fs.cat_file(chunk)
     fs.pipe_file(chunk, data[:7] + bytes([data[7] ^ 1]) + data[8:])
     with pytest.raises(CheckpointCorruptError, match="epoch 1, node 'ps', blob 'w': checksum mismatch"):
-        store.read_node("ps", 1, record["node_entries"]["ps"])
+        store.read_node("ps", 1, record["manifests"]["ps"])
     fs.rm_file(f"{root}/ps.1/zeros/c.1")
     with pytest.raises(CheckpointCorruptError, match=r"blob 'zeros', chunk c\.1: the chunk file is missing"):
-        store.read_node("ps", 1, record["node_entries"]["ps"], ["zeros"])
+        store.read_node("ps", 1, record["manifests"]["ps"], ["zeros"])
     store.delete_epoch(1, record["nodes"])
     assert store.committed_epochs() == [10]
     assert store.cleanup_uncommitted() == [f"{url}/ps.11"]
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(root, detail=False)) == ["__daskjobs__", "ps.10", "trainer.10"]
     latest = store.latest_commit()
-    assert np.array_equal(store.read_node("ps", 10, latest["node_entries"]["ps"])["w"], blobs_of(10)["w"])
+    assert np.array_equal(store.read_node("ps", 10, latest["manifests"]["ps"])["w"], blobs_of(10)["w"])
     store.release_lock()
     assert store.read_lock() is None
 
@@ -141,7 +141,7 @@ def test_another_process_commit_is_seen_at_once(s3, url):
     script = (
         "import json, sys, numpy as np\n"
         "from daskjobs.checkpoint import CheckpointStore\n"
-        "from daskjobs.checkpoint._format import make_commit_record\n"
+        "from daskjobs.checkpoint._record import make_commit_record\n"
         "store = CheckpointStore(sys.argv[1], json.loads(sys.argv[2]))\n"
         "entry = store.write_node('ps', 3, {'w': np.ones(3)}, save_id='other')\n"
         "store.commit(make_commit_record('job', 3, {'ps': entry}, {}, {}))\n"
@@ -152,7 +152,7 @@ def test_another_process_commit_is_seen_at_once(s3, url):
     assert reader.committed_epochs() == [1, 2, 3]
     latest = reader.latest_commit()
     assert latest["epoch"] == 3
-    assert np.array_equal(reader.read_node("ps", 3, latest["node_entries"]["ps"])["w"], np.ones(3))
+    assert np.array_equal(reader.read_node("ps", 3, latest["manifests"]["ps"])["w"], np.ones(3))
 
 
 def test_missing_bucket_is_not_writable(s3):
@@ -164,7 +164,7 @@ def test_missing_bucket_is_not_writable(s3):
 def test_compressed_through_zarr(s3, url, no_rename):
     store = CheckpointStore(url, s3, compression="zstd")
     record = save(store, 4, {"ps": blobs_of(4)})
-    got = store.read_node("ps", 4, record["node_entries"]["ps"])
+    got = store.read_node("ps", 4, record["manifests"]["ps"])
     for name, array in blobs_of(4).items():
         assert np.array_equal(got[name], array)
 
@@ -176,4 +176,4 @@ def test_hostile_metadata_on_s3(s3, url):
     meta = json.loads(store.fs.cat_file(path))
     store.fs.pipe_file(path, json.dumps({**meta, "data_type": "|O"}).encode())
     with pytest.raises(CheckpointFormatError, match=re.escape("data type '|O'")):
-        store.read_node("ps", 1, record["node_entries"]["ps"])
+        store.read_node("ps", 1, record["manifests"]["ps"])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._format import make_commit_record
+from daskjobs.checkpoint._record import make_commit_record
 from daskjobs.errors import CheckpointNotFoundError
 
 NODES = ("a", "b")
@@ -84,7 +84,7 @@ class CheckpointStoreMachine(RuleBasedStateMachine):
             raise AssertionError(f"uncommitted epoch {epoch} has a commit record")
         record = self.store.read_commit(epoch)
         for i, node in enumerate(NODES):
-            blobs = self.store.read_node(node, epoch, record["node_entries"][node])
+            blobs = self.store.read_node(node, epoch, record["manifests"][node])
             assert np.array_equal(blobs["w"], np.full((3, 2), self.committed[epoch] + i))
             assert int(blobs["n"]) == self.committed[epoch]
 

@@ -74,6 +74,7 @@ def chunk_count(shape: list[int] | tuple[int, ...], chunks: list[int] | tuple[in
     return math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
 
 
+@functools.lru_cache(maxsize=4096)
 def chunk_key(index: int, ndim: int) -> str:
     """The key of chunk ``index`` along axis 0: ``"c"`` for 0-d arrays, else ``"c.<index>.0…"``."""
     return ".".join(["c", str(index), *("0" * (ndim - 1))]) if ndim else "c"

@@ -26,13 +26,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsspec import AbstractFileSystem
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from .._model.values import validate_name
 from ..errors import CheckpointCorruptError, CheckpointWriteError, JobDefinitionError
+from ._chunks import chunk_key
 from ._files import read_regular
 from ._format import RESERVED_BLOB_NAMES, loads
-from ._zarr import ENTRY_KEY
+from ._manifest import ENTRY_KEY, reference
+from ._record import MANIFEST_KEY
 
 logger = logging.getLogger("daskjobs")
 
@@ -53,6 +56,9 @@ class Tree:
     def __init__(self, fs: AbstractFileSystem) -> None:
         self._fs = fs
         self._local = isinstance(fs, LocalFileSystem)
+        self.objects = isinstance(fs, AsyncFileSystem) and not self._local
+        """An object store (S3, GCS, Azure …: fsspec's async filesystems): no folders, symlinks or
+        special files, so none is looked for, listed or removed (each would cost a request)."""
 
     def kind(self, path: str) -> str | None:
         """``FILE``, ``DIR``, ``OTHER`` (symlink, FIFO, device …) or ``None`` if nothing is there."""
@@ -131,15 +137,16 @@ class Tree:
         if self._local:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
-        elif not self.entries(path):
+        elif not self.objects and not self.entries(path):
             with contextlib.suppress(Exception):
                 self._fs.rmdir(path)
             self._fs.invalidate_cache(path.rsplit("/", 1)[0])
 
 
 def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | None:
-    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours."""
-    if tree.kind(group) != DIR:
+    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours;
+    it names the group's ``zarr.json`` (its manifest, once the save finished) under ``"manifest"``."""
+    if not tree.objects and tree.kind(group) != DIR:
         return None
     data = tree.read_small(f"{group}/{_META}")
     if data is None or len(data) > _MARKER_LIMIT:
@@ -159,7 +166,7 @@ def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | No
         and type(found.get("epoch")) is int
         and found["epoch"] == epoch
     ):
-        return found
+        return {**found, MANIFEST_KEY: reference(data)}
     return None
 
 
@@ -202,13 +209,16 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     Parameters
     ----------
     entry
-        The node's entry from the commit record of a committed group: only its blobs' folders
-        and exactly their chunks are deleted. ``None`` (uncommitted debris): blob folders with
-        valid names and files of daskjobs' name patterns.
+        What the commit record of a committed group held of it: the node's entry, or the summary
+        naming its manifest (which must match the group's ``zarr.json``): only its blobs' folders
+        and exactly their chunks are deleted. ``None`` (uncommitted debris), or a manifest that
+        does not match: blob folders with valid names and files of daskjobs' name patterns.
     """
     found = marker(tree, group, node, epoch)
     if found is None:
         return False
+    if entry is not None and "blobs" not in entry:  # a summary: the group's own entry, if it is the manifest named
+        entry = found if found[MANIFEST_KEY] == entry.get(MANIFEST_KEY) else None
     blobs = entry.get("blobs") if entry is not None and found.get("save_id") == entry.get("save_id") else None
     doomed, folders = [], []
     for name, kind in tree.entries(group).items():
@@ -218,6 +228,10 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
             continue
         counts = _chunk_counts(blobs[name]) if isinstance(blobs, Mapping) else None
         folders.append(f"{group}/{name}")
+        if tree.objects and counts is not None:  # exactly the objects the entry lists: no listing needed
+            keys = [chunk_key(i, len(counts)) for i in range(math.prod(counts))]
+            doomed.extend(f"{group}/{name}/{file}" for file in (_META, *keys))
+            continue
         doomed.extend(
             f"{group}/{name}/{file}"
             for file, kind in tree.entries(f"{group}/{name}").items()

@@ -23,8 +23,9 @@ from ..errors import (
 )
 from ._cleanup import Tree, remove_debris, remove_group
 from ._files import UnsafeFileError
-from ._format import check_epoch, loads, seal, unseal, validate_commit_record
+from ._format import check_epoch, loads
 from ._prefix import OWN, Prefix
+from ._record import committed_entry, seal, unseal, validate_commit_record
 
 logger = logging.getLogger("daskjobs")
 
@@ -33,8 +34,9 @@ _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
 
 @dataclass(frozen=True)
 class RetiredEpoch:
-    """An un-committed epoch whose groups are still to be deleted: per node, its entry from the
-    commit record (``None``: the record named no entry; only daskjobs' own files go)."""
+    """An un-committed epoch whose groups are still to be deleted: per node, what its commit record
+    held of it, its entry or the summary naming its manifest (``None``: the record named none; only
+    daskjobs' own files go)."""
 
     epoch: int
     entries: dict[str, Mapping[str, Any] | None]
@@ -108,21 +110,6 @@ class Commits(Prefix):
             regular file, or its folder is a symbolic link.
         """
         return self.commit_record_bytes(epoch)[0]
-
-    def node_entries(self, epoch: int, record: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-        """Every checkpointed node's entry of committed ``epoch``: its blobs with kind, dtype, shape,
-        chunks and the XXH3-128 digest of every chunk file (see :mod:`._format`), validated.
-
-        ``record`` is the epoch's commit record when the caller has read it already. This is the
-        one way to get at the entries: callers do not look inside a record for them.
-
-        Raises
-        ------
-        CheckpointNotFoundError, CheckpointCorruptError, CheckpointFormatError
-            As :meth:`read_commit`.
-        """
-        record = self.read_commit(epoch) if record is None else record
-        return {node: dict(record["node_entries"][node]) for node in record["nodes"]}
 
     def commit_record_bytes(self, epoch: int) -> tuple[dict[str, Any], bytes]:
         """The validated commit record of ``epoch`` and the very bytes it was read from (for a copy).
@@ -240,11 +227,13 @@ class Commits(Prefix):
         CheckpointLockedError, CheckpointWriteError
             As :meth:`delete_epoch`.
         """
-        nodes = [validate_name(node, "node") for node in nodes]
+        if record is None or nodes is not record["nodes"]:  # a record's nodes were validated with it
+            nodes = [validate_name(node, "node") for node in nodes]
         epoch = check_epoch(epoch)
         self._check_held()
         try:
-            entries = (record or self.read_commit(epoch))["node_entries"]
+            record = record or self.read_commit(epoch)
+            entries = record.get("manifests") or {node: committed_entry(record, node) for node in record["nodes"]}
         except CheckpointNotFoundError:
             entries = {}
         self.uncommit(epoch, sync_folder=sync_folder)

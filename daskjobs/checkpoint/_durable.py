@@ -1,8 +1,10 @@
 """Durability on local disks: fsync of paths, several at once, or one ``syncfs`` for many.
 
-The fsync threads are one pool per process, and one more thread writes groups and makes them
-durable in the background (:func:`in_background`); both are made again in a forked child (a snapshot writer),
-whose parent's threads are gone.
+The fsync threads are one pool per process, one more thread writes groups in the background
+(:func:`in_background`), one deletes retired groups (:func:`deleting_in_background`), and one makes
+groups durable in batches (:func:`sync_soon`: the groups of every node a process serves, made durable
+by one ``syncfs`` instead of one fsync per file each).
+All are made again in a forked child (a snapshot writer), whose parent's threads are gone.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
@@ -33,13 +36,22 @@ def _libc_syncfs() -> Any:
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _background: tuple[int, ThreadPoolExecutor] | None = None
+_deleter: tuple[int, ThreadPoolExecutor] | None = None
+_writing = 0
+"""Jobs queued in or running on the background write thread."""
+_syncer: _Syncer | None = None
+_WRITE_THREADS = 1
+"""Threads writing (and threads deleting) groups in the background, per process: one each, as
+threads handing the GIL to each other cost more than the syscalls of small groups they overlap."""
+_LINGER = 0.05
+"""Longest a batch of syncs waits for the background write thread to finish the jobs queued there."""
 
 
 def _reset_pool_after_fork() -> None:
     """In a forked child (a snapshot writer): a fresh lock and no pools (the parent's threads are gone,
     and another thread may have held the lock at the fork)."""
-    global _pool_lock, _pool, _background
-    _pool_lock, _pool, _background = threading.Lock(), None, None
+    global _pool_lock, _pool, _background, _deleter, _writing, _syncer
+    _pool_lock, _pool, _background, _deleter, _writing, _syncer = threading.Lock(), None, None, None, 0, None
 
 
 if hasattr(os, "register_at_fork"):
@@ -57,17 +69,44 @@ def _fsync_pool() -> ThreadPoolExecutor:
 
 
 def in_background(job: Callable[[], T]) -> Future[T]:
-    """Run ``job`` (writing a group, making one durable, deleting retired ones) in this process's
-    one background thread.
+    """Run ``job`` (writing a group) in this process's background write thread, one after the other.
 
-    Jobs run one after the other, in the order given: a group is durable only after every group
-    submitted before it (whose files a later group may hard-link) is.
+    While jobs are queued or run there, the batches of syncs wait for them (at most :data:`_LINGER`
+    seconds): the groups a process's nodes hand over at the end of an epoch are made durable together.
     """
-    global _background
+    global _background, _writing
     with _pool_lock:
         if _background is None or _background[0] != os.getpid():
-            _background = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="daskjobs-flush"))
-        return _background[1].submit(job)
+            _background = (os.getpid(), ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="daskjobs-write"))
+        _writing += 1
+        future = _background[1].submit(job)
+    future.add_done_callback(_written)
+    return future
+
+
+def writes_in_flight() -> int:
+    """Jobs queued in or running on this process's background write thread."""
+    return _writing
+
+
+def _written(_future: Future[Any]) -> None:
+    global _writing
+    with _pool_lock:
+        _writing -= 1
+        idle = _writing == 0
+    syncer = _syncer
+    if idle and syncer is not None:
+        syncer.wake()
+
+
+def deleting_in_background(job: Callable[[], T]) -> Future[T]:
+    """Run ``job`` (deleting retired groups) in this process's deleting threads: deletions never hold
+    back the writes and syncs of the groups an epoch waits for."""
+    global _deleter
+    with _pool_lock:
+        if _deleter is None or _deleter[0] != os.getpid():
+            _deleter = (os.getpid(), ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="daskjobs-delete"))
+        return _deleter[1].submit(job)
 
 
 def fsync_soon(fd: int) -> None:
@@ -91,16 +130,17 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def sync_paths(paths: Sequence[str]) -> None:
+def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
     """Make ``paths`` (files and directories of one filesystem) durable.
 
     Up to :data:`FSYNC_EACH_UP_TO` paths (a few big blobs) are fsynced each, several at once:
-    that flushes only our own data. For more, on Linux, one ``syncfs`` flushes the whole
-    filesystem: it costs a few fsyncs, far less than hundreds of them for many small blobs.
+    that flushes only our own data. For more, or with ``many`` (the groups of several nodes), on
+    Linux, one ``syncfs`` flushes the whole filesystem: it costs a few fsyncs, far less than
+    hundreds of them for many small blobs.
     """
     if not paths:
         return
-    syncfs = _libc_syncfs() if len(paths) > FSYNC_EACH_UP_TO else None
+    syncfs = _libc_syncfs() if many or len(paths) > FSYNC_EACH_UP_TO else None
     if syncfs is not None:
         fd = os.open(paths[0], os.O_RDONLY)
         try:
@@ -114,3 +154,95 @@ def sync_paths(paths: Sequence[str]) -> None:
         fsync_path(paths[0])
         return
     list(_fsync_pool().map(fsync_path, paths))
+
+
+class _Syncer:
+    """One thread of a process that makes groups durable in batches.
+
+    Requests that arrive while a batch is being synced wait for the next batch, which syncs the
+    union of their paths at once (per filesystem): when a process serves many nodes, their groups
+    of one epoch cost one ``syncfs`` instead of an fsync of every file of every group. A batch that
+    fails is synced again request by request, so that each request gets its own outcome.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._wake = threading.Condition(threading.Lock())
+        self._pending: list[tuple[list[str], Future[None]]] = []
+        threading.Thread(target=self._serve, name="daskjobs-sync", daemon=True).start()
+
+    def wake(self) -> None:
+        """The background writes are done: a batch waiting for them goes on."""
+        with self._wake:
+            self._wake.notify()
+
+    def request(self, paths: list[str]) -> Future[None]:
+        future: Future[None] = Future()
+        with self._wake:
+            self._pending.append((paths, future))
+            self._wake.notify()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+            deadline = time.monotonic() + _LINGER
+            with self._wake:  # groups being written join this batch
+                while _writing and time.monotonic() < deadline:
+                    self._wake.wait(deadline - time.monotonic())
+                batch, self._pending = self._pending, []
+            try:
+                self._sync_batch(batch)
+            except BaseException as exc:  # this thread must outlive anything: every request gets an outcome
+                for _paths, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+
+    def _sync_batch(self, batch: list[tuple[list[str], Future[None]]]) -> None:
+        by_device: dict[int, list[tuple[list[str], Future[None]]]] = {}
+        for paths, future in batch:
+            try:
+                device = os.lstat(paths[0]).st_dev
+            except OSError as exc:
+                future.set_exception(exc)
+                continue
+            by_device.setdefault(device, []).append((paths, future))
+        for requests in by_device.values():
+            self._sync(requests)
+
+    @staticmethod
+    def _sync(requests: list[tuple[list[str], Future[None]]]) -> None:
+        union = list(dict.fromkeys(path for paths, _ in requests for path in paths))
+        try:
+            if len(requests) > 1:  # one syncfs for several groups, once every path is still there
+                for path in union:
+                    os.lstat(path)
+            sync_paths(union, many=len(requests) > 1)
+        except BaseException:
+            for paths, future in requests:
+                try:
+                    sync_paths(paths)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(None)
+            return
+        for _, future in requests:
+            future.set_result(None)
+
+
+def sync_soon(paths: Sequence[str]) -> Future[None]:
+    """Make ``paths`` (of one filesystem) durable in this process's next batch of syncs (see
+    :class:`_Syncer`); the future fails with the ``OSError`` of the sync."""
+    global _syncer
+    if not paths:
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+    with _pool_lock:
+        if _syncer is None or _syncer.pid != os.getpid():
+            _syncer = _Syncer()
+        syncer = _syncer
+    return syncer.request(list(paths))

@@ -22,11 +22,12 @@ import shutil
 import stat
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import xxhash
 
-from ._durable import fsync_path, fsync_soon, sync_paths
+from ._durable import fsync_path, fsync_soon, sync_paths, sync_soon
 
 logger = logging.getLogger("daskjobs")
 
@@ -124,6 +125,15 @@ def make_dirs(path: str, within: str | None = None) -> None:
     vanished, :class:`FileNotFoundError` is raised instead of creating it again (a prefix on an
     unmounted disk must not come back as an empty local folder).
     """
+    try:
+        os.mkdir(path, DIR_MODE)  # the parent is usually there: one syscall
+        return
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+        return
+    except FileNotFoundError:
+        pass
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
         if parent == within:
@@ -141,18 +151,30 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
     fd = os.open(path, _WRITE_FLAGS, FILE_MODE)
     try:
         for part in parts:
-            view = memoryview(part).cast("B")
-            while view:
-                view = view[os.write(fd, view) :]
+            size = part.nbytes if isinstance(part, memoryview) else len(part)
+            written = os.write(fd, part) if size else 0
+            if written < size:  # a short write (or a multi-byte memoryview): write on from where it stopped
+                view = memoryview(part).cast("B")[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
 
 def read_regular(path: str, limit: int) -> bytes:
     """At most ``limit + 1`` bytes of a regular file (see :func:`open_regular`)."""
-    fd, _size = open_regular(path)
-    with open(fd, "rb", buffering=0) as file:
-        return file.read(limit + 1)
+    fd, size = open_regular(path)
+    try:
+        want = min(size, limit) + 1  # the size it has (no buffer of ``limit`` bytes), one more to see growth
+        data = os.read(fd, want)
+        while len(data) < want:
+            more = os.read(fd, want - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
 
 
 def read_chunk_file(path: str, out: memoryview, size: int) -> ChunkResult:
@@ -216,7 +238,8 @@ class LocalFiles:
         Its data then goes to disk while other threads still hash and write (the GIL is released
         in fsync), instead of all of it waiting for :meth:`flush`.
         """
-        early = self._fsync and sum(memoryview(part).nbytes for part in parts) >= _SYNC_EARLY_FROM
+        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        early = self._fsync and size >= _SYNC_EARLY_FROM
         write_file(path, parts)
         if early:
             fsync_path(path)
@@ -250,8 +273,18 @@ class LocalFiles:
     def flush(self) -> None:
         """fsync what was written (and the parent of the first path), if syncing is on."""
         if self._fsync and self._unsynced:
-            sync_paths(list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])])))
+            sync_paths(self._to_sync())
         self._unsynced = []
+
+    def flush_soon(self) -> Future[None]:
+        """:meth:`flush` in this process's next batch of syncs (with other groups', see
+        :func:`~._durable.sync_soon`); the future fails with the sync's ``OSError``."""
+        paths = self._to_sync() if self._fsync and self._unsynced else []
+        self._unsynced = []
+        return sync_soon(paths)
+
+    def _to_sync(self) -> list[str]:
+        return list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])]))
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
         """Read each regular file, at most ``limit + 1`` bytes of it; errors are returned, not raised."""
@@ -275,7 +308,15 @@ class LocalFiles:
         except OSError:
             return None
 
-    def reuse(self, source: str, target: str, size: int, sealed: int | None = None) -> bool:
+    def reuse(
+        self,
+        source: str,
+        target: str,
+        size: int,
+        sealed: int | None = None,
+        parts: Sequence[Any] = (),
+        counted: int = 0,
+    ) -> bool:
         """Hard-link ``source`` (a regular file of ``size`` bytes) as ``target``; ``False`` if that is impossible.
 
         ``source`` belongs to an earlier save, made durable before that save returned: only the
@@ -283,6 +324,7 @@ class LocalFiles:
         that save's group got its entry (:meth:`sealed_at`); a ``source`` modified later changed
         on disk after its save — the earlier epoch is damaged — and is not linked (a warning says
         so), so that the damage does not spread to the new epoch: the caller writes the bytes.
+        ``parts`` and ``counted`` (see :meth:`RemoteFiles.reuse`) are not needed here.
         """
         try:
             info = os.lstat(source)
@@ -374,6 +416,10 @@ class LocalFiles:
             relative = os.path.relpath(root, path)
             found.update(name if relative == "." else f"{relative}/{name}".replace(os.sep, "/") for name in files)
         return found
+
+    def take_rewritten(self) -> int:
+        """Always 0: a hard link that fails is written by the caller at once (see :meth:`reuse`)."""
+        return 0
 
     def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
         """Read each chunk into its view and hash the whole file; see :data:`ChunkResult`."""

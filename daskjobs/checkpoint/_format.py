@@ -1,30 +1,16 @@
-"""Commit records and node entries: the JSON that says what a checkpoint holds (pure: no I/O).
+"""Node entries: the JSON that says what one node's checkpoint holds (pure: no I/O).
 
-A node's save returns an *entry* (also stored in its Zarr group's attributes); the client
-gathers the entries of every node into the epoch's *commit record*::
+A node's save writes its *entry* into its Zarr group's attributes (the node's *manifest*, see
+:mod:`._manifest`); the epoch's commit record (:mod:`._record`) names every node's manifest::
 
-    {"sealed": "<32 hex digits>", "format": "daskjobs-checkpoint", "format_version": 3,
-     "daskjobs_version": "0.1.0",
-     "created": "2026-01-01T00:00:00+00:00", "job": "train", "epoch": 3,
-     "nodes": ["ps", "trainer"],
-     "node_entries": {"ps": {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16,
-                             "bytes_written": 16, "bytes_reused": 0, "seconds": 0.01,
-                             "blobs": {"w": {"kind": "array", "dtype": "<f4", "shape": [2, 2],
-                                             "nbytes": 16, "chunks": [2, 2], "codec": null,
-                                             "hashes": ["<32 hex digits>"]}}}, …},
-     "stop_values": {"done": false}, "timings": {"save_seconds": 0.02}, "metrics": {"loss": 0.5}}
+    {"node": "ps", "epoch": 3, "save_id": "…", "bytes": 16, "bytes_written": 16, "bytes_reused": 0,
+     "seconds": 0.01, "blobs": {"w": {"kind": "array", "dtype": "<f4", "shape": [2, 2], "nbytes": 16,
+                                      "chunks": [2, 2], "codec": null, "hashes": ["<32 hex digits>"]}}}
 
 ``hashes`` holds the XXH3-128 digest of every stored chunk file, chunks in C order; it serves
 verification on every read path and delta reuse. A ``"json"`` blob is a 1-d ``uint8`` array of
 UTF-8 JSON text. ``codec`` names the compressor (``None``: raw bytes); compressed chunks also
 record their file sizes in ``sizes``.
-
-The record file is *sealed*: it starts with ``{"sealed":"<XXH3-128 of every byte after this
-field>",`` (:func:`seal`), so that a record edited or damaged after it was written — a node's entry
-removed together with its name, a metric or stop value changed, a digit flipped — is refused
-(:func:`unseal`, after the record validated: an unknown dtype stays a format error) instead of
-read as the truth. Records of format version 2 (written before seals existed) are read without
-that check.
 
 Everything read back is validated here before any path is built or byte is decoded: names
 with :func:`~daskjobs._model.values.validate_name`, dtypes against :data:`ALLOWED_DTYPES`,
@@ -38,25 +24,12 @@ import math
 import operator
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from .._model.values import check_dtype, validate_name
-from .._version import __version__
 from ..errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
-
-FORMAT_NAME = "daskjobs-checkpoint"
-RECORD_FORMAT_VERSION = 3
-"""Version of the commit-record schema written now: a sealed record (see :func:`seal`).
-
-Version 2 (the same schema, unsealed) is still read; a version-3 record without its seal is
-corrupt. Version 1 (daskjobs before per-chunk hashes) kept one CRC-32C per blob, which cannot
-verify a lazily read chunk on its own; its records are refused, naming the version, rather than
-read with weaker checks. Newer versions are refused with :class:`CheckpointFormatError`."""
-_OLDEST_READ_VERSION = 2
 
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
@@ -85,23 +58,10 @@ MAX_EPOCH = 10**12 - 1
 SAVE_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 """A save id: what a node entry's ``save_id`` must match."""
 
-_HASH_RE = re.compile(r"[0-9a-f]{32}")
+HASH_RE = re.compile(r"[0-9a-f]{32}")
 _STRING_RE = re.compile(r"(<U|\|S)([1-9][0-9]{0,6})")
 _ENTRY_KEYS = ("node", "epoch", "save_id", "blobs", "bytes", "bytes_written", "bytes_reused", "seconds")
 _BLOB_KEYS = ("kind", "dtype", "shape", "nbytes", "chunks", "codec", "hashes")
-_RECORD_KEYS = (
-    "format",
-    "format_version",
-    "daskjobs_version",
-    "created",
-    "job",
-    "epoch",
-    "nodes",
-    "node_entries",
-    "stop_values",
-    "timings",
-    "metrics",
-)
 
 
 def check_epoch(epoch: Any) -> int:
@@ -137,6 +97,9 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
     BlobTypeError
         The dtype is not bool or numeric, or has no Zarr v3 data type (e.g. ``float128``).
     """
+    stored = _STORED.get(dtype)
+    if stored is not None:  # a dtype seen before (every epoch saves the same ones)
+        return stored
     if dtype.kind not in "US":
         check_dtype(dtype, blob)
     stored = dtype.newbyteorder("<") if dtype.kind != "S" else dtype
@@ -145,7 +108,13 @@ def storage_dtype(dtype: np.dtype, blob: str) -> np.dtype:
             f"blob {blob!r} has dtype {dtype}, which Zarr v3 cannot store; use one of {sorted(ALLOWED_DTYPES)} "
             f"or a fixed-width string dtype of 1 to {MAX_STRING_CHARS} characters"
         )
+    if len(_STORED) < 1024:
+        _STORED[dtype] = stored
     return stored
+
+
+_STORED: dict[np.dtype, np.dtype] = {}
+"""Dtypes :func:`storage_dtype` accepted, with what they are stored as."""
 
 
 def check_blob_name(name: object) -> str:
@@ -159,46 +128,6 @@ def check_blob_name(name: object) -> str:
 def dumps(obj: Any) -> bytes:
     """Compact, strict JSON (no NaN or infinity) as UTF-8 bytes."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
-
-
-SEAL_KEY = "sealed"
-_SEAL_HEAD = b'{"' + SEAL_KEY.encode() + b'":"'
-_SEAL_END = len(_SEAL_HEAD) + 32 + 2  # the head, 32 hex digits, then '",'
-
-
-def seal(record: Mapping[str, Any]) -> bytes:
-    """The bytes of a commit record file: :func:`dumps` of ``record`` (a non-empty mapping; any old
-    seal dropped), with the XXH3-128 digest of all bytes after it as its first field."""
-    rest = dumps({k: v for k, v in record.items() if k != SEAL_KEY})[1:]  # after the opening brace
-    return _SEAL_HEAD + xxhash.xxh3_128(rest).hexdigest().encode() + b'",' + rest
-
-
-def unseal(data: bytes, record: Any, what: str) -> Any:
-    """``record`` (parsed from ``data``) without its seal, after checking the seal matches ``data``.
-
-    Raises
-    ------
-    CheckpointCorruptError
-        ``record`` is sealed but ``data`` differs from what was sealed: edited, re-formatted or
-        damaged after it was written.
-    """
-    if not isinstance(record, dict):
-        return record
-    if SEAL_KEY not in record:
-        if record.get("format_version") == _OLDEST_READ_VERSION:  # written before seals existed
-            return record
-        raise CheckpointCorruptError(f"{what} lacks its seal: it was edited or damaged after it was written")
-    sealed = data[len(_SEAL_HEAD) : _SEAL_END - 2]
-    if (
-        not data.startswith(_SEAL_HEAD)
-        or data[_SEAL_END - 2 : _SEAL_END] != b'",'
-        or xxhash.xxh3_128(data[_SEAL_END:]).hexdigest().encode() != sealed
-    ):
-        raise CheckpointCorruptError(
-            f"{what} does not match its seal: it was edited, re-formatted or damaged after it was written; "
-            "nothing of it is used"
-        )
-    return {k: v for k, v in record.items() if k != SEAL_KEY}
 
 
 def loads(data: bytes, what: str, error: type[Exception] = CheckpointCorruptError) -> Any:
@@ -218,44 +147,49 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
 
 
-def _fail(where: str, problem: str) -> CheckpointCorruptError:
+def fail(where: str, problem: str) -> CheckpointCorruptError:
+    """The error for a field of a document read back (at ``where``) that is wrong."""
     return CheckpointCorruptError(f"{where}: {problem}")
 
 
-def _int(value: Any, where: str, field: str, low: int = 0, high: int | None = None) -> int:
+def check_int(value: Any, where: str, field: str, low: int = 0, high: int | None = None) -> int:
+    """``value`` if it is an int from ``low`` to ``high``, else :func:`fail`."""
     if type(value) is not int or value < low or (high is not None and value > high):
         bound = f" <= {high}" if high is not None else ""
-        raise _fail(where, f"{field} must be an int >= {low}{bound}, got {value!r}")
+        raise fail(where, f"{field} must be an int >= {low}{bound}, got {value!r}")
     return value
 
 
-def _number(value: Any, where: str, field: str) -> float:
+def check_number(value: Any, where: str, field: str) -> float:
+    """``value`` as a float if it is a finite number >= 0, else :func:`fail`."""
     if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-        raise _fail(where, f"{field} must be a finite number >= 0, got {value!r}")
+        raise fail(where, f"{field} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
-def _mapping(value: Any, where: str, field: str, keys: tuple[str, ...] = ()) -> Mapping[str, Any]:
+def check_mapping(value: Any, where: str, field: str, keys: tuple[str, ...] = ()) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object holding ``keys``, else :func:`fail`."""
     if not isinstance(value, dict):
-        raise _fail(where, f"{field} must be a JSON object, got {type(value).__name__}")
+        raise fail(where, f"{field} must be a JSON object, got {type(value).__name__}")
     missing = [k for k in keys if k not in value]
     if missing:
-        raise _fail(where, f"{field} lacks {missing}")
+        raise fail(where, f"{field} lacks {missing}")
     return value
 
 
-def _name(value: Any, where: str, what: str) -> str:
+def check_name(value: Any, where: str, what: str) -> str:
+    """``value`` if it is a valid ``what`` name (``"node"``, ``"blob"``, ``"job"``), else :func:`fail`."""
     try:
         name = validate_name(value, what)
     except JobDefinitionError as exc:
-        raise _fail(where, str(exc)) from None
+        raise fail(where, str(exc)) from None
     if what == "blob" and name in RESERVED_BLOB_NAMES:
-        raise _fail(where, f"blob name {name!r} is reserved for Zarr metadata")
+        raise fail(where, f"blob name {name!r} is reserved for Zarr metadata")
     return name
 
 
 def _validate_blob(meta: Any, where: str) -> None:
-    meta = _mapping(meta, where, "blob entry", _BLOB_KEYS)
+    meta = check_mapping(meta, where, "blob entry", _BLOB_KEYS)
     dtype, kind, codec = meta["dtype"], meta["kind"], meta["codec"]
     if not isinstance(dtype, str) or not allowed_dtype(dtype):
         raise CheckpointFormatError(
@@ -269,18 +203,18 @@ def _validate_blob(meta: Any, where: str) -> None:
     shape, chunks = meta["shape"], meta["chunks"]
     for field, dims, low in (("shape", shape, 0), ("chunks", chunks, 1)):
         if not isinstance(dims, list) or len(dims) > MAX_NDIM:
-            raise _fail(where, f"{field} must be a list of at most {MAX_NDIM} ints, got {dims!r}")
+            raise fail(where, f"{field} must be a list of at most {MAX_NDIM} ints, got {dims!r}")
         for dim in dims:
-            _int(dim, where, field, low, MAX_BLOB_BYTES)
+            check_int(dim, where, field, low, MAX_BLOB_BYTES)
     if len(chunks) != len(shape) or (kind == "json" and len(shape) != 1):
-        raise _fail(where, f"chunks {chunks} do not match shape {shape}")
+        raise fail(where, f"chunks {chunks} do not match shape {shape}")
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes > MAX_BLOB_BYTES:
-        raise _fail(where, f"shape {shape} of {dtype} is {nbytes} bytes, more than the limit {MAX_BLOB_BYTES}")
-    if _int(meta["nbytes"], where, "nbytes") != nbytes:
-        raise _fail(where, f"nbytes {meta['nbytes']} does not match shape {shape} and dtype {dtype}")
+        raise fail(where, f"shape {shape} of {dtype} is {nbytes} bytes, more than the limit {MAX_BLOB_BYTES}")
+    if check_int(meta["nbytes"], where, "nbytes") != nbytes:
+        raise fail(where, f"nbytes {meta['nbytes']} does not match shape {shape} and dtype {dtype}")
     if any(c > max(1, s) for s, c in zip(shape, chunks, strict=True)):
-        raise _fail(where, f"chunks {chunks} are larger than shape {shape}; daskjobs never writes such chunks")
+        raise fail(where, f"chunks {chunks} are larger than shape {shape}; daskjobs never writes such chunks")
     if math.prod(shape) and chunks[1:] != shape[1:]:
         raise CheckpointFormatError(
             f"{where}: chunks {chunks} split axes other than the first of shape {shape}; daskjobs did not write "
@@ -288,22 +222,22 @@ def _validate_blob(meta: Any, where: str) -> None:
         )
     count = math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
     if count > MAX_CHUNKS:
-        raise _fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
+        raise fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
     hashes = meta["hashes"]
     if not isinstance(hashes, list) or len(hashes) != count:
-        raise _fail(where, f"hashes must list one digest per chunk ({count}), got {type(hashes).__name__}")
+        raise fail(where, f"hashes must list one digest per chunk ({count}), got {type(hashes).__name__}")
     for digest in hashes:
-        if not isinstance(digest, str) or not _HASH_RE.fullmatch(digest):
-            raise _fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
+        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
+            raise fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
     if codec is not None:
         sizes = meta.get("sizes")
         if not isinstance(sizes, list) or len(sizes) != count:
-            raise _fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
+            raise fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
         raw = math.prod(chunks) * np.dtype(dtype).itemsize
         bound = max_stored_size(codec, raw)
         for size in sizes:
             if type(size) is not int or not 0 <= size <= bound:
-                raise _fail(
+                raise fail(
                     where,
                     f"sizes holds {size!r}; a {codec} chunk of {raw} bytes (chunks {chunks} of {dtype}) is stored "
                     f"in at most {bound} bytes",
@@ -336,132 +270,24 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
         A blob has a dtype daskjobs does not read.
     """
     where = where or f"checkpoint entry of node {node!r} at epoch {epoch}"
-    entry = _mapping(obj, where, "entry", _ENTRY_KEYS)
+    entry = check_mapping(obj, where, "entry", _ENTRY_KEYS)
     if entry["node"] != node or entry["epoch"] != epoch or type(entry["epoch"]) is not int:
-        raise _fail(where, f"entry is for node {entry['node']!r} at epoch {entry['epoch']!r}")
+        raise fail(where, f"entry is for node {entry['node']!r} at epoch {entry['epoch']!r}")
     if not isinstance(entry["save_id"], str) or not SAVE_ID_RE.fullmatch(entry["save_id"]):
-        raise _fail(where, f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {entry['save_id']!r}")
-    blobs = _mapping(entry["blobs"], where, "blobs")
+        raise fail(where, f"save_id must be 1-128 characters from A-Z a-z 0-9 _ -, got {entry['save_id']!r}")
+    blobs = check_mapping(entry["blobs"], where, "blobs")
     if len(blobs) > MAX_BLOBS:
-        raise _fail(where, f"{len(blobs)} blobs, more than the limit {MAX_BLOBS}")
+        raise fail(where, f"{len(blobs)} blobs, more than the limit {MAX_BLOBS}")
     for name, meta in blobs.items():
-        _validate_blob(meta, f"{where}, blob {_name(name, where, 'blob')!r}")
+        _validate_blob(meta, f"{where}, blob {check_name(name, where, 'blob')!r}")
     total = sum(meta["nbytes"] for meta in blobs.values())
-    if _int(entry["bytes"], where, "bytes") != total:
-        raise _fail(where, f"bytes {entry['bytes']} is not the sum of the blobs' nbytes {total}")
+    if check_int(entry["bytes"], where, "bytes") != total:
+        raise fail(where, f"bytes {entry['bytes']} is not the sum of the blobs' nbytes {total}")
     written, reused = (
-        _int(entry["bytes_written"], where, "bytes_written"),
-        _int(entry["bytes_reused"], where, "bytes_reused"),
+        check_int(entry["bytes_written"], where, "bytes_written"),
+        check_int(entry["bytes_reused"], where, "bytes_reused"),
     )
     if written + reused != total:
-        raise _fail(where, f"bytes_written + bytes_reused is not the sum of the blobs' nbytes {total}")
-    _number(entry["seconds"], where, "seconds")
+        raise fail(where, f"bytes_written + bytes_reused is not the sum of the blobs' nbytes {total}")
+    check_number(entry["seconds"], where, "seconds")
     return dict(entry)
-
-
-def make_commit_record(
-    job: str,
-    epoch: int,
-    node_entries: Mapping[str, Mapping[str, Any]],
-    stop_values: Mapping[str, Any],
-    timings: Mapping[str, float],
-    *,
-    metrics: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """Build the commit record of ``epoch`` from every node's entry.
-
-    Parameters
-    ----------
-    job
-        The job's name.
-    epoch
-        The epoch being committed.
-    node_entries
-        The entry each node's save returned, by node name.
-    stop_values
-        The stop-condition values of the epoch (``bool`` or ``numpy.bool_``), by name.
-    timings
-        Durations in seconds, by name (e.g. ``{"save_seconds": 1.2}``).
-    metrics
-        The epoch's metric means, by name (finite floats).
-
-    Returns
-    -------
-    dict
-        The record; :meth:`CheckpointStore.commit` validates it (:func:`validate_commit_record`)
-        before writing it.
-    """
-    for name, value in stop_values.items():
-        if not isinstance(value, bool | np.bool_):
-            raise TypeError(f"stop value {name!r} must be a bool, got {type(value).__name__}")
-    return {
-        "format": FORMAT_NAME,
-        "format_version": RECORD_FORMAT_VERSION,
-        "daskjobs_version": __version__,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "job": job,
-        "epoch": epoch,
-        "nodes": sorted(node_entries),
-        "node_entries": {node: dict(entry) for node, entry in node_entries.items()},
-        "stop_values": {str(name): bool(value) for name, value in stop_values.items()},
-        "timings": {str(name): float(value) for name, value in timings.items()},
-        "metrics": {str(name): float(value) for name, value in (metrics or {}).items()},
-    }
-
-
-def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
-    """Check a commit record read back (or about to be written) for ``epoch``.
-
-    Raises
-    ------
-    CheckpointFormatError
-        Not a daskjobs record, a newer ``format_version``, or an unsupported dtype.
-    CheckpointCorruptError
-        A field is missing, mistyped, inconsistent or out of limits, a name is invalid, or the
-        record is of another epoch.
-    """
-    where = f"commit record of epoch {epoch}"
-    if isinstance(obj, dict) and obj.get("format") != FORMAT_NAME and "format" in obj:
-        raise CheckpointFormatError(f"{where}: format {obj['format']!r} is not {FORMAT_NAME!r}")
-    version = obj.get("format_version") if isinstance(obj, dict) else None
-    if type(version) is int and version > RECORD_FORMAT_VERSION:
-        raise CheckpointFormatError(
-            f"{where}: checkpoint format version {version} is newer than supported version "
-            f"{RECORD_FORMAT_VERSION}; upgrade daskjobs to read it"
-        )
-    if type(version) is int and 1 <= version < _OLDEST_READ_VERSION:
-        raise CheckpointFormatError(
-            f"{where}: checkpoint format version {version} (one CRC-32C per blob, written by an older daskjobs) "
-            f"is no longer read; this daskjobs reads versions {_OLDEST_READ_VERSION}-{RECORD_FORMAT_VERSION} "
-            "(a hash per chunk): restore "
-            "it with the daskjobs that wrote it, or start the job afresh under another prefix"
-        )
-    record = _mapping(obj, where, "record", _RECORD_KEYS)
-    _int(record["format_version"], where, "format_version", low=1)
-    if _int(record["epoch"], where, "epoch", high=MAX_EPOCH) != epoch:
-        raise _fail(where, f"record says epoch {record['epoch']}")
-    for field in ("daskjobs_version", "created"):
-        if not isinstance(record[field], str) or len(record[field]) > 64:
-            raise _fail(where, f"{field} must be a short string, got {record[field]!r}")
-    _name(record["job"], where, "job")
-    nodes, entries = record["nodes"], _mapping(record["node_entries"], where, "node_entries")
-    if (
-        not isinstance(nodes, list)
-        or len(nodes) > MAX_NODES
-        or not all(isinstance(n, str) for n in nodes)
-        or nodes != sorted(set(nodes))
-        or set(nodes) != set(entries)
-    ):
-        raise _fail(where, f"nodes must be the sorted names of node_entries, got {nodes!r}")
-    for node in nodes:
-        validate_node_entry(entries[_name(node, where, "node")], node, epoch, f"{where}, node {node!r}")
-    for field, value_ok in (("stop_values", lambda v: type(v) is bool), ("timings", _finite), ("metrics", _finite)):
-        values = _mapping(record[field], where, field)
-        bad = {k: v for k, v in values.items() if len(k) > 256 or not value_ok(v)}
-        if bad or len(values) > 1024:
-            raise _fail(where, f"{field} must map at most 1024 short names to values of the right type; bad: {bad}")
-    return dict(record)
-
-
-def _finite(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._model.task import Task, WorkspaceType
 from ..errors import CheckpointError, CheckpointWriteError
-from ._steps import AsyncSaveFinish, EndSaveStep, FlushFinish, SaveFinish, WaitSaveStep, idle
+from ._steps import AsyncSaveFinish, EndSaveStep, FlushFinish, SaveFinish, WaitSaveStep, idle, reported
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -134,7 +134,7 @@ class GraphSaves:
         entries = self._saves.entries.get(epoch, {})
         for node in sorted(self._saves.unflushed.get(epoch, ())):
             try:
-                self.store.make_durable(node, epoch, entries[node])
+                entries[node] = reported(self.store.make_durable(node, epoch, entries[node]))
             except (CheckpointError, KeyError) as exc:
                 logger.warning(
                     "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import BlobTypeError, CheckpointNotFoundError, JobDefinitionError
 from ._reader import GroupReader
+from ._record import committed_entry, record_bytes, record_summaries
 from ._retention import best_epochs
 from ._store import CheckpointStore
 
@@ -72,12 +73,11 @@ def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = No
 
 
 def _info(record: dict[str, Any]) -> CheckpointInfo:
-    nbytes = sum(int(entry.get("bytes", 0)) for entry in record["node_entries"].values())
     return CheckpointInfo(
         record["epoch"],
         record["job"],
         list(record["nodes"]),
-        nbytes,
+        record_bytes(record)[0],
         record.get("created", ""),
         dict(record.get("stop_values", {})),
         record,
@@ -89,7 +89,8 @@ class NodeCheckpoint(Mapping[str, Any]):
     """One node's blobs in a committed epoch; indexing reads and verifies a blob.
 
     A blob is a numpy array or, for JSON blobs, the JSON value. The node's entry comes from a
-    commit record the store validated; each access reads and verifies only that blob.
+    commit record the store validated (from format version 4 on, the node's manifest, read once here
+    and verified against the record); each access reads and verifies only that blob.
     """
 
     def __init__(self, store: CheckpointStore, node: str, epoch: int, entry: dict[str, Any]) -> None:
@@ -119,6 +120,10 @@ class NodeCheckpoint(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._entry["blobs"])
+
+    def blobs(self) -> dict[str, dict[str, Any]]:
+        """Every blob's entry (kind, dtype, shape, chunks, nbytes …), verified, by name; nothing is read."""
+        return {name: dict(meta) for name, meta in self._entry["blobs"].items()}
 
     def lazy(self, blob: str) -> Any:
         """A lazy ``dask.array`` of an array blob, one task per stored chunk.
@@ -185,10 +190,11 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         self._node_views: dict[str, NodeCheckpoint] = {}
 
     def __getitem__(self, node: str) -> NodeCheckpoint:
-        if node not in self.record["node_entries"]:
+        if node not in self.nodes:
             raise KeyError(f"epoch {self.epoch} has no node {node!r}; it has {self.nodes}")
         if node not in self._node_views:  # built once, then indexed: linear cost in blobs
-            self._node_views[node] = NodeCheckpoint(self._store, node, self.epoch, self.record["node_entries"][node])
+            entry = committed_entry(self.record, node)
+            self._node_views[node] = NodeCheckpoint(self._store, node, self.epoch, entry)
         return self._node_views[node]
 
     def __iter__(self) -> Iterator[str]:
@@ -201,23 +207,21 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         """Read and verify every blob of every node; return the number of bytes checked."""
         checked = 0
         for node in self.nodes:
-            entry = self.record["node_entries"][node]
-            self._store.read_node(node, self.epoch, entry)
-            checked += entry["bytes"]
+            self._store.read_node(node, self.epoch, committed_entry(self.record, node), entry_validated=True)
+            checked += record_summaries(self.record)[node]["bytes"]
         return checked
 
     def __repr__(self) -> str:
         return f"CheckpointView(job={self.job!r}, epoch={self.epoch}, nodes={self.nodes})"
 
     def _repr_html_(self) -> str:
-        entries = self.record["node_entries"]
         rows = "".join(
             f"<tr><td>{html.escape(node)}</td><td>{html.escape(name)}</td><td>{_kind_text(meta)}</td>"
             f"<td>{'' if meta.get('kind') == 'json' else tuple(meta['shape'])}</td><td>{meta['nbytes']}</td></tr>"
             for node in self.nodes
-            for name, meta in sorted(entries[node]["blobs"].items())
+            for name, meta in sorted(self[node].blobs().items())
         )
-        nbytes = sum(int(entry.get("bytes", 0)) for entry in entries.values())
+        nbytes = record_bytes(self.record)[0]
         facts = [f"{nbytes} bytes", f"committed {html.escape(str(self.record.get('created', '?')))}"]
         facts += [f"{html.escape(k)}={v:.6g}" for k, v in self.record.get("metrics", {}).items()]
         facts += [f"{html.escape(k)}={v}" for k, v in self.record.get("stop_values", {}).items()]

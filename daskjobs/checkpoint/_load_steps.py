@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .._execution.node_run import INTERNAL
 from ..errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from ._sharing import unseen_commit
+from ._steps import remember
 
 if TYPE_CHECKING:
     from .._model.workspace import Workspace
@@ -31,6 +32,10 @@ class ReadStep:
     """The first half of a load: reads and verifies the node's blobs (``names``, skipping those the
     entry lacks; ``None``: all) and keeps them on the node, outside its workspace, for :class:`AssignStep`.
 
+    ``entry`` is what the commit record holds of the node: from format version 4 on, the summary
+    naming its manifest, which the node reads and verifies itself (the driver never reads it). The
+    verified entry is kept for the node's next save (delta reuse without reading it again).
+
     The task's output (``READ_BLOB``) is what every node's :class:`AssignStep` waits for: no
     workspace changes before every node read its blobs.
     """
@@ -46,7 +51,8 @@ class ReadStep:
         state = ws._state
         state.services.pop(STAGED, None)  # what a failed earlier load left
         try:
-            blobs = self.store.read_node(self.node, self.epoch, self.entry, self.names, entry_validated=True)
+            entry = self.store.resolve_entry(self.node, self.epoch, self.entry)
+            blobs = self.store.read_node(self.node, self.epoch, entry, self.names, entry_validated=True)
         except (CheckpointCorruptError, CheckpointNotFoundError) as exc:
             if self.store.has_group(self.node, self.epoch):
                 raise
@@ -54,6 +60,7 @@ class ReadStep:
         with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
             if state.services.get(DISCARDED) != self.load_id:
                 state.services[STAGED] = (self.load_id, blobs)
+                remember(state, entry)
         ws[READ_BLOB] = True
 
 

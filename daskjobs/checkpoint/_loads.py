@@ -15,6 +15,7 @@ from .._model.task import Task, WorkspaceType
 from .._model.values import validate_name
 from ..errors import CheckpointError, CheckpointNotFoundError, DefinitionTypeError, JobDefinitionError
 from ._load_steps import READ_BLOB, AssignStep, DiscardStep, ReadStep
+from ._record import committed_entry
 from ._store import CheckpointStore
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class Loads:
             )
         if store is self.store:
             self._last_record = record
-        self._remember(epoch, {n: record["node_entries"][n] for n in self.nodes()})
+        self._remember(epoch, {n: committed_entry(record, n) for n in self.nodes()}, store)
         return self._two_phase_load(store, record, None, load_id)
 
     def load_blobs_from_checkpoint(self, blob_names: Sequence[str], epoch: int) -> TaskGroup:
@@ -124,12 +125,12 @@ class Loads:
         """Per node, a task reading and verifying ``names`` (``None``: every blob, replacing the
         workspace) and one putting them into the workspace; every node's second task waits for the
         first of all nodes (dataflow edges)."""
-        entries, epoch = record["node_entries"], record["epoch"]
+        epoch = record["epoch"]
         group = TaskGroup(WorkspaceType.PRIVATE)
         nodes = self.nodes()
         reads = [
             Task(
-                ReadStep(store, node, epoch, entries[node], names, load_id),
+                ReadStep(store, node, epoch, committed_entry(record, node), names, load_id),
                 group=group,
                 node=node,
                 name="checkpoint_read",

@@ -16,13 +16,13 @@ from ..errors import (
     JobDefinitionError,
 )
 from ._fork import resolve_snapshot
-from ._format import make_commit_record
 from ._graph_saves import GraphSaves
 from ._inspect import prefix_html
 from ._load_steps import CheckStep
 from ._loads import Loads
 from ._metadata import CommitRecordHandler, MetadataHandler, check_same_job
 from ._naming import db_name, get_ckpt_filename
+from ._record import make_commit_record, record_bytes
 from ._retention import Retention, best_epochs, retention_warning
 from ._saves import Saves, previous_entries
 from ._sharing import prove_shared, unseen_groups
@@ -142,7 +142,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._salvaged: dict[str, Any] = {}
         """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
         self._stats: dict[str, int] = {}
-        self._blob_names: dict[str, list[str]] = {}
+        self._remembered: tuple[CheckpointStore, int, dict[str, dict[str, Any]]] | None = None
+        """The store, epoch and node entries (or their summaries) of the last checkpoint saved or loaded."""
         self._staging = Staging()
         self._nodes_delete = False
         """Whether the last hooks handed retired groups to the nodes (see ``finish_hooks``)."""
@@ -414,9 +415,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self._last_record = record
         self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
         self.last_commit = record
-        self.last_commit_bytes = sum(e["bytes"] for e in record["node_entries"].values())
-        self.last_commit_written = sum(e["bytes_written"] for e in record["node_entries"].values())
-        self.last_commit_reused = sum(e["bytes_reused"] for e in record["node_entries"].values())
+        self.last_commit_bytes, self.last_commit_written, self.last_commit_reused = record_bytes(record)
         self.committed_bytes[epoch] = (self.last_commit_written, self.last_commit_reused)
         for old_epoch in sorted(self.committed_bytes)[:-64]:
             del self.committed_bytes[old_epoch]
@@ -459,20 +458,23 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         return discard_after(self.store, epoch)
 
     # -- statistics -----------------------------------------------------------------------
-    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]]) -> None:
-        """Keep the blob names and durations of the node ``entries`` of ``epoch`` just saved or loaded."""
-        self._blob_names = {n: sorted(e["blobs"]) for n, e in entries.items()}
-        self._stats = {self.get_ckpt_db_name(n, epoch): int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]], store: CheckpointStore | None = None) -> None:
+        """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just saved or
+        loaded, and where their blob names are (read only when :meth:`blob_list` asks)."""
+        self._remembered = (store or self.store, epoch, dict(entries))
+        prefix = self.get_ckpt_db_name(next(iter(entries), "n"), epoch).rsplit("/", 1)[0]  # names were validated
+        self._stats = {f"{prefix}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
 
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""
         self._handler.report(action_name, dict(self._stats))
 
     def blob_list(self) -> dict[str, list[str]]:
-        """Blob names per node in the last checkpoint saved or loaded."""
-        if not self._blob_names:
+        """Blob names per node in the last checkpoint saved or loaded (from its nodes' manifests)."""
+        if self._remembered is None:
             raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
-        return {n: list(b) for n, b in self._blob_names.items()}
+        store, epoch, entries = self._remembered
+        return {n: sorted(store.resolve_entry(n, epoch, e)["blobs"]) for n, e in entries.items()}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(db_prefix={self.store.url!r}, nodes={self._nodes})"

@@ -1,6 +1,8 @@
 """Reading one node's Zarr group back, verified against its committed entry.
 
-The entry (from the commit record) is the only thing trusted. Before anything is decoded, each
+The entry is the only thing trusted: the node's manifest (its group's ``zarr.json``) once its size
+and digest matched the commit record (:func:`read_manifest`), or the entry a record of an earlier
+format version held itself. Before anything is decoded, each
 array's ``zarr.json`` must be exactly the bytes the entry implies (:func:`._zarr.expected_metadata`)
 and every chunk file must be a regular file (see :mod:`._files`) of the recorded size whose
 XXH3-128 digest matches. A mismatch raises :class:`CheckpointCorruptError` naming epoch, node, blob
@@ -19,13 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
+from ..errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError, InvalidStateError
 from . import _json
 from ._chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
 from ._files import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError, read_chunk_file
 from ._format import MAX_JSON_BYTES, loads, validate_node_entry
+from ._manifest import ENTRY_KEY, check_manifest, is_summary, reference
+from ._record import MANIFEST_KEY
 from ._remote import RemoteFiles
-from ._zarr import COMPRESSIONS, ENTRY_KEY, Location, decode, expected_metadata
+from ._zarr import COMPRESSIONS, Location, decode, expected_metadata
 
 _KNOWN_TYPES = frozenset(
     [
@@ -60,7 +64,8 @@ def _value(kind: str, array: np.ndarray, label: str) -> Any:
 
 # -- reading -----------------------------------------------------------------------------------
 def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool = True) -> dict[str, Any] | None:
-    """The entry stored in the group's attributes, or ``None`` if there is no group.
+    """The entry stored in the group's attributes (naming its manifest, the group's ``zarr.json``,
+    under ``"manifest"``), or ``None`` if there is no group.
 
     ``validate=False`` skips checking every blob of it (for a caller that only compares its
     ``save_id`` with a committed, validated entry: one check per read instead of two).
@@ -89,9 +94,52 @@ def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool =
         raise CheckpointCorruptError(f"{label} holds no daskjobs entry (a foreign group)")
     if attributes[ENTRY_KEY].get("state") == "writing":
         raise CheckpointCorruptError(f"{label}: the save {attributes[ENTRY_KEY].get('save_id')} never finished")
-    if not validate:
-        return dict(attributes[ENTRY_KEY])
-    return validate_node_entry(attributes[ENTRY_KEY], node, epoch, label)
+    entry = (
+        dict(attributes[ENTRY_KEY]) if not validate else validate_node_entry(attributes[ENTRY_KEY], node, epoch, label)
+    )
+    entry[MANIFEST_KEY] = reference(data)
+    return entry
+
+
+def _manifest_bytes(where: Location, node: str, epoch: int, size: int) -> bytes:
+    """At most ``size + 1`` bytes of the group's ``zarr.json`` (a committed group's manifest)."""
+    label = f"epoch {epoch}, node {node!r}: the node's manifest {where.url}/zarr.json"
+    try:
+        where.files.check_directory(where.path)
+        (data,) = where.files.read_small([f"{where.path}/zarr.json"], size)
+    except FileNotFoundError:
+        data = FileNotFoundError()
+    except UnsafeFileError as exc:
+        raise CheckpointFormatError(f"{label}: {exc}") from None
+    if isinstance(data, FileNotFoundError):
+        raise CheckpointCorruptError(f"{label} is missing, although the epoch is committed")
+    if isinstance(data, UnsafeFileError):
+        raise CheckpointFormatError(f"{label}: {data}")
+    if isinstance(data, OSError):
+        raise CheckpointError(f"{label} cannot be read: {data}")
+    return data
+
+
+def read_manifest(where: Location, node: str, epoch: int, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's entry from its manifest, verified against ``summary`` (from the commit record).
+
+    Raises
+    ------
+    CheckpointCorruptError
+        The manifest is missing, truncated, longer, edited, or another node's or epoch's; the
+        message names epoch, node and the file.
+    CheckpointFormatError
+        It is not a regular file (or its group not a real folder), or it names a dtype or codec
+        daskjobs does not read.
+    """
+    if not isinstance(summary.get(MANIFEST_KEY), Mapping):
+        raise InvalidStateError(
+            f"epoch {epoch}, node {node!r}: the summary names no manifest (its group was described, not written "
+            "yet); read it once its write finished"
+        )
+    data = _manifest_bytes(where, node, epoch, summary[MANIFEST_KEY]["size"])
+    label = f"epoch {epoch}, node {node!r}: the node's manifest {where.url}/zarr.json"
+    return check_manifest(data, summary, node, epoch, label)
 
 
 class GroupReader:
@@ -104,9 +152,12 @@ class GroupReader:
     def __init__(self, where: Location, node: str, epoch: int, entry: Mapping[str, Any], *, validated: bool = False):
         self.where, self.node, self.epoch = where, node, epoch
         self.context = f"epoch {epoch}, node {node!r}"
+        self._group_checked = False
+        if is_summary(entry):  # a commit record's summary: the manifest read and verified here is the group's
+            entry, validated = read_manifest(where, node, epoch, entry), True
+            self._group_checked = True
         self.entry = dict(entry) if validated else validate_node_entry(entry, node, epoch, f"entry of {self.context}")
         self.blobs: dict[str, dict[str, Any]] = self.entry["blobs"]
-        self._group_checked = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_group_checked": False}
@@ -122,6 +173,16 @@ class GroupReader:
             removed from or added to either, or edited); the message names epoch, node and blob.
         """
         if self._group_checked:
+            return
+        ref = self.entry.get(MANIFEST_KEY)
+        if isinstance(ref, Mapping):  # the manifest this entry was read from (or written as): the same bytes
+            data = _manifest_bytes(self.where, self.node, self.epoch, ref["size"])
+            if reference(data) != ref:
+                raise CheckpointCorruptError(
+                    f"{self.context}: the node's manifest {self.where.url}/zarr.json no longer matches the commit "
+                    f"record{_other_save(data, self.entry['save_id'])}; nothing of it is used"
+                )
+            self._group_checked = True
             return
         stored = read_group_entry(self.where, self.node, self.epoch, validate=False)
         if stored is None:
@@ -347,6 +408,17 @@ class GroupReader:
             decode(one, [part], out)
         except Exception as exc:  # as in _decode
             raise CheckpointCorruptError(f"{self._label(name)}: cannot decode the stored chunk: {exc}") from exc
+
+
+def _other_save(document: bytes, committed: str) -> str:
+    """`` (it holds save X, not the committed save Y: …)`` when ``document`` is a group of another save."""
+    try:
+        found = loads(document, "group metadata")["attributes"][ENTRY_KEY]["save_id"]
+    except (CheckpointCorruptError, KeyError, TypeError):
+        return ""
+    if found == committed:
+        return " (edited or damaged)"
+    return f" (it holds save {found}, not the committed save {committed}: overwritten after the commit?)"
 
 
 def _entry_difference(stored: Mapping[str, Any], committed: Mapping[str, Any], name: str) -> str:

@@ -5,18 +5,54 @@ directory or a symlink.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import xxhash
 from fsspec import AbstractFileSystem
+from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 
 from ._files import ChunkRead, ChunkResult, LocalFiles, SizeProblem
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
+_COPIES_AT_ONCE = 64
+"""Server-side copies in flight at once on an async filesystem."""
+
+
+def copy_many(fs: AbstractFileSystem, pairs: list[tuple[str, str]]) -> list[BaseException | None]:
+    """Copy each ``(source, target)`` on the server, concurrently where the filesystem is async; the
+    outcome of each (``None``: copied).
+
+    On S3 (s3fs) each is one CopyObject request: the source's size is known to be below S3's 5 GiB
+    limit of a single copy (checkpoint chunks are about 64 MiB), so no HEAD asks for it, and no
+    listing expands the paths (``fs.copy`` of single paths costs two listings and a HEAD per copy).
+    """
+    if not isinstance(fs, AsyncFileSystem):
+        outcomes: list[BaseException | None] = []
+        for source, target in pairs:
+            try:
+                fs.cp_file(source, target)
+                outcomes.append(None)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+    copy = getattr(fs, "_copy_basic", None) or fs._cp_file
+
+    async def copy_all() -> list[BaseException | None]:
+        limit = asyncio.Semaphore(_COPIES_AT_ONCE)
+
+        async def one(source: str, target: str) -> None:
+            async with limit:
+                await copy(source, target)
+
+        found = await asyncio.gather(*(one(s, t) for s, t in pairs), return_exceptions=True)
+        return [f if isinstance(f, BaseException) else None for f in found]
+
+    return sync(fs.loop, copy_all)
 
 
 class RemoteFiles:
@@ -26,6 +62,8 @@ class RemoteFiles:
         self._fs = fs
         self._pending: dict[str, bytes] = {}
         self._pending_bytes = 0
+        self._copies: dict[str, tuple[str, tuple[Any, ...], int]] = {}
+        self._rewritten = 0
 
     def clear(self, path: str) -> None:
         """Remove every object under ``path``."""
@@ -57,10 +95,25 @@ class RemoteFiles:
         self.flush()
 
     def flush(self) -> None:
-        """Upload the queued objects."""
+        """Make the queued server-side copies, then upload the queued objects (a copy that failed
+        among them, from the bytes it was given)."""
+        if self._copies:
+            copies, self._copies = self._copies, {}
+            pairs = [(source, target) for target, (source, _, _) in copies.items()]
+            for (_, target), failed in zip(pairs, copy_many(self._fs, pairs), strict=True):
+                if failed is not None:
+                    _, parts, counted = copies[target]
+                    self._pending[target] = b"".join(memoryview(part).cast("B") for part in parts)
+                    self._rewritten += counted
         if self._pending:
             self._fs.pipe(self._pending)
         self._pending, self._pending_bytes = {}, 0
+
+    def take_rewritten(self) -> int:
+        """The ``counted`` bytes of the copies queued by :meth:`reuse` that failed and were written instead,
+        since the last call."""
+        rewritten, self._rewritten = self._rewritten, 0
+        return rewritten
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
         """Read the first ``limit + 1`` bytes of each object (range requests); errors are returned."""
@@ -75,12 +128,23 @@ class RemoteFiles:
         """``None``: objects are replaced whole, never modified in place (see :meth:`LocalFiles.reuse`)."""
         return None
 
-    def reuse(self, source: str, target: str, size: int, sealed: int | None = None) -> bool:
-        """Copy ``source`` to ``target`` on the server (no download); ``False`` if that fails."""
-        try:
-            self._fs.copy(source, target)
-        except (OSError, ValueError, NotImplementedError):
+    def reuse(
+        self,
+        source: str,
+        target: str,
+        size: int,
+        sealed: int | None = None,
+        parts: Sequence[Any] = (),
+        counted: int = 0,
+    ) -> bool:
+        """Queue a server-side copy of ``source`` to ``target`` (no download), made by :meth:`flush`
+        with the others at once; if it fails there, ``parts`` (the bytes ``target`` must hold) are
+        written instead and ``counted`` (what the caller counts as reused) goes to :meth:`take_rewritten`.
+        ``False`` (nothing queued) without ``parts``."""
+        if not parts:
             return False
+        self._copies[target] = (source, tuple(parts), counted)
+        self._pending.pop(target, None)
         return True
 
     def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:

@@ -99,7 +99,8 @@ def apply_retention(
     best: Callable[[list[int]], list[int]] | None,
     retired: RetiredGroups | None = None,
     written: Mapping[int, Mapping[str, Any]] | None = None,
-) -> None:
+    committed: list[int] | None = None,
+) -> list[int]:
     """Delete committed epochs older than ``newest`` that retention does not keep; failures are logged warnings.
 
     Kept: ``newest``, the last ``keep_last``, every epoch divisible by ``keep_every`` and the
@@ -107,31 +108,37 @@ def apply_retention(
 
     With ``retired``, the epochs are only un-committed (not yet durably: the caller syncs the
     commit folder) and added to it; their groups are deleted later (see :class:`RetiredGroups`).
-    ``written``: commit records the caller wrote itself, by epoch (not read again).
+    ``written``: commit records the caller wrote itself, by epoch (not read again). ``committed``:
+    the committed epochs when the caller knows them (it holds the lock), else they are listed.
+    Returns the committed epochs afterwards (ascending).
     """
     if keep_last is None and keep_every is None and best is None:
-        return
+        return []
     try:
-        epochs = store.committed_epochs()
+        epochs = sorted(committed) if committed is not None else store.committed_epochs()
         kept = best(epochs) if best is not None else []
     except OSError as exc:
         logger.warning("retention: could not list the epochs under %s: %s", store.url, exc)
-        return
+        return []
     keep = kept_epochs(epochs, keep_last, keep_every, kept) | {newest}
+    left = list(epochs)
     for epoch in epochs:
         if epoch < newest and epoch not in keep:
             try:
                 record = (written or {}).get(epoch) or store.read_commit(epoch)
                 if retired is not None:
                     retired.add(store.retire_epoch(epoch, record["nodes"], sync_folder=False, record=record))
+                    left.remove(epoch)
                     continue
                 store.remove_retired(store.retire_epoch(epoch, record["nodes"], record=record))
             except Exception as exc:  # the new epoch is committed: never fail the save for this
                 logger.warning("retention: could not delete epoch %d under %s: %s", epoch, store.url, exc)
                 if isinstance(exc, CheckpointLockedError):
-                    return
+                    return left
                 continue
+            left.remove(epoch)
             logger.info("retention: deleted epoch %d under %s", epoch, store.url)
+    return left
 
 
 class RetiredGroups:
@@ -272,6 +279,9 @@ class Retention:
         self.retired = RetiredGroups()
         self._best_values: dict[int, float | None] = {}
         self._written: dict[int, dict[str, Any]] = {}
+        self._committed: list[int] | None = None
+        """The committed epochs while a runner holds the lock (no other writer): listed once, then
+        kept up to date here, so a commit costs no listing of the commit records."""
 
     @property
     def deletes(self) -> bool:
@@ -293,6 +303,10 @@ class Retention:
         epoch = record["epoch"]
         if mine:
             self._written = dict(list(self._written.items())[-_WRITTEN_KEPT:]) | {epoch: record}
+            if self._committed is not None and epoch not in self._committed:
+                self._committed.append(epoch)
+        else:
+            self._committed = None
         if self.keep_best is not None:  # best_of keeps it to the committed epochs; else it would only grow
             self._best_values[epoch] = record["metrics"].get(self.best_metric)
 
@@ -321,7 +335,11 @@ class Retention:
         # Deferred too, ``keeping`` holds back the epochs saves not yet committed link chunks of:
         # their groups are deleted by tidy() while the next epoch runs.
         retired, written = (self.retired, self._written) if deferred else (None, None)
-        apply_retention(store, newest, self.keep_last, self.keep_every, keeping(best), retired, written)
+        committed = self._committed if deferred else None
+        left = apply_retention(
+            store, newest, self.keep_last, self.keep_every, keeping(best), retired, written, committed
+        )
+        self._committed = left if deferred and left else None
 
     def tidy(self, store: CheckpointStore, *, final: bool, by_nodes: bool = False) -> None:
         """Delete the retired groups in the background (``by_nodes``: leave them to the nodes'
@@ -330,4 +348,4 @@ class Retention:
             return
         self.retired.remove(store, wait=final)
         if final:
-            self._written = {}
+            self._written, self._committed = {}, None

@@ -10,6 +10,7 @@ from typing import Any
 
 from .._model.task import Task
 from ..errors import CheckpointError, CheckpointWriteError, InvalidStateError
+from ._record import committed_entry
 from ._store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -30,7 +31,9 @@ def write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
 def previous_entries(
     store: CheckpointStore, epoch: int, committed: list[int], last_record: dict[str, Any] | None
 ) -> dict[str, dict[str, Any]]:
-    """The node entries of the newest of ``committed`` before ``epoch`` (for delta reuse); {} without.
+    """What the commit record of the newest of ``committed`` before ``epoch`` holds of each node (the
+    summary naming its manifest, or a record's whole entry before format version 4), with the node
+    and epoch: what each node's save reuses chunks from (delta); {} without.
 
     ``last_record`` is used when it is that epoch's commit record, else the record is read.
     """
@@ -44,7 +47,7 @@ def previous_entries(
         except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
             logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
             return {}
-    return dict(record["node_entries"])
+    return {node: {**committed_entry(record, node), "node": node, "epoch": older[-1]} for node in record["nodes"]}
 
 
 class Saves:

@@ -26,8 +26,10 @@ from .._execution.node_run import INTERNAL
 from .._model.values import copy_value
 from ..errors import CheckpointError, CheckpointLockedError
 from ._commits import RetiredEpoch
-from ._durable import in_background
+from ._durable import deleting_in_background, in_background, writes_in_flight
 from ._fork import ForkedSave, forks
+from ._manifest import is_summary
+from ._record import MANIFEST_KEY
 
 if TYPE_CHECKING:
     from .._execution.node_run import NodeState
@@ -37,15 +39,71 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 ENTRY_BLOB = "daskjobs.checkpoint_entry"
-"""Output blob through which a node's save task returns its (small, JSON) checkpoint entry."""
+"""Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
 FLUSH = "daskjobs.pending_flush"
+MANIFEST = "daskjobs.last_manifest"
+"""Node service holding the last entry the node wrote or loaded whole and verified: what its next
+save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
+_REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
+
+
+def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node tells the driver of an entry it wrote: its totals and the reference of its manifest
+    (``None`` for an entry described before its group was written), never its blobs: the driver's
+    work and messages stay the same size whatever a node holds."""
+    ref = entry.get(MANIFEST_KEY)
+    return {**{key: entry[key] for key in _REPORTED}, MANIFEST_KEY: dict(ref) if isinstance(ref, Mapping) else None}
 
 
 def entry_array(entry: dict[str, Any]) -> np.ndarray:
-    """A node's checkpoint entry as a uint8 blob, the form in which save tasks return it."""
-    return np.frombuffer(json.dumps(entry).encode(), dtype=np.uint8).copy()
+    """What a node tells the driver of its entry (:func:`reported`) as a uint8 blob, the form in which
+    save tasks return it."""
+    return np.frombuffer(json.dumps(reported(entry)).encode(), dtype=np.uint8).copy()
+
+
+def remember(state: NodeState, entry: Mapping[str, Any] | None) -> None:
+    """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
+    if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
+        state.services[MANIFEST] = dict(entry)
+
+
+def reuse_base(
+    state: NodeState, store: CheckpointStore, node: str, previous: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The whole entry a save reuses chunks from, given what the driver named (``previous``: the
+    summary of the newest earlier save, or a whole entry of a record before format version 4).
+
+    The node's own last entry (:func:`remember`) when it is that save (same epoch, save id and
+    manifest); else that manifest, read and verified against the summary. A manifest that is
+    missing or does not match is never reused from: the save writes every chunk (a warning names
+    the :class:`~daskjobs.errors.CheckpointCorruptError`).
+    """
+    if previous is None or not is_summary(previous):
+        return None if previous is None else dict(previous)
+    ref = previous.get(MANIFEST_KEY)
+    mine = state.services.get(MANIFEST)
+    if (
+        isinstance(mine, dict)
+        and mine.get("epoch") == previous.get("epoch")
+        and mine.get("save_id") == previous.get("save_id")
+        and (ref is None or mine.get(MANIFEST_KEY) == ref)
+    ):
+        return mine
+    if not isinstance(ref, Mapping):  # described but never reported written: nothing to verify it against
+        return None
+    try:
+        return store.resolve_entry(node, previous["epoch"], previous)
+    except CheckpointError as exc:
+        logger.warning(
+            "node %r does not reuse chunks of epoch %s (delta): %s: %s; every chunk is written",
+            node,
+            previous.get("epoch"),
+            type(exc).__name__,
+            exc,
+        )
+        return None
 
 
 def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
@@ -91,27 +149,32 @@ class PendingFlush:
 
 def settle_flush(state: NodeState) -> dict[str, Any] | None:
     """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
-    "entry": the entry the background write returned, or None}``."""
+    "entry": what the background write returned (:func:`reported`), or None}``. The written entry
+    is remembered for the next save's delta; after a failed flush nothing is."""
     pending = state.services.pop(FLUSH, None)
     if not isinstance(pending, PendingFlush):
         return None
     try:
         entry = pending.done.result()
     except Exception as exc:
+        state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
         return {"save_id": pending.save_id, "error": exc, "entry": None}
-    return {"save_id": pending.save_id, "error": None, "entry": entry}
+    remember(state, entry)
+    return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
 
 
-def reuse_from(previous: dict[str, Any] | None, flushed: dict[str, Any] | None) -> dict[str, Any] | None:
+def reuse_from(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    previous: Mapping[str, Any] | None,
+    flushed: dict[str, Any] | None,
+) -> dict[str, Any] | None:
     """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
-    ``flushed``: none after a failed flush, the written entry of a background write of ``previous``."""
-    if flushed is None:
-        return previous
-    if flushed["error"] is not None:
+    ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
+    if flushed is not None and flushed["error"] is not None:
         return None
-    if flushed["entry"] is not None and (previous or {}).get("save_id") == flushed["save_id"]:
-        return flushed["entry"]
-    return previous
+    return reuse_base(state, store, node, previous)
 
 
 def _small(blobs: dict[str, Any]) -> bool:
@@ -216,7 +279,8 @@ class AsyncSaveStep:
         running = state.services.get(SAVER)
         if running is not None:
             running.join()
-        start_background(state, self.store, self.node, self.epoch, self.save_id, self.previous, self.snapshot_mode)
+        base = reuse_base(state, self.store, self.node, self.previous)
+        start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
 
 
 @dataclass(frozen=True)
@@ -237,6 +301,7 @@ class WaitSaveStep:
             )
         entry = saver.result()
         state.services.pop(SAVER, None)
+        remember(state, entry)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
@@ -270,8 +335,9 @@ class SaveStep:
         state = ws._state
         with state.lock:
             blobs = dict(state.scope.blobs)
-        previous = reuse_from(self.previous, settle_flush(state))
+        previous = reuse_from(state, self.store, self.node, self.previous, settle_flush(state))
         entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
+        remember(state, entry)
         ws[ENTRY_BLOB] = entry_array(entry)
 
 
@@ -282,12 +348,14 @@ class SaveFinish:
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
     entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
-    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole:
-    the hook returns its entry as :meth:`CheckpointStore.describe_node` computes it, and the
-    report brings the entry the write returned. Whatever the mode, a node first waits for its
+    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole,
+    unless the process's background write thread is busy (with the groups of the other nodes it
+    serves: the hooks then write their groups at once, side by side): the hook returns its entry
+    as :meth:`CheckpointStore.describe_node` computes it, and the report brings the entry the
+    write returned. Whatever the mode, a node first waits for its
     previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
     group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
-    deleted in the background before that flush.
+    deleted in the background, in a thread of their own (this save's write and flush never wait for it).
     """
 
     store: CheckpointStore
@@ -302,29 +370,62 @@ class SaveFinish:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
-        previous = reuse_from(self.previous, flushed)
+        previous = reuse_from(state, self.store, self.node, self.previous, flushed)
         if self.doomed:
-            in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
+            deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
         def write() -> dict[str, Any]:
             if not self.flush_later:
-                return store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
-            if store.defers_flush and _small(blobs):
+                entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
+                remember(state, entry)
+                return reported(entry)
+            if store.defers_flush and _small(blobs) and not writes_in_flight():
                 copies = snapshot(blobs, {})
                 entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-                write_there = functools.partial(
-                    store.write_node, node, epoch, copies, save_id=save_id, previous=previous
-                )
-                state.services[FLUSH] = PendingFlush(save_id, in_background(write_there))
-                return entry
+                done: Future[dict[str, Any] | None] = Future()
+                in_background(functools.partial(_write_there, store, node, epoch, copies, save_id, previous, done))
+                state.services[FLUSH] = PendingFlush(save_id, done)
+                return reported(entry)
             entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
             if flush is not None:
-                state.services[FLUSH] = PendingFlush(save_id, in_background(flush))
-            return entry
+                state.services[FLUSH] = PendingFlush(save_id, flush.soon())
+            remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
+            return reported(entry)
 
         outcome = _outcome(write)
         return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
+
+
+def _write_there(
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    blobs: dict[str, Any],
+    save_id: str,
+    previous: dict[str, Any] | None,
+    done: Future[dict[str, Any] | None],
+) -> None:
+    """Write a small workspace's copy in the background thread; ``done`` gets the written entry once
+    the group is durable (in the next batch of syncs, with the groups of the other nodes this process
+    serves), or the error."""
+    try:
+        entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+    except BaseException as exc:
+        done.set_exception(exc)
+        return
+    if flush is None:
+        done.set_result(entry)
+        return
+
+    def report(synced: Future[None]) -> None:
+        error = synced.exception()
+        if error is None:
+            done.set_result(entry)
+        else:
+            done.set_exception(error)
+
+    flush.soon().add_done_callback(report)
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
@@ -369,8 +470,8 @@ class AsyncSaveFinish:
     save_id: str
     previous_id: str | None
     previous: dict[str, Any] | None = None
-    """The newest committed epoch's node entry, for delta reuse. The entry of the save in flight,
-    when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
+    """The summary of the newest committed epoch's node entry, for delta reuse. The entry of the save
+    in flight, when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
     snapshot_mode: str = "copy"
     """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
     delta: bool = True
@@ -382,6 +483,7 @@ class AsyncSaveFinish:
         if running is not None:
             if running.save_id == self.previous_id:
                 previous = _outcome(running.result)
+                remember(state, previous.get("entry"))
             else:  # a save the driver gave up on: let it end, never two in flight
                 running.join()
         if self.previous_id is not None and previous is None:
@@ -392,15 +494,18 @@ class AsyncSaveFinish:
                 )
             }
 
-        base = self.previous
         written = (previous or {}).get("entry") if self.delta else None
-        if written is not None and written.get("epoch", -1) > (base or {}).get("epoch", -1):
-            base = written  # a failed link to it (its epoch given up and deleted) writes the bytes instead
+        if written is not None and written.get("epoch", -1) > (self.previous or {}).get("epoch", -1):
+            base: dict[str, Any] | None = written  # a failed link to it (its epoch given up) writes the bytes
+        else:
+            base = reuse_base(state, self.store, self.node, self.previous)
 
         def start() -> dict[str, Any]:
             start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
             return {}
 
+        if previous is not None and previous.get("entry") is not None:
+            previous = {"entry": reported(previous["entry"])}
         return {"previous": previous, "error": _outcome(start).get("error")}
 
 

@@ -15,14 +15,16 @@ nothing of daskjobs' own can collide with a node's group. File access goes throu
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from .._model.values import validate_name
 from ..errors import (
+    CheckpointCorruptError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     JobDefinitionError,
@@ -34,10 +36,41 @@ from ._format import (
     SAVE_ID_RE,
     check_epoch,
 )
-from ._reader import GroupReader, read_group, read_group_entry
+from ._manifest import is_summary
+from ._reader import GroupReader, read_group, read_group_entry, read_manifest
+from ._record import MANIFEST_KEY, committed_entry
 from ._zarr import COMPRESSIONS, Location, describe_group, write_group
 
 logger = logging.getLogger("daskjobs")
+
+
+@dataclass(frozen=True)
+class GroupFlush:
+    """Makes one group a node wrote durable: at once (call it), or in the process's next batch of
+    syncs with the groups of the other nodes it serves (:meth:`soon`). Either fails with
+    :class:`CheckpointWriteError` naming node and epoch."""
+
+    store: CheckpointStore
+    files: LocalFiles
+    node: str
+    epoch: int
+
+    def __call__(self) -> None:
+        self.store._flush_group(self.files, self.node, self.epoch)
+
+    def soon(self) -> Future[None]:
+        """A future that is done once the group is durable."""
+        done: Future[None] = Future()
+
+        def report(synced: Future[None]) -> None:
+            error = synced.exception()
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(self.store._flush_error(self.node, self.epoch, error))
+
+        self.files.flush_soon().add_done_callback(report)
+        return done
 
 
 def _check_save(node: str, save_id: str) -> None:
@@ -135,8 +168,10 @@ class CheckpointStore(Commits):
         -------
         dict
             ``{"node", "epoch", "save_id", "blobs": {name: {"kind", "dtype", "shape", "nbytes",
-            "chunks", "codec", "hashes"}}, "bytes", "bytes_written", "bytes_reused", "seconds"}``,
-            JSON-able; pass it to :func:`make_commit_record`.
+            "chunks", "codec", "hashes"}}, "bytes", "bytes_written", "bytes_reused", "seconds",
+            "manifest": {"size", "xxh3"}}``, JSON-able: the node's manifest (everything but
+            ``"manifest"``, which names the group's ``zarr.json`` holding the rest); pass it to
+            :func:`~._record.make_commit_record`.
 
         Examples
         --------
@@ -173,12 +208,12 @@ class CheckpointStore(Commits):
         *,
         save_id: str,
         previous: Mapping[str, Any] | None = None,
-    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """:meth:`write_node` without the fsync: return the entry and the function that makes the
-        group durable (``None`` when it already is: object stores, ``fsync=False``).
+    ) -> tuple[dict[str, Any], GroupFlush | None]:
+        """:meth:`write_node` without the fsync: return the entry and the :class:`GroupFlush` that makes
+        the group durable (``None`` when it already is: object stores, ``fsync=False``).
 
-        Until that function returned, the group must not be committed, and no later group may
-        reuse its chunks. It raises :class:`CheckpointWriteError` when the flush fails.
+        Until that flush returned, the group must not be committed, and no later group may reuse
+        its chunks. It raises :class:`CheckpointWriteError` when it fails.
         """
         return self._write_node(node, epoch, blobs, save_id, previous, sync=False)
 
@@ -213,7 +248,7 @@ class CheckpointStore(Commits):
         previous: Mapping[str, Any] | None,
         *,
         sync: bool,
-    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    ) -> tuple[dict[str, Any], GroupFlush | None]:
         _check_save(node, save_id)
         url = self.db_name(node, epoch)
         self.check_not_taken()
@@ -238,7 +273,7 @@ class CheckpointStore(Commits):
         )
         if sync or not self.defers_flush:
             return entry, None
-        return entry, functools.partial(self._flush_group, where.files, node, epoch)
+        return entry, GroupFlush(self, where.files, node, epoch)
 
     def _flush_group(self, files: LocalFiles, node: str, epoch: int, *, whole_tree: bool = False) -> None:
         """fsync what ``files`` wrote of ``node``'s group of ``epoch`` (``whole_tree``: every file and
@@ -248,17 +283,22 @@ class CheckpointStore(Commits):
                 files.track_tree(self._path(f"{node}.{epoch}"))
             files.flush()
         except OSError as exc:
-            raise CheckpointWriteError(
-                f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
-                f"{self.db_name(node, epoch)}: {exc}"
-            ) from exc
+            raise self._flush_error(node, epoch, exc) from exc
 
-    def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> None:
+    def _flush_error(self, node: str, epoch: int, exc: BaseException) -> CheckpointWriteError:
+        return CheckpointWriteError(
+            f"could not make the checkpoint of node {node!r} at epoch {epoch} durable at "
+            f"{self.db_name(node, epoch)}: {exc}"
+        )
+
+    def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Make ``node``'s group of ``epoch`` durable from this process, for a node that wrote it and
-        can no longer report its own flush (its worker died).
+        can no longer report its own flush (its worker died); return the entry the group holds.
 
-        Every chunk is read and verified against ``entry`` first (so the files here are the ones
-        the node wrote), then every file and folder of the group is fsynced.
+        The group must hold the save ``entry`` (the node's entry, or its summary) describes: the
+        same save id, blobs and manifest where ``entry`` names them. Every chunk is read and
+        verified against the group's manifest first (so the files here are whole), then every file
+        and folder of the group is fsynced.
 
         Raises
         ------
@@ -268,12 +308,24 @@ class CheckpointStore(Commits):
             The flush failed.
         """
         where = self._group(node, epoch)
-        read_group(where, node, check_epoch(epoch), entry)
+        stored = self.read_node_entry(node, epoch)
+        ref = entry.get(MANIFEST_KEY)
+        if (
+            stored["save_id"] != entry.get("save_id")
+            or (isinstance(ref, Mapping) and stored[MANIFEST_KEY] != ref)
+            or (not is_summary(entry) and stored["blobs"] != entry["blobs"])
+        ):
+            raise CheckpointCorruptError(
+                f"epoch {epoch}, node {node!r}: {self.db_name(node, epoch)} does not hold the save "
+                f"{entry.get('save_id')} the node reported"
+            )
+        read_group(where, node, check_epoch(epoch), stored)
         if self.defers_flush:
             self._flush_group(where.files, node, epoch, whole_tree=True)
+        return stored
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
-        """The entry ``node`` wrote for ``epoch`` (validated), whether committed or not.
+        """The entry ``node`` wrote for ``epoch`` (validated, naming its manifest), whether committed or not.
 
         Raises
         ------
@@ -285,9 +337,42 @@ class CheckpointStore(Commits):
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
 
+    def resolve_entry(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """``node``'s whole entry of committed ``epoch`` from what its commit record holds of it: a
+        summary's manifest read and verified (see :func:`._reader.read_manifest`), or the entry
+        itself (records before format version 4, and entries a write returned).
+
+        Raises
+        ------
+        CheckpointCorruptError
+            The manifest is missing, truncated, edited, or another node's or epoch's.
+        CheckpointFormatError
+            The manifest is not a regular file, or names a dtype or codec daskjobs does not read.
+        """
+        if not is_summary(entry):
+            return dict(entry)
+        return read_manifest(self._group(validate_name(node, "node"), epoch), node, check_epoch(epoch), entry)
+
+    def node_entries(self, epoch: int, record: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        """Every checkpointed node's entry of committed ``epoch``: its blobs with kind, dtype, shape,
+        chunks and the XXH3-128 digest of every chunk file (see :mod:`._format`), validated.
+
+        From format version 4 on, each node's manifest is read and verified against the commit
+        record (its size and digest); earlier records hold the entries themselves. ``record`` is the
+        epoch's commit record when the caller has read it already. This is the one way to get at
+        the entries: callers do not look inside a record for them.
+
+        Raises
+        ------
+        CheckpointNotFoundError, CheckpointCorruptError, CheckpointFormatError
+            As :meth:`read_commit`, and :meth:`resolve_entry` for a manifest.
+        """
+        record = self.read_commit(epoch) if record is None else record
+        return {node: self.resolve_entry(node, epoch, committed_entry(record, node)) for node in record["nodes"]}
+
     def reader(self, node: str, epoch: int, entry: Mapping[str, Any], *, entry_validated: bool = False) -> GroupReader:
         """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads);
-        ``entry_validated``: as in :meth:`read_node`."""
+        ``entry``: as in :meth:`read_node`."""
         validate_name(node, "node")
         return GroupReader(self._group(node, epoch), node, check_epoch(epoch), entry, validated=entry_validated)
 
@@ -304,6 +389,9 @@ class CheckpointStore(Commits):
 
         Parameters
         ----------
+        entry
+            The node's entry, or its summary from a commit record (its manifest is then read and
+            verified first, see :meth:`resolve_entry`).
         names
             Blobs to read; names the entry lacks are skipped. Default: all of the entry's.
         entry_validated

@@ -12,11 +12,13 @@ from fsspec.implementations.local import LocalFileSystem
 from .._execution.node_run import INTERNAL
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
-from ..errors import JobDefinitionError
+from ..errors import CheckpointError, JobDefinitionError
 from ._files import make_dirs, write_file
+from ._manifest import group_document, reference
 from ._naming import get_ckpt_filename
+from ._record import MANIFEST_KEY, committed_entry
 from ._store import CheckpointStore
-from ._zarr import expected_metadata, group_document
+from ._zarr import expected_metadata
 
 if TYPE_CHECKING:
     from .._model.workspace import Workspace
@@ -61,7 +63,10 @@ class _Destination:
 class _CopyGroupStep:
     """Copies one node's group of a committed epoch: exactly the files its entry lists, each read
     like any checkpoint read (regular files only, bounded, every chunk verified against its digest
-    before it is written), the group's own metadata last."""
+    before it is written), the group's own metadata (its manifest, byte for byte) last.
+
+    ``entry`` is what the commit record holds of the node (the summary naming its manifest from
+    format version 4 on): the node reads and verifies its manifest itself."""
 
     prefix: str
     prefix_options: dict[str, Any]
@@ -76,11 +81,18 @@ class _CopyGroupStep:
         reader = store.reader(self.node, self.epoch, self.entry, entry_validated=True)
         target = _Destination(self.destination, self.destination_options)
         group = get_ckpt_filename(self.node, self.epoch)
-        for name, meta in self.entry["blobs"].items():
+        manifest = group_document(reader.entry)
+        ref = reader.entry.get(MANIFEST_KEY)
+        if isinstance(ref, dict) and reference(manifest) != ref:
+            raise CheckpointError(
+                f"epoch {self.epoch}, node {self.node!r}: its manifest does not come out the same when written "
+                "again; not uploading a group the commit record would not match"
+            )
+        for name, meta in reader.blobs.items():
             for key, data in reader.stored_chunks(name):
                 target.write(f"{group}/{name}/{key}", data)
             target.write(f"{group}/{name}/zarr.json", expected_metadata(meta))
-        target.write(f"{group}/zarr.json", group_document(self.entry))
+        target.write(f"{group}/zarr.json", manifest)
         ws[_DONE] = True
         logger.info("uploaded %s to %s", store.db_name(self.node, self.epoch), self.destination)
 
@@ -154,7 +166,7 @@ class CopyCheckpointUploader(UploadTaskGroupBuilder):
                 store.storage_options,
                 node,
                 epoch,
-                record["node_entries"][node],
+                committed_entry(record, node),
                 self.destination,
                 self.storage_options,
             )

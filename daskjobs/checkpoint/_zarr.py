@@ -2,7 +2,8 @@
 
 Layout of ``<prefix>/<node>.<epoch>/``::
 
-    zarr.json            group metadata; attributes["daskjobs"] holds the node's entry (written last)
+    zarr.json            group metadata; attributes["daskjobs"] holds the node's entry (written last):
+                         the node's manifest, named by the commit record (see ``_manifest``)
     <blob>/zarr.json     array metadata: shape, data type, chunk grid, codecs
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
@@ -48,12 +49,12 @@ from ._chunks import (
     raw_metadata,
 )
 from ._files import LocalFiles
-from ._format import check_blob_name, dumps, storage_dtype
+from ._format import check_blob_name, storage_dtype
+from ._manifest import group_document, reference
+from ._record import MANIFEST_KEY
 from ._remote import RemoteFiles
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
-ENTRY_KEY = "daskjobs"
-"""Key of the node entry in the group's attributes."""
 
 _THREADS = 4
 """Threads writing blobs at once on local disks, for groups of at least :data:`_THREADS_FROM` bytes."""
@@ -201,7 +202,8 @@ def write_group(
     previous: Mapping[str, Any] | None = None,
     sync: bool = True,
 ) -> dict[str, Any]:
-    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store).
+    """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store),
+    naming the manifest written (the group's ``zarr.json``) under ``"manifest"``.
 
     ``sync=False`` leaves the fsync of a local group to the caller (``where.files.flush()``).
     """
@@ -228,17 +230,21 @@ def write_group(
                 results = list(pool.map(write, stored.items()))
         else:
             results = list(map(write, stored.items()))
+        files.flush_pending()  # object stores: the queued copies and chunks, before the entry counts them
+        rewritten = files.take_rewritten()  # copies that failed there and were written instead
         entry = {
             "node": node,
             "epoch": epoch,
             "save_id": save_id,
             "blobs": {name: meta for name, meta, _, _ in results},
             "bytes": total,
-            "bytes_written": sum(w for _, _, w, _ in results),
-            "bytes_reused": sum(r for _, _, _, r in results),
+            "bytes_written": sum(w for _, _, w, _ in results) + rewritten,
+            "bytes_reused": sum(r for _, _, _, r in results) - rewritten,
             "seconds": time.perf_counter() - started,
         }
-        files.put_atomic(f"{where.path}/zarr.json", group_document(entry))
+        manifest = group_document(entry)
+        files.put_atomic(f"{where.path}/zarr.json", manifest)
+        entry[MANIFEST_KEY] = reference(manifest)
         if sync or not isinstance(files, LocalFiles):
             files.flush()
     except CheckpointError:
@@ -248,10 +254,6 @@ def write_group(
             f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
         ) from exc
     return entry
-
-
-def group_document(entry: Mapping[str, Any]) -> bytes:
-    return dumps({"zarr_format": 3, "node_type": "group", "attributes": {ENTRY_KEY: entry}})
 
 
 def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict[str, Any]:
@@ -267,22 +269,24 @@ def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict
 
 def _layout(kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """One array's blob entry without digests, its chunk spans and each chunk's stored parts."""
-    chunks = chunk_rows(array.shape, array.itemsize)
+    shape, nbytes = array.shape, array.nbytes
+    chunks = chunk_rows(shape, array.itemsize)
     meta: dict[str, Any] = {
         "kind": kind,
         "dtype": array.dtype.str,
-        "shape": list(array.shape),
-        "nbytes": array.nbytes,
+        "shape": list(shape),
+        "nbytes": nbytes,
         "chunks": chunks,
         "codec": codec,
     }
+    if codec is not None:
+        spans = list(chunk_spans(nbytes, shape, chunks))
+        return meta, spans, [(part, b"") for part in _encode(array, chunks, kind, codec)]
+    if nbytes and (not shape or chunks[0] == shape[0]):  # one chunk holding the whole array (small blobs)
+        return meta, [(0, nbytes, 0)], [(flat_bytes(array),)]
     data = flat_bytes(array) if array.size else memoryview(b"")
-    spans = list(chunk_spans(array.nbytes, array.shape, chunks))
-    if codec is None:
-        stored = [(data[start:stop], bytes(pad)) for start, stop, pad in spans]
-    else:
-        stored = [(part, b"") for part in _encode(array, chunks, kind, codec)]
-    return meta, spans, stored
+    spans = list(chunk_spans(nbytes, shape, chunks))
+    return meta, spans, [(data[start:stop], bytes(pad)) if pad else (data[start:stop],) for start, stop, pad in spans]
 
 
 def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chunk_count: int) -> bool:
@@ -314,7 +318,8 @@ def describe_group(
     """The entry :func:`write_group` would return for ``blobs``, computed without writing anything.
 
     Digests and layout are exact; ``bytes_written``/``bytes_reused`` assume every chunk whose
-    digest equals the previous epoch's is reused (a failed hard link writes it instead).
+    digest equals the previous epoch's is reused (a failed hard link writes it instead). It names
+    no manifest (none is written): the write's own entry does.
     """
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
@@ -358,19 +363,27 @@ def _write_blob(
     """
     before, old_path, sealed = reusable
     meta, spans, stored = _layout(kind, array, codec)
-    same = _same_layout(before, meta, len(spans))
+    same = before is not None and _same_layout(before, meta, len(spans))
     files.mkdir(path)
-    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
-    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed)):
+    # the same bytes as the previous epoch's when ``same``
+    metadata = (
+        raw_metadata(meta["dtype"], array.shape, tuple(meta["chunks"]), kind)
+        if codec is None
+        else (expected_metadata(meta))
+    )
+    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
         files.put(f"{path}/zarr.json", metadata)
-    hashes, written, reused = [], 0, 0
-    for index, ((start, stop, _pad), parts) in enumerate(zip(spans, stored, strict=True)):
-        key, size = chunk_key(index, array.ndim), sum(len(p) for p in parts)
+    hashes, written, reused, ndim = [], 0, 0, array.ndim
+    for index, (start, stop, _pad) in enumerate(spans):
+        parts = stored[index]
+        key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
-        reused_chunk = same and before["hashes"][index] == hashes[-1]
-        if reused_chunk and files.reuse(f"{old_path}/{key}", f"{path}/{key}", size, sealed):
+        reuse = same and before["hashes"][index] == hashes[-1]
+        if reuse and files.reuse(
+            f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed, parts, stop - start
+        ):
             reused += stop - start
-        else:
-            files.put(f"{path}/{key}", *parts)
-            written += stop - start
+            continue
+        files.put(f"{path}/{key}", *parts)
+        written += stop - start
     return _finish_meta(meta, hashes, codec, stored), written, reused

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, open_checkpoint
 from ..checkpoint._lock import local_holder, unlock
+from ..checkpoint._record import record_bytes
 from ..checkpoint._retention import kept_epochs
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ._common import OK, Subparsers, UsageError, add_storage_options, add_verbose, epoch_number, positive_int
@@ -105,12 +106,11 @@ def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, dict[str, Any] |
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
     """The per-epoch facts ``list`` prints: epoch, job, nodes, bytes, created, stop values, metrics."""
-    entries = record.get("node_entries", {})
     return {
         "epoch": record["epoch"],
         "job": record.get("job", ""),
         "nodes": list(record.get("nodes", [])),
-        "bytes": sum(int(entry.get("bytes", 0)) for entry in entries.values()),
+        "bytes": record_bytes(record)[0],
         "created": record.get("created", ""),
         "stop_values": dict(record.get("stop_values", {})),
         "metrics": dict(record.get("metrics", {})),
@@ -216,7 +216,7 @@ def _show(store: CheckpointStore, args: argparse.Namespace) -> int:
     if metrics:
         print("  metrics: " + ", ".join(f"{name}={value:.6g}" for name, value in sorted(metrics.items())))
     for node in view.nodes:
-        for name, meta in sorted(record["node_entries"][node]["blobs"].items()):
+        for name, meta in sorted(view[node].blobs().items()):
             print(f"  {node}/{name}: {_describe(view, node, name, meta)}")
     return OK
 

@@ -2,9 +2,11 @@
 
 Corruption kinds damage epoch 2 of a real checkpoint (written by a real job on a LocalSession):
 chunk bytes (flipped, truncated, extended, deleted, another epoch's), array metadata (byte
-order, shape, chunks, codecs, fill value, data type) and the commit record (garbage, empty,
-truncated). Each is read through the eager view, the lazy ``dask.array`` view, ``verify``, a
-partial load and a resume, and must raise the exact error while every committed byte stays as it was.
+order, shape, chunks, codecs, fill value, data type), the node's manifest (the group's entry) and
+the commit record (garbage, empty, truncated). Each is read through the eager view, the lazy
+``dask.array`` view, ``verify``, a partial load and a resume, and must raise the exact error while
+every committed byte stays as it was. The catalogue runs on a commit record of format 4 (naming
+the manifest) and of format 3 (holding the node's entry itself, as an older daskjobs wrote it).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from collections.abc import Callable
 import fsspec
 import numpy as np
 import pytest
+from records import as_version, edit_entry
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore, _chunks, _reader
-from daskjobs.checkpoint._format import max_stored_size, seal
+from daskjobs.checkpoint._format import max_stored_size
+from daskjobs.checkpoint._manifest import reference
+from daskjobs.checkpoint._record import seal
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 NODE = "local"
@@ -48,13 +53,21 @@ def build_job() -> dj.Job:
 
 
 @pytest.fixture
-def committed(tmp_path, monkeypatch):
-    """A prefix with epochs 0..2 committed, ``w`` split into several chunks."""
+def committed(tmp_path, monkeypatch, request):
+    """A prefix with epochs 0..2 committed, ``w`` split into several chunks; the record of epoch 2 is
+    of format ``request.param`` (default 4, the one written now; 3: as an older daskjobs wrote it)."""
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 256)
     prefix = str(tmp_path / "ckpt")
     runner = dj.JobRunner(build_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
     assert runner.train(dj.LocalSession()) == 2
+    as_version(CheckpointStore(prefix), 2, getattr(request, "param", 4))
     return prefix
+
+
+def version_of(prefix: str) -> int:
+    """The format version of epoch 2's commit record."""
+    with open(commit_record(prefix), "rb") as file:
+        return json.loads(file.read())["format_version"]
 
 
 def group(prefix: str, epoch: int = 2) -> str:
@@ -119,22 +132,21 @@ def claim_a_tebibyte(prefix: str) -> None:
     claim) in 4 chunks of 256 GiB; the chunk files stay as they were (256 bytes each)."""
     shape, chunks = [1 << 36, 4], [1 << 34, 4]
 
-    def change(record: dict) -> None:
-        entry = record["node_entries"][NODE]
+    def change(entry: dict) -> None:
         blob = entry["blobs"]["w"]
         grown = 4 * shape[0] * shape[1] - blob["nbytes"]
         blob.update(shape=shape, chunks=chunks, nbytes=blob["nbytes"] + grown, hashes=blob["hashes"][:4])
         entry.update(bytes=entry["bytes"] + grown, bytes_written=entry["bytes_written"] + grown)
 
-    edit_record(change, reseal=True)(prefix)
+    edit_entry(CheckpointStore(prefix), 2, NODE, change)
     metadata = _chunks.raw_metadata("<f4", tuple(shape), tuple(chunks), "array")
     edit_bytes(os.path.join(group(prefix), "w", "zarr.json"), lambda d: metadata)
 
 
 def drop_node(record: dict) -> None:
-    """Remove the node from the record, names and entries alike (a consistent edit)."""
+    """Remove the node from the record, names and entries (or manifests) alike (a consistent edit)."""
     record["nodes"].remove(NODE)
-    del record["node_entries"][NODE]
+    record.get("manifests", record.get("node_entries")).pop(NODE)
 
 
 def reformat(data: bytes) -> bytes:
@@ -149,7 +161,8 @@ def flip_seal(data: bytes) -> bytes:
 
 
 def drop_blob(record: dict) -> None:
-    """Remove ``w`` from the record's entry, keeping its byte totals consistent (as a careful editor would)."""
+    """Remove ``w`` from the record's entry, keeping its byte totals consistent (as a careful editor would);
+    a record of format 4 holds no blobs (see the manifest kinds)."""
     entry = record["node_entries"][NODE]
     del entry["blobs"]["w"]
     total = sum(blob["nbytes"] for blob in entry["blobs"].values())
@@ -170,6 +183,27 @@ def edit_group_entry(change: Callable[[dict], None]) -> Callable[[str], None]:
 
     return apply
 
+
+def drop_blob_of_entry(entry: dict) -> None:
+    """Remove ``w`` from the node's own entry in its group, keeping its byte totals consistent."""
+    drop_blob({"node_entries": {NODE: entry}})
+
+
+def manifest_of_epoch_1(prefix: str) -> None:
+    """Epoch 1's group metadata (a valid manifest, of another epoch) in place of epoch 2's."""
+    with open(os.path.join(group(prefix, 1), "zarr.json"), "rb") as file:
+        data = file.read()
+    edit_bytes(os.path.join(group(prefix), "zarr.json"), lambda d: data)
+
+
+def on_manifest(change: Callable[[bytes], bytes]) -> Callable[[str], None]:
+    """Change the bytes of epoch 2's manifest (its group's ``zarr.json``)."""
+    return lambda prefix: edit_bytes(os.path.join(group(prefix), "zarr.json"), change)
+
+
+ONLY = {"blob_dropped_from_commit": 3, "manifest_reformatted": 4}
+"""Kinds that exist in one record version only: a record of format 4 lists no blobs, and a record of
+format 3 holds the entries itself (the group's own copy is compared with it as JSON, not as bytes)."""
 
 CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "flipped_byte": (lambda p: edit_bytes(chunk(p), flip), CheckpointCorruptError),
@@ -214,6 +248,16 @@ CORRUPTIONS: dict[str, tuple[Callable[[str], None], type[Exception]]] = {
     "truncated_record": (lambda p: edit_bytes(commit_record(p), lambda d: d[: len(d) // 2]), CheckpointCorruptError),
     "claimed_tebibyte": (claim_a_tebibyte, CheckpointCorruptError),
     "blob_dropped_from_commit": (edit_record(drop_blob, reseal=True), CheckpointCorruptError),
+    "blob_dropped_from_manifest": (edit_group_entry(drop_blob_of_entry), CheckpointCorruptError),
+    "manifest_of_another_epoch": (manifest_of_epoch_1, CheckpointCorruptError),
+    "manifest_truncated": (
+        lambda p: edit_bytes(os.path.join(group(p), "zarr.json"), lambda d: d[:-1]),
+        CheckpointCorruptError,
+    ),
+    "manifest_reformatted": (
+        lambda p: edit_bytes(os.path.join(group(p), "zarr.json"), reformat),
+        CheckpointCorruptError,
+    ),
     "node_dropped_from_record": (edit_record(drop_node), CheckpointCorruptError),
     "timing_edited_in_record": (edit_record(lambda r: r["timings"].update(save_seconds=1.5)), CheckpointCorruptError),
     "creation_time_edited_in_record": (
@@ -268,9 +312,12 @@ READ_PATHS = {
 
 def cases() -> list[object]:
     out = []
-    for kind in sorted(CORRUPTIONS):
-        for path in sorted(READ_PATHS):
-            out.append(pytest.param(kind, path, id=f"{kind}-{path}"))
+    for version in (4, 3):
+        for kind in sorted(CORRUPTIONS):
+            if ONLY.get(kind, version) != version:
+                continue
+            for path in sorted(READ_PATHS):
+                out.append(pytest.param(version, kind, path, id=f"v{version}-{kind}-{path}"))
     return out
 
 
@@ -286,17 +333,24 @@ def snapshot(prefix: str) -> dict[str, bytes]:
     return files
 
 
-@pytest.mark.parametrize(("kind", "path"), cases())
+@pytest.mark.parametrize(("committed", "kind", "path"), cases(), indirect=["committed"])
 def test_corruption_is_refused_on_every_read_path(committed, kind, path):
     corrupt, error = CORRUPTIONS[kind]
+    version = version_of(committed)
     corrupt(committed)
     before, listed = snapshot(committed), dj.list_checkpoints(committed)
     with pytest.raises(error, match=r"epoch 2") as caught:
         READ_PATHS[path](committed)
-    if "record" not in kind:
-        assert f"node '{NODE}', blob 'w'" in str(caught.value)
+    message = str(caught.value)
+    if "record" in kind:
+        assert "epoch-000000000002.json" in message
+    elif "manifest" in kind or "group_entry" in kind:  # the group's own entry: from format 4 on, its manifest
+        assert (
+            f"node '{NODE}'" + (f": the node's manifest {group(committed)}/zarr.json" if version == 4 else "")
+            in message
+        )
     else:
-        assert "epoch-000000000002.json" in str(caught.value)
+        assert f"node '{NODE}', blob 'w'" in message
     assert snapshot(committed) == before
     assert dj.list_checkpoints(committed) == listed
 
@@ -335,36 +389,53 @@ def compressed(request, tmp_path, monkeypatch):
     return prefix
 
 
+@pytest.mark.parametrize("version", [4, 3])
 @pytest.mark.parametrize("claimed", [1 << 40, 50 << 30, 1 << 20])
 @pytest.mark.parametrize("path", sorted(READ_PATHS))
-def test_stored_size_beyond_the_codec_bound_is_refused_before_allocating(compressed, claimed, path):
-    """A record claiming a compressed chunk far bigger than its raw bytes could ever become raises
-    CheckpointCorruptError naming the record, node, blob and the claim, not MemoryError."""
+def test_stored_size_beyond_the_codec_bound_is_refused_before_allocating(compressed, claimed, path, version):
+    """A record (format 3) or a manifest the record names (format 4) claiming a compressed chunk far
+    bigger than its raw bytes could ever become raises CheckpointCorruptError naming the record or the
+    manifest, node, blob and the claim, not MemoryError."""
 
-    def overstate(record: dict) -> None:
-        record["node_entries"][NODE]["blobs"]["w"]["sizes"][1] = claimed
+    def overstate(entry: dict) -> None:
+        entry["blobs"]["w"]["sizes"][1] = claimed
 
-    edit_record(overstate)(compressed)
+    as_version(CheckpointStore(compressed), 2, version)
+    if version == 3:
+        edit_record(lambda record: overstate(record["node_entries"][NODE]))(compressed)
+    else:
+        edit_entry(CheckpointStore(compressed), 2, NODE, overstate)
     before = snapshot(compressed)
     with pytest.raises(CheckpointCorruptError, match=r"epoch 2") as caught:
         READ_PATHS[path](compressed)
     message = str(caught.value)
-    assert "epoch-000000000002.json" in message
-    assert f"node '{NODE}', blob 'w': sizes holds {claimed}" in message
+    if version == 3:
+        assert "epoch-000000000002.json" in message
+        assert f"node '{NODE}', blob 'w': sizes holds {claimed}" in message
+    else:
+        assert f"node '{NODE}': the node's manifest {group(compressed)}/zarr.json, blob 'w': sizes holds {claimed}" in (
+            message
+        )
     assert snapshot(compressed) == before
 
 
+@pytest.mark.parametrize("version", [4, 3])
 @pytest.mark.parametrize("path", sorted(READ_PATHS))
-def test_stored_size_larger_than_the_file_is_refused(compressed, path, monkeypatch):
-    """A claimed size within the codec's bound but not the file's (in the record and the group's entry alike)
-    is refused naming the chunk, when it is checked before allocating (every blob beyond the trusted budget)."""
+def test_stored_size_larger_than_the_file_is_refused(compressed, path, monkeypatch, version):
+    """A claimed size within the codec's bound but not the file's (in the record and the group's entry alike;
+    from format 4 on, in the manifest the record names) is refused naming the chunk, when it is checked
+    before allocating (every blob beyond the trusted budget)."""
     monkeypatch.setattr(_reader, "_TRUSTED_BYTES", 0)
 
     def overstate(entry: dict) -> None:
         entry["blobs"]["w"]["sizes"][1] += 1
 
-    edit_record(lambda record: overstate(record["node_entries"][NODE]), reseal=True)(compressed)
-    edit_group_entry(overstate)(compressed)  # both agree: only the file's size tells
+    as_version(CheckpointStore(compressed), 2, version)
+    if version == 3:
+        edit_record(lambda record: overstate(record["node_entries"][NODE]), reseal=True)(compressed)
+        edit_group_entry(overstate)(compressed)  # both agree: only the file's size tells
+    else:
+        edit_entry(CheckpointStore(compressed), 2, NODE, overstate)  # manifest and record agree
     before = snapshot(compressed)
     with pytest.raises(
         CheckpointCorruptError, match=r"epoch 2, node 'local', blob 'w', chunk c\.1\.0: the chunk file has"
@@ -413,7 +484,7 @@ EMPTY_DAMAGE: dict[str, tuple[Callable[[str], None], str]] = {
         lambda p: os.unlink(os.path.join(group(p), "empty", "zarr.json")),
         r"epoch 2, node 'local', blob 'empty': array metadata .* is missing",
     ),
-    "group_deleted": (lambda p: shutil.rmtree(group(p)), r"epoch 2, node 'local': the node's group .* is missing"),
+    "group_deleted": (lambda p: shutil.rmtree(group(p)), r"epoch 2, node 'local': the node's manifest .* is missing"),
 }
 
 
@@ -424,6 +495,10 @@ def test_lazy_view_of_an_empty_array_is_verified_like_an_eager_read(with_empty, 
     corrupt, message = EMPTY_DAMAGE[damage]
     corrupt(with_empty)
     before = snapshot(with_empty)
+    if damage == "group_deleted":  # the node's view reads its manifest first
+        with pytest.raises(CheckpointCorruptError, match=message):
+            dj.open_checkpoint(with_empty, 2)[NODE]
+        return
     view = dj.open_checkpoint(with_empty, 2)[NODE]
     with pytest.raises(CheckpointCorruptError, match=message):
         view["empty"]
@@ -456,8 +531,10 @@ def test_overstated_stored_size_is_refused_before_allocating_on_every_backend(tm
     store.fs.pipe_file(first, flip(store.fs.cat_file(first)))
     group_metadata = store.fs._strip_protocol(f"{store.db_name(NODE, 0)}/zarr.json")
     document = json.loads(store.fs.cat_file(group_metadata))
-    document["attributes"]["daskjobs"] = entry
-    store.fs.pipe_file(group_metadata, json.dumps(document).encode())
+    document["attributes"]["daskjobs"] = {key: value for key, value in entry.items() if key != "manifest"}
+    data = json.dumps(document).encode()
+    store.fs.pipe_file(group_metadata, data)
+    entry["manifest"] = reference(data)
     message = rf"epoch 0, node '{NODE}', blob 'w', chunk c\.7: the chunk file has"
     with pytest.raises(CheckpointCorruptError, match=message):
         store.read_node(NODE, 0, entry)

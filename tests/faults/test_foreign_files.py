@@ -155,10 +155,10 @@ def committed_bytes(prefix: str, epochs: list[int]) -> dict[str, bytes]:
     store = CheckpointStore(prefix)
     out = {}
     for epoch in epochs:
-        record = store.read_commit(epoch)
+        blobs = store.node_entries(epoch)[NODE]["blobs"]
         group = f"{prefix}/{NODE}.{epoch}"
-        names = ["zarr.json"] + [f"{b}/zarr.json" for b in record["node_entries"][NODE]["blobs"]]
-        names += [f"{b}/{c}" for b in record["node_entries"][NODE]["blobs"] for c in os.listdir(f"{group}/{b}")]
+        names = ["zarr.json"] + [f"{b}/zarr.json" for b in blobs]
+        names += [f"{b}/{c}" for b in blobs for c in os.listdir(f"{group}/{b}")]
         for name in names:
             if name.rsplit("/", 1)[-1].startswith(("zarr.json", "c")) and not name.endswith("~"):
                 with open(f"{group}/{name}", "rb") as file:
@@ -220,7 +220,7 @@ def test_foreign_objects_on_s3_survive_cleanup_and_delete(s3_prefix):
     url, options = s3_prefix
     store = CheckpointStore(url, options)
     entry = store.write_node(NODE, 1, {"w": np.arange(6.0)}, save_id="one")
-    from daskjobs.checkpoint._format import make_commit_record
+    from daskjobs.checkpoint._record import make_commit_record
 
     store.commit(make_commit_record("foreign", 1, {NODE: entry}, {}, {}))
     store.write_node(NODE, 2, {"w": np.arange(6.0)}, save_id="two")  # ours, uncommitted
