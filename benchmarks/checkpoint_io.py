@@ -47,8 +47,8 @@ import numpy as np
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._durable import FSYNC_EACH_UP_TO, fsync_path, sync_paths
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint._format.records import make_commit_record
+from daskjobs.checkpoint._storage.durable import FSYNC_EACH_UP_TO, fsync_path, sync_paths
 
 MIB = 1 << 20
 

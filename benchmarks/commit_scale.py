@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 import daskjobs as dj
-from daskjobs.checkpoint._lock import local_holder
-from daskjobs.checkpoint._manifest import group_document, reference
-from daskjobs.checkpoint._record import seal
+from daskjobs.checkpoint._format.manifests import group_document, reference
+from daskjobs.checkpoint._format.records import seal
+from daskjobs.checkpoint._protocol.lock import local_holder
 from daskjobs.runner._saving import EpochSaver
 
 

@@ -32,8 +32,9 @@ import time
 
 import numpy as np
 
-from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.records import make_commit_record
 
 MIB = 1 << 20
 

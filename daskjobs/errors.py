@@ -19,6 +19,7 @@ The tree::
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
     ├── SessionLostError(ConnectionError)     the Dask scheduler went away, refused or did not answer
     ├── SchedulerAddressError(ValueError)     a scheduler address that does not parse
+    ├── ConfigError(ValueError)               a ``daskjobs.*`` Dask config value its key cannot take
     ├── TargetLoadError(RuntimeError)         importing a TARGET's module, or building its job, raised
     ├── JobInterruptedError(RuntimeError)     a graceful stop on SIGTERM (SIGINT raises KeyboardInterrupt)
     ├── ResumeCheckError(RuntimeError)        a run of daskjobs.testing.check_resume failed or missed its deadline
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointStorageError",
     "CheckpointWriteError",
+    "ConfigError",
     "DaskJobsError",
     "DefinitionTypeError",
     "InvalidStateError",
@@ -97,6 +99,11 @@ class StepTypeError(DefinitionTypeError):
     that nevertheless returns a coroutine, generator or awaitable fails its task with a
     :class:`TaskFailedError` whose cause is this error.
     """
+
+
+class ConfigError(DaskJobsError, ValueError):
+    """A ``daskjobs.*`` setting of the Dask config has a value its key cannot take (the message names
+    the key, the value and what it must be)."""
 
 
 class TargetError(JobDefinitionError):

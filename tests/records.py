@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._manifest import reference
-from daskjobs.checkpoint._record import MANIFEST_KEY, seal
+from daskjobs.checkpoint._format.manifests import reference
+from daskjobs.checkpoint._format.records import MANIFEST_KEY, seal
 
 VERSIONS = (2, 3, 4)
 """The commit-record versions this daskjobs reads."""

@@ -18,10 +18,11 @@ import pytest
 
 import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
-from daskjobs.checkpoint import CheckpointStore, _durable
-from daskjobs.checkpoint._durable import in_background
-from daskjobs.checkpoint._saves import Saves
-from daskjobs.checkpoint._steps import FLUSH, FlushFinish, SaveFinish
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._managers.pending import Saves
+from daskjobs.checkpoint._node.save_steps import FLUSH, FlushFinish, SaveFinish
+from daskjobs.checkpoint._storage import durable as _durable
+from daskjobs.checkpoint._storage.durable import in_background
 from daskjobs.errors import CheckpointWriteError
 
 BLOB = 4096

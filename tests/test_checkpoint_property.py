@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import daskjobs as dj
-from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.records import make_commit_record
 
 NUMERIC = ["?", "i1", "u1", "<i2", ">i4", "<i8", "<u2", ">u4", "<u8", "<f2", ">f4", "<f8", "<c8", ">c16"]
 STRINGS = ["<U1", "<U7", ">U3", "S1", "S5"]

@@ -96,13 +96,15 @@ def test_list_show_verify_through_the_real_command(committed):
 
 
 def test_list_json_has_one_object_per_epoch(committed, capsys):
-    """list --json: epoch, job, nodes, bytes, created, stop values and metrics of every committed epoch."""
+    """list --json: epoch, job, nodes, bytes, created, stop values, metrics and the record's format
+    version of every committed epoch."""
     result = here("checkpoints", "list", committed, "--json", capsys=capsys)
     rows = json.loads(result.stdout)
     assert [row["epoch"] for row in rows] == [0, 1, 2, 3, 4, 5]
     infos = dj.list_checkpoints(committed)
     for row, info in zip(rows, infos, strict=True):
-        assert set(row) == {"epoch", "job", "nodes", "bytes", "created", "stop_values", "metrics"}
+        assert set(row) == {"epoch", "job", "nodes", "bytes", "created", "stop_values", "metrics", "format_version"}
+        assert row["format_version"] == 4
         assert (row["job"], row["nodes"], row["bytes"], row["created"]) == ("cli_job", ["ps"], 144, info.created)
         assert row["stop_values"] == info.stop_values
         assert row["metrics"] == info.record.get("metrics", {})

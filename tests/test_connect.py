@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import daskjobs as dj
+from daskjobs._config import config_timeout
 from daskjobs.errors import SessionLostError
-from daskjobs.session._placement import config_timeout
 
 pytestmark = pytest.mark.timeout(120)
 

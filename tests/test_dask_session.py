@@ -587,7 +587,7 @@ def test_timeouts_survive_a_config_block_that_created_their_section():
         import dask
         with dask.config.set({"daskjobs.connect-timeout": "5s"}):
             import daskjobs
-            from daskjobs.session._placement import config_timeout
+            from daskjobs._config import config_timeout
             inside = config_timeout("connect-timeout")
         print(inside, config_timeout("connect-timeout"), config_timeout("straggler-timeout"))
         """

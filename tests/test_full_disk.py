@@ -17,7 +17,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._lock import unlock
+from daskjobs.checkpoint._protocol.lock import unlock
 from daskjobs.errors import CheckpointWriteError
 
 pytestmark = pytest.mark.timeout(180)

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     import numpy as np
     import daskjobs as dj
-    from daskjobs.checkpoint._metadata import CommitRecordHandler
+    from daskjobs.checkpoint._managers.metadata import CommitRecordHandler
 
     kind, prefix, markers, sleep = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
     nodes = sys.argv[5].split(",")

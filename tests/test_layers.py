@@ -16,12 +16,13 @@ PACKAGE = Path(daskjobs.__file__).resolve().parent
 LAYERS: dict[str, set[str]] = {
     "errors": set(),
     "_version": set(),
+    "_config": {"errors"},
     "_model": {"errors"},
     "_execution": {"errors", "_model"},
-    "session": {"errors", "_model", "_execution"},
+    "session": {"errors", "_config", "_model", "_execution"},
     "checkpoint": {"errors", "_version", "_model", "_execution"},
     "data": {"errors", "_model", "checkpoint"},
-    "runner": {"errors", "_model", "_execution", "session", "checkpoint", "data"},
+    "runner": {"errors", "_config", "_model", "_execution", "session", "checkpoint", "data"},
     "testing": {"errors", "_model", "session", "checkpoint", "runner"},
     "demo": {"errors", "_model", "data"},
     "cli": {"errors", "_version", "_model", "session", "checkpoint", "runner", "testing", "demo"},
@@ -32,7 +33,7 @@ LAYERS: dict[str, set[str]] = {
 
 
 def part_of(module: str) -> str:
-    """``daskjobs.checkpoint._store`` -> ``checkpoint``; the package itself -> ``__init__``."""
+    """``daskjobs.checkpoint._protocol.store`` -> ``checkpoint``; the package itself -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -87,6 +88,41 @@ def test_each_module_imports_only_the_layers_below_its_own(module, path):
     allowed = LAYERS[mine] | {mine}
     wrong = sorted(t for t in runtime_imports(module, path) if t != "daskjobs" and part_of(t) not in allowed)
     assert wrong == [], f"{module} ({mine}) imports {wrong}; {mine} may import {sorted(LAYERS[mine])}"
+
+
+CHECKPOINT_LAYERS: dict[str, set[str]] = {
+    "_format": set(),
+    "_storage": {"_format"},
+    "_protocol": {"_format", "_storage"},
+    "_node": {"_format", "_storage", "_protocol"},
+    "_managers": {"_format", "_storage", "_protocol", "_node"},
+}
+"""Part of :mod:`daskjobs.checkpoint` -> the parts of it it may import at run time (itself always)."""
+
+CHECKPOINT_MODULES = [(m, p) for m, p in modules() if m.startswith("daskjobs.checkpoint.")]
+
+
+@pytest.mark.parametrize(("module", "path"), CHECKPOINT_MODULES, ids=[name for name, _ in CHECKPOINT_MODULES])
+def test_each_checkpoint_module_imports_only_the_checkpoint_parts_below_its_own(module, path):
+    """Inside the checkpoint package: format <- storage <- protocol <- node steps <- managers."""
+    mine = module.split(".")[2]
+    allowed = CHECKPOINT_LAYERS[mine] | {mine}
+    inside = (t for t in runtime_imports(module, path) if t.startswith("daskjobs.checkpoint."))
+    wrong = sorted(t for t in inside if t.split(".")[2] not in allowed)
+    assert wrong == [], f"{module} ({mine}) imports {wrong}; {mine} may import {sorted(CHECKPOINT_LAYERS[mine])}"
+
+
+def test_the_format_is_pure():
+    """The checkpoint format's modules do no I/O: they import no storage library and call no ``open``."""
+    for module, path in CHECKPOINT_MODULES:
+        if module.split(".")[2] == "_format":
+            tree = ast.parse(path.read_text())
+            imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            calls = (ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call))
+            opens = [call for call in calls if call in {"open", "os.open"}]
+            assert not imported & {"zarr", "fsspec", "shutil", "pathlib", "io"}, module
+            assert opens == [], module
 
 
 def test_every_part_has_a_layer_and_a_docstring_saying_what_it_owns():

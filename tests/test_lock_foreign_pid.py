@@ -19,7 +19,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._lock import _pid_max, describe, holder_alive, unlock
+from daskjobs.checkpoint._protocol.lock import _pid_max, describe, holder_alive, unlock
 from daskjobs.errors import CheckpointLockedError
 
 HOST = socket.gethostname()

@@ -18,7 +18,7 @@ import pytest
 from records import as_version, raw_record
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint._format.records import make_commit_record
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 

@@ -18,7 +18,7 @@ from records import as_version, raw_record
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._record import RECORD_FORMAT_VERSION
+from daskjobs.checkpoint._format.records import RECORD_FORMAT_VERSION
 from daskjobs.cli import main
 
 FROZEN = np.arange(4096.0)
@@ -58,7 +58,7 @@ def cli(*args: str, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_every_read_path_reads_an_older_record(legacy, capsys):
+def test_every_read_path_reads_an_older_record(legacy, capsys, request):
     store = CheckpointStore(legacy)
     view = dj.open_checkpoint(legacy)
     assert view.epoch == 2
@@ -78,6 +78,7 @@ def test_every_read_path_reads_an_older_record(legacy, capsys):
     assert "  a/frozen: <f8 (4096,)" in out
     code, out = cli("checkpoints", "list", legacy, "--json", capsys=capsys)
     assert [row["bytes"] for row in json.loads(out)] == [view.verify()] * 3
+    assert [row["format_version"] for row in json.loads(out)] == [request.node.callspec.params["legacy"]] * 3
 
 
 def test_a_resume_from_an_older_record_reuses_its_chunks_and_commits_format_4(legacy):

@@ -79,8 +79,8 @@ def test_manager_and_checkpoint_view_reprs(prefix):
 
 
 def test_checkpoint_view_repr_names_json_blobs(tmp_path):
-    from daskjobs.checkpoint._record import make_commit_record
-    from daskjobs.checkpoint._store import CheckpointStore
+    from daskjobs.checkpoint._format.records import make_commit_record
+    from daskjobs.checkpoint._protocol.store import CheckpointStore
 
     store = CheckpointStore(str(tmp_path))
     entry = store.write_node("n", 2, {"config": {"a": 1.0}, "labels": np.array(["abc", "de"])}, save_id="s")

@@ -18,8 +18,8 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._commits import RetiredEpoch
-from daskjobs.checkpoint._retention import RetiredGroups
+from daskjobs.checkpoint._protocol.commits import RetiredEpoch
+from daskjobs.checkpoint._protocol.retention import RetiredGroups
 
 NODES = ("ps", "trainer_0")
 

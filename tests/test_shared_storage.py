@@ -28,7 +28,7 @@ from distributed import Client
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._prefix import Prefix
+from daskjobs.checkpoint._protocol.prefix import Prefix
 from daskjobs.errors import CheckpointStorageError, NodePlacementError
 
 NODES = ["a", "b"]

@@ -21,14 +21,17 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from records import as_version, edit_entry, manifest_path, raw_record, record_path, write_record
 
-from daskjobs.checkpoint import CheckpointStore, _chunks, _durable, _reader
-from daskjobs.checkpoint._manifest import reference
-from daskjobs.checkpoint._record import (
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.manifests import reference
+from daskjobs.checkpoint._format.records import (
     RECORD_FORMAT_VERSION,
     committed_entry,
     make_commit_record,
     validate_commit_record,
 )
+from daskjobs.checkpoint._storage import durable as _durable
+from daskjobs.checkpoint._storage import reader as _reader
 from daskjobs.errors import (
     BlobTypeError,
     CheckpointCorruptError,

@@ -12,8 +12,9 @@ import pytest
 import zarr
 
 import daskjobs as dj
-from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.records import make_commit_record
 from daskjobs.errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError
 
 

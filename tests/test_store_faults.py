@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._cleanup import Tree, marker
+from daskjobs.checkpoint._storage.cleanup import Tree, marker
 
 NODES = ("n0", "n1")
 BLOBS = 4
@@ -25,8 +25,9 @@ FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 2) + 1  # per node: marker, 2 files 
 WRITER = """
 import json, os, sys
 import numpy as np
-from daskjobs.checkpoint import CheckpointStore, _files
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._storage import files as _files
+from daskjobs.checkpoint._format.records import make_commit_record
 
 prefix, exit_before_write, nodes, rows, count = sys.argv[1], int(sys.argv[2]), *json.loads(sys.argv[3])
 if exit_before_write >= 0:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from daskjobs.checkpoint import CheckpointStore, _chunks
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.records import make_commit_record
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 
 boto3 = pytest.importorskip("boto3")
@@ -141,7 +142,7 @@ def test_another_process_commit_is_seen_at_once(s3, url):
     script = (
         "import json, sys, numpy as np\n"
         "from daskjobs.checkpoint import CheckpointStore\n"
-        "from daskjobs.checkpoint._record import make_commit_record\n"
+        "from daskjobs.checkpoint._format.records import make_commit_record\n"
         "store = CheckpointStore(sys.argv[1], json.loads(sys.argv[2]))\n"
         "entry = store.write_node('ps', 3, {'w': np.ones(3)}, save_id='other')\n"
         "store.commit(make_commit_record('job', 3, {'ps': entry}, {}, {}))\n"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._record import make_commit_record
+from daskjobs.checkpoint._format.records import make_commit_record
 from daskjobs.errors import CheckpointNotFoundError
 
 NODES = ("a", "b")

@@ -1,12 +1,26 @@
-"""Checkpoints: Zarr v3 groups per node and epoch, committed atomically. The only package importing ``zarr``."""
+"""Checkpoints: Zarr v3 groups per node and epoch, committed atomically.
 
-from ._inspect import CheckpointInfo, CheckpointView, NodeCheckpoint, list_checkpoints, open_checkpoint
-from ._manager import MultiNodeCheckpointManager
-from ._metadata import CommitRecordHandler, MetadataHandler
-from ._naming import db_name, get_ckpt_filename
-from ._single import CheckpointManager
-from ._store import CheckpointStore
-from ._upload import CopyCheckpointUploader, UploadTaskGroupBuilder
+The package is layered; each part imports only the parts above it in this list:
+
+* :mod:`._format` -- the format on paper: entries, commit records, manifests, chunks (pure);
+* :mod:`._storage` -- bytes on local disks and object stores, one node's Zarr group (the only
+  place in daskjobs importing ``zarr``), verified reads, deleting only what daskjobs wrote;
+* :mod:`._protocol` -- one prefix: its store, commit records, writer lock, retention, staging;
+* :mod:`._node` -- the save and load steps that run on a node's worker;
+* :mod:`._managers` -- the managers, metadata handlers, upload builders and read-only views that
+  this package exports.
+
+The package may import :mod:`daskjobs.errors`, :mod:`daskjobs._version`, :mod:`daskjobs._model`
+and :mod:`daskjobs._execution`; never sessions, the runner or ``distributed``.
+"""
+
+from ._format.naming import db_name, get_ckpt_filename
+from ._managers.manager import MultiNodeCheckpointManager
+from ._managers.metadata import CommitRecordHandler, MetadataHandler
+from ._managers.single import CheckpointManager
+from ._managers.upload import CopyCheckpointUploader, UploadTaskGroupBuilder
+from ._managers.views import CheckpointInfo, CheckpointView, NodeCheckpoint, list_checkpoints, open_checkpoint
+from ._protocol.store import CheckpointStore
 
 __all__ = [
     "CheckpointInfo",

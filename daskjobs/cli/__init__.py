@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from .._version import __version__
-from ..errors import DaskJobsError, JobInterruptedError
+from ..errors import ConfigError, DaskJobsError, JobInterruptedError
 from ..runner._targets import load_job
 from ._check import add_check_parser
 from ._checkpoints import add_checkpoints_parser
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.handler(args)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:  # bad input: nothing was done
         print(f"{name}: error: {exc}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt as exc:

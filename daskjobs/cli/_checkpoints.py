@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint import CheckpointStore, open_checkpoint
-from ..checkpoint._lock import local_holder, unlock
-from ..checkpoint._record import record_bytes
-from ..checkpoint._retention import kept_epochs
+from ..checkpoint._format.records import record_bytes
+from ..checkpoint._protocol.lock import local_holder, unlock
+from ..checkpoint._protocol.retention import kept_epochs
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ._common import OK, Subparsers, UsageError, add_storage_options, add_verbose, epoch_number, positive_int
 
@@ -105,7 +105,8 @@ def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, dict[str, Any] |
 
 
 def summary(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The per-epoch facts ``list`` prints: epoch, job, nodes, bytes, created, stop values, metrics."""
+    """The per-epoch facts ``list`` prints: epoch, job, nodes, bytes, created, stop values, metrics,
+    and (with ``--json``) the commit record's format version."""
     return {
         "epoch": record["epoch"],
         "job": record.get("job", ""),
@@ -114,6 +115,7 @@ def summary(record: Mapping[str, Any]) -> dict[str, Any]:
         "created": record.get("created", ""),
         "stop_values": dict(record.get("stop_values", {})),
         "metrics": dict(record.get("metrics", {})),
+        "format_version": record.get("format_version"),
     }
 
 

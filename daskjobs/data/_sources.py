@@ -35,7 +35,7 @@ class ZarrSource:
         """The array, opened on this node; errors name ``reader`` and the URL."""
         if not isinstance(self.target, str):
             return self.target
-        from ..checkpoint._zarr import open_array  # The one module that imports zarr; only here, on the node.
+        from ..checkpoint._storage.zarr_groups import open_array
 
         options = dict(self.storage_options or {}) if "://" in self.target else None
         try:

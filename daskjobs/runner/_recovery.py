@@ -8,9 +8,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._config import config_count, config_timeout
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
-from ..errors import NodeLostError, SessionLostError
+from ..errors import NodeLostError, NodePlacementError, SessionLostError
 from ._saving import overrides
 
 if TYPE_CHECKING:
@@ -20,14 +21,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("daskjobs")
 
-RECOVERY_WAIT = 60.0
-"""Seconds a recovery waits for every node to have a worker again (a restarted worker process
-needs a few seconds, more on a loaded machine)."""
-
-MAX_DEPARTURES_IN_A_ROW = 10
-"""Planned departures (see :attr:`~daskjobs.errors.NodeLostError.departure`) a run recovers from
-between two commits without counting them as failures; more count against ``max_failures``
-(workers that leave faster than an epoch commits would otherwise loop forever)."""
 
 
 def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
@@ -51,7 +44,14 @@ def check_recoverable(
     if manager is not None and failures < max_failures:
         return
     where = "no committed epoch" if last is None else f"last committed epoch {last}"
-    why = "no checkpoint manager" if manager is None else f"giving up after {failures} recoveries"
+    why = f"giving up after {failures} recoveries (max_failures={max_failures})"
+    if manager is None:
+        why = "no checkpoint manager"
+    if manager is not None and exc.departure is not None:
+        why += (
+            f"; planned departures beyond daskjobs.max-departures ({config_count('max-departures')}) between two "
+            "commits count as failures"
+        )
     raise NodeLostError(f"{exc} — {why} ({where})", exc.nodes) from exc
 
 
@@ -85,7 +85,14 @@ def prepare_restore(
         logger.warning("node(s) %s lost; restoring all nodes from %s (recovery %d of %d)", lost, start, *failures)
     wait = getattr(session, "wait_for_nodes", None)
     if wait is not None:
-        wait(nodes, timeout=timeout)
+        try:
+            wait(nodes, timeout=timeout)
+        except NodePlacementError as exc:
+            raise NodePlacementError(
+                f"{exc}; a recovery waits daskjobs.recovery-timeout ({timeout:g} s) for every node to have a "
+                "worker again: raise it (Dask config) when replacement workers take longer to start",
+                exc.nodes,
+            ) from exc
     session.forget_tokens()
     if latest is None:
         session.run(_clear_group(nodes))
@@ -113,13 +120,15 @@ class Departures:
     def planned(self, exc: NodeLostError, manager: object, last_committed: int | None) -> str | None:
         """Why ``exc``'s worker left, when that is a planned departure to recover from without counting
         a failure: it left on purpose, there is a checkpoint ``manager`` to restore from, and the job
-        still moves (at most :data:`MAX_DEPARTURES_IN_A_ROW` departures between two commits)."""
+        still moves: at most ``daskjobs.max-departures`` (Dask config, default 10) departures between two
+        commits; more count against ``max_failures`` (workers that leave faster than an epoch commits
+        would otherwise loop forever)."""
         if exc.departure is None or manager is None:
             return None
         if last_committed != self._at:
             self._at, self._in_a_row = last_committed, 0
         self._in_a_row += 1
-        return exc.departure if self._in_a_row <= MAX_DEPARTURES_IN_A_ROW else None
+        return exc.departure if self._in_a_row <= config_count("max-departures") else None
 
 
 @dataclass(frozen=True)
@@ -153,7 +162,7 @@ def restore(
         session,
         job.nodes(),
         latest,
-        RECOVERY_WAIT,
+        config_timeout("recovery-timeout"),
         lost=recovery.lost,
         departed=recovery.departed,
         failures=(recovery.failures, recovery.max_failures),

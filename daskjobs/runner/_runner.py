@@ -7,6 +7,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._config import check_config
 from .._model.job import Job
 from .._model.metrics import means
 from .._model.values import check_count
@@ -46,8 +47,8 @@ class JobRunner:
     max_epochs
         Stop after this absolute epoch number even if no stop condition is true.
     max_failures
-        How many node losses to recover from (waiting up to 60 seconds for
-        every node to have a worker again, then restoring all nodes from the last epoch this run
+        How many node losses to recover from (waiting up to ``daskjobs.recovery-timeout``,
+        60 s by default, for every node to have a worker again, then restoring all nodes from the last epoch this run
         committed, or running init again if none) before giving up with
         :class:`~daskjobs.errors.NodeLostError`. Losses in every phase count: init, saves,
         loads, epochs, the restore itself, and the download and exit groups.
@@ -126,8 +127,8 @@ class JobRunner:
         self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
-        self._departures = Departures()
         """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, before it starts)."""
+        self._departures = Departures()
 
     # -- public ---------------------------------------------------------------------------
     def train(self, session: Session | Any = None) -> int:
@@ -137,8 +138,11 @@ class JobRunner:
         (a :class:`~daskjobs.LocalSession` created and closed here). With a checkpoint manager,
         before anything is written or loaded, every checkpointed node's worker must see the prefix
         as this process does (:meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`), else
-        :class:`~daskjobs.errors.CheckpointStorageError` names the nodes.
+        :class:`~daskjobs.errors.CheckpointStorageError` names the nodes. A ``daskjobs.*`` setting
+        of the Dask config that its key cannot take raises :class:`~daskjobs.errors.ConfigError`
+        before anything runs.
         """
+        check_config()
         if warning := check_can_stop(self.job, self.max_epochs):
             logger.warning("%s", warning)
         manager = self.checkpoint_manager

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from ..checkpoint._lock import local_holder
+from ..checkpoint._protocol.lock import local_holder
 from ..errors import CheckpointWriteError
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from typing import Any
 import dask.config
 from distributed import Client, Future
 
+from .._config import config_timeout
 from ..errors import DefinitionTypeError, SchedulerAddressError, SessionLostError
 from ._address import checked_address, reach
-from ._placement import config_timeout
 
 _MESSAGE_LOG_LENGTH = 100
 """Messages a client made here keeps for debugging (Dask's default 1000 holds ~1000 graphs)."""

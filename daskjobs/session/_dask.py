@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from distributed import Client, Future
 from distributed.comm.core import CommClosedError
 
+from .._config import config_timeout
 from .._execution.lowering import Dep, LoweredGraph
 from .._execution.node_run import abandon_node_run
 from .._execution.plan import NodePlan, NodeResult
@@ -23,7 +24,7 @@ from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
-from ._placement import WorkerTable, check_nodes, config_timeout, node_resource, served_nodes, wait_for_placement
+from ._placement import WorkerTable, check_nodes, node_resource, served_nodes, wait_for_placement
 from ._plugin import PLUGIN_NAME, OnWorker, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
 from ._worker_process import quiet_compute_failures
 

@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 import dask
 import dask.threaded
 
+from .._config import config_timeout
 from .._execution.lowering import LoweredGraph
 from .._execution.node_run import NodeState
 from .._execution.plan import NodeResult
 from ..errors import SessionClosedError
 from ._base import Session
-from ._placement import config_timeout
 
 T = TypeVar("T")
 

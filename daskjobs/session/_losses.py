@@ -23,8 +23,9 @@ from distributed import Client, Future
 from distributed.comm.core import CommClosedError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
+from .._config import config_timeout
 from ..errors import NodeLostError
-from ._placement import WorkerTable, config_timeout, served_nodes
+from ._placement import WorkerTable, served_nodes
 
 RECOVERY_HINT = (
     "Its workspace is gone: wait for the node's worker to return (session.wait_for_nodes) and restore "

@@ -5,7 +5,8 @@ Every task of the node asks for one unit of it, so a worker with ``nthreads`` un
 ``nthreads`` of the node's Dask tasks at once. The pre-flight check reads the scheduler's worker
 table and explains, before anything is submitted, why a node cannot be placed.
 
-Waits are bounded by Dask config values (seconds or strings such as ``"10s"``):
+Waits are bounded by Dask config values (seconds or strings such as ``"10s"``, read by
+:mod:`daskjobs._config`):
 
 ``daskjobs.preflight-timeout``
     how long the check before a node's first run waits for a missing worker (default 2 s);
@@ -28,16 +29,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import dask.config
-from dask.utils import parse_timedelta
-
 from .._model.values import validate_name
 from ..errors import NodePlacementError
 
 RESOURCE_PREFIX = "daskjobs-node-"
-
-TIMEOUTS = {"preflight-timeout": "2s", "placement-timeout": "10s", "connect-timeout": "30s", "straggler-timeout": "60s"}
-dask.config.update_defaults({"daskjobs": TIMEOUTS})
 
 WorkerTable = Mapping[str, Mapping[str, Any]]
 """``client.scheduler_info()["workers"]``: worker address -> its identity (name, resources, …)."""
@@ -73,12 +68,6 @@ def resource_node(resource: str) -> str | None:
 def worker_resources(nodes: Iterable[str], nthreads: int, extra: Mapping[str, float] | None = None) -> dict[str, float]:
     """The resources of a worker that serves ``nodes`` with ``nthreads`` threads, plus ``extra``."""
     return {**{node_resource(n): nthreads for n in nodes}, **(extra or {})}
-
-
-def config_timeout(name: str) -> float:
-    """A ``daskjobs.<name>`` timeout from the Dask config, in seconds (its default when unset: a
-    ``dask.config.set`` block that first created the ``daskjobs`` section removes it on exit)."""
-    return parse_timedelta(dask.config.get(f"daskjobs.{name}", default=TIMEOUTS[name]), default="s")
 
 
 def _live(workers: WorkerTable) -> dict[str, Mapping[str, Any]]:

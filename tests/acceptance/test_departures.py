@@ -74,3 +74,47 @@ def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
     assert "not counted against max_failures" in departures[0]
     assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, committed under {prefix}")
     assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
+
+
+@pytest.mark.parametrize("limit", ["recovery-timeout", "max-departures"])
+def test_the_limits_of_recovering_from_departures_are_dask_config(
+    limit, job_dir, elsewhere, tmp_path, external_cluster, reference
+):
+    """``daskjobs.recovery-timeout`` bounds the wait for a departed node's new worker (none comes:
+    the run ends naming the node and the setting), ``daskjobs.max-departures`` the departures
+    recovered between two commits (0: the departure counts against ``--max-failures 0``). Either
+    way the run exits 1 with one message and no traceback, what it committed equals the
+    uninterrupted run's, and running it again resumes to the uninterrupted run's end."""
+    marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
+    marks.mkdir()
+    cluster = external_cluster
+    settings = {"recovery-timeout": ("RECOVERY_TIMEOUT", "3s"), "max-departures": ("MAX_DEPARTURES", "0")}
+    key, value = settings[limit]
+    options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0"]
+    limited = {f"DASK_DASKJOBS__{key}": value}
+    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5", **limited)
+    process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
+    wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
+    os.kill(cluster.workers["trainer"].pid, signal.SIGTERM)
+    cluster.workers["trainer"].wait(timeout=30)
+    if limit == "max-departures":
+        cluster.start_worker("trainer")
+    code, _out, err = finish(process, timeout=120)
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    if limit == "recovery-timeout":
+        assert "'trainer'" in err, err
+        assert "daskjobs.recovery-timeout (3 s)" in err, err
+        cluster.start_worker("trainer")
+    else:
+        assert "'trainer'" in err, err
+        assert "(max_failures=0); planned departures beyond daskjobs.max-departures (0)" in err, err
+    committed = checkpoint_values(prefix)
+    expected = reference(EPOCHS)
+    assert committed, err
+    assert_same_checkpoints(committed, {epoch: expected[epoch] for epoch in committed})
+    cluster.wait_for_nodes("trainer")
+    again = start_run(job_dir, elsewhere, "train.py:job", *options, env=clean_env(JOB_EPOCHS=str(EPOCHS)))
+    code, _out, err = finish(again, timeout=120)
+    assert code == 0, err
+    assert_same_checkpoints(checkpoint_values(prefix), expected)

@@ -37,7 +37,7 @@ SAVES = [
 ]
 BALLAST_MB = 17
 """With asynchronous saves the trainer holds this much more (constant) data: its saves fork a writer
-process (from 16 MiB on, see ``daskjobs.checkpoint._fork.FORK_FROM``), which the signals reach too."""
+process (from 16 MiB on, see ``daskjobs.checkpoint._node.fork.FORK_FROM``), which the signals reach too."""
 FIRST_LINE = "received: the job stops once the running epoch is done (and committed, with checkpoints)"
 
 

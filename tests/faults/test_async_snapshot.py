@@ -26,7 +26,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._fork import in_snapshot_writer, snapshot_writers
+from daskjobs.checkpoint._node.fork import in_snapshot_writer, snapshot_writers
 from daskjobs.errors import CheckpointWriteError
 
 EPOCHS = 4
@@ -207,7 +207,7 @@ PARENT = textwrap.dedent(
     import sys, time
     import numpy as np
     from daskjobs.checkpoint import CheckpointStore
-    from daskjobs.checkpoint._fork import ForkedSave, in_snapshot_writer
+    from daskjobs.checkpoint._node.fork import ForkedSave, in_snapshot_writer
 
     class Stuck(CheckpointStore):
         def write_node(self, *args, **kwargs):

@@ -25,10 +25,12 @@ import pytest
 from records import as_version, edit_entry
 
 import daskjobs as dj
-from daskjobs.checkpoint import CheckpointStore, _chunks, _reader
-from daskjobs.checkpoint._format import max_stored_size
-from daskjobs.checkpoint._manifest import reference
-from daskjobs.checkpoint._record import seal
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.entries import max_stored_size
+from daskjobs.checkpoint._format.manifests import reference
+from daskjobs.checkpoint._format.records import seal
+from daskjobs.checkpoint._storage import reader as _reader
 from daskjobs.errors import CheckpointCorruptError, CheckpointFormatError
 
 NODE = "local"

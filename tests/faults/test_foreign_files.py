@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.checkpoint import CheckpointStore, _cleanup
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._storage import cleanup as _cleanup
 
 NODE = "trainer_0"
 DEBRIS = 96
@@ -220,7 +221,7 @@ def test_foreign_objects_on_s3_survive_cleanup_and_delete(s3_prefix):
     url, options = s3_prefix
     store = CheckpointStore(url, options)
     entry = store.write_node(NODE, 1, {"w": np.arange(6.0)}, save_id="one")
-    from daskjobs.checkpoint._record import make_commit_record
+    from daskjobs.checkpoint._format.records import make_commit_record
 
     store.commit(make_commit_record("foreign", 1, {NODE: entry}, {}, {}))
     store.write_node(NODE, 2, {"w": np.arange(6.0)}, save_id="two")  # ours, uncommitted

@@ -11,8 +11,10 @@ import threading
 import numpy as np
 import pytest
 
-from daskjobs.checkpoint import CheckpointStore, _durable, _zarr
-from daskjobs.checkpoint._fork import ForkedSave, fork_unsafe_reason
+from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._node.fork import ForkedSave, fork_unsafe_reason
+from daskjobs.checkpoint._storage import durable as _durable
+from daskjobs.checkpoint._storage import zarr_groups as _zarr
 
 LOCKS = {
     "fsync-pool": lambda: _durable._pool_lock,

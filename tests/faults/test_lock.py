@@ -27,7 +27,7 @@ import pytest
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._lock import holder_alive, local_holder, unlock
+from daskjobs.checkpoint._protocol.lock import holder_alive, local_holder, unlock
 from daskjobs.errors import CheckpointLockedError
 
 HOST = socket.gethostname()
@@ -36,7 +36,7 @@ RACERS = 5
 RACER = r"""
 import json, sys, time
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._lock import local_holder
+from daskjobs.checkpoint._protocol.lock import local_holder
 from daskjobs.errors import CheckpointLockedError
 
 url, options = sys.argv[1], json.loads(sys.argv[2])

@@ -74,7 +74,7 @@ def untouched(session: dj.Session) -> bool:
 
 def staged(session: dj.Session) -> dict[str, bool]:
     """Per node, whether it still keeps blobs a partial load read but did not assign."""
-    from daskjobs.checkpoint._load_steps import STAGED
+    from daskjobs.checkpoint._node.load_steps import STAGED
 
     with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.PRIVATE) as group:
         tasks = {

@@ -20,7 +20,7 @@ import os, sys
 import numpy as np
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._lock import local_holder
+from daskjobs.checkpoint._protocol.lock import local_holder
 
 os.umask(int(sys.argv[2], 8))
 root = sys.argv[1]

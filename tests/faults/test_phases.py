@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.checkpoint._fork import in_snapshot_writer
-from daskjobs.checkpoint._store import CheckpointStore
+from daskjobs.checkpoint._node.fork import in_snapshot_writer
+from daskjobs.checkpoint._protocol.store import CheckpointStore
 from daskjobs.errors import NodeLostError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]

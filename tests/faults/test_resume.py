@@ -286,7 +286,7 @@ def test_user_step_errors_are_still_task_failures(session, prefix):
 @pytest.mark.parametrize("async_save", [False, True])
 def test_failed_first_save_after_an_older_resume_keeps_every_commit(prefix, monkeypatch, async_save):
     """The first new epoch's save fails (its data goes to staging, never over a kept commit): all commits intact."""
-    from daskjobs.checkpoint._store import CheckpointStore
+    from daskjobs.checkpoint._protocol.store import CheckpointStore
 
     train(prefix, max_epochs=5)
     before = state(prefix)

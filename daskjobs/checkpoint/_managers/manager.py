@@ -1,0 +1,484 @@
+"""Checkpoint managers: save and load node workspaces as TaskGroups, commit epochs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..._model.group import TaskGroup
+from ..._model.node import Node
+from ..._model.task import Task, WorkspaceType
+from ..._model.values import check_count, validate_name
+from ...errors import CheckpointError, InvalidStateError, JobDefinitionError
+from .._format.naming import db_name, get_ckpt_filename
+from .._format.records import make_commit_record, record_bytes
+from .._node.fork import resolve_snapshot
+from .._node.load_steps import CheckStep
+from .._node.save_steps import ENTRY_BLOB, AsyncSaveStep, SaveStep
+from .._node.sharing import prove_shared, unseen_groups
+from .._protocol.retention import Retention, best_epochs, retention_warning
+from .._protocol.staging import Staging, discard_after
+from .._protocol.store import CheckpointStore
+from .graph_saves import GraphSaves
+from .loads import Loads
+from .metadata import CommitRecordHandler, MetadataHandler, check_same_job
+from .pending import Saves, previous_entries
+from .views import prefix_html
+
+if TYPE_CHECKING:
+    from ...session import Session
+
+__all__ = [
+    "MultiNodeCheckpointManager",
+    "best_epochs",
+    "db_name",
+    "get_ckpt_filename",
+]
+
+logger = logging.getLogger("daskjobs")
+
+
+class MultiNodeCheckpointManager(GraphSaves, Loads):
+    """Checkpoints every node of a job, one save/load task per node, run on that node.
+
+    Parameters
+    ----------
+    db_prefix
+        A local path or an fsspec URL (``file://``, ``memory://``, ``s3://`` …). Each node's
+        checkpoint of epoch ``e`` is the Zarr v3 group ``<db_prefix>/<node>.<e>``; an epoch
+        counts only once its commit record is written.
+    db_type
+        Only ``"zarr"``.
+    metadata_handler
+        An object following :class:`~daskjobs.checkpoint.MetadataHandler`; default: resume
+        from the latest committed epoch.
+    storage_options
+        Passed to fsspec (credentials, endpoint …). Never written to a checkpoint or a log.
+    keep_last, keep_every
+        Retention: keep the newest ``keep_last`` committed epochs and every epoch divisible by
+        ``keep_every``; older ones are deleted after a newer commit. Default: keep all.
+    keep_best, best_metric, best_mode
+        Best-k retention: also keep the ``keep_best`` committed epochs with the lowest
+        (``best_mode="min"``, default) or highest (``"max"``) value of metric ``best_metric`` (logged
+        with ``ws.log``; default ``"loss"`` when ``keep_best`` is given; epochs without it never
+        count as best; ties keep the earlier epoch). The
+        kept sets of ``keep_last``, ``keep_every`` and ``keep_best`` are united, and the newest
+        committed epoch is always kept. ``keep_best`` alone keeps the best ``keep_best`` and the
+        newest. With ``best_metric`` set (also without ``keep_best``) commit records name the
+        metric and mode, so ``dj.open_checkpoint(prefix, epoch="best")`` finds the same best epoch.
+    compression
+        ``None`` (default, fastest) or a compressor name the store supports.
+    async_save
+        Snapshot each node's workspace at the epoch boundary and write it in the background
+        while the next epoch runs (at most one save in flight; the epoch is committed once its
+        write finished, at the next save or before the job ends).
+    async_snapshot
+        How an asynchronous save takes its snapshot. ``"fork"``: the node's process forks and the
+        child writes its copy-on-write image of the workspace (a stall of about a millisecond;
+        memory only for pages changed in place while the child writes); needs Linux and a
+        local-disk prefix, else ``ValueError``. ``"copy"``: every array is copied (a stall of one
+        memory copy; memory for one copy of every workspace) and written by a thread. ``"auto"``
+        (default): ``"fork"`` where it is possible and a node's arrays hold at least 16 MiB
+        (below that a copy is cheaper than a fork), else ``"copy"``.
+    delta
+        Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
+        the previous committed epoch is hard-linked (server-side copied on object stores)
+        instead of written. Every epoch stays a complete group, verifiable on its own, also
+        after retention deleted the epoch it reused from.
+
+    Examples
+    --------
+    >>> import daskjobs as dj, tempfile
+    >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+    >>> manager.get_ckpt_db_name("ps", 3).endswith("/ps.3")
+    True
+    """
+
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str = "zarr",
+        metadata_handler: MetadataHandler | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        compression: str | None = None,
+        fsync: bool = True,
+        async_save: bool = False,
+        async_snapshot: str = "auto",
+        keep_best: int | None = None,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+        delta: bool = True,
+    ) -> None:
+        if db_type != "zarr":
+            raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
+        self.retention = Retention(keep_last, keep_every, keep_best, best_metric, best_mode)
+        self.db_prefix = str(db_prefix)
+        self.db_type = db_type
+        self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
+        self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
+        self.async_save = bool(async_save)
+        self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
+        """``"fork"``, ``"copy"`` or ``"auto"``: how asynchronous saves take their snapshot
+        (``"auto"`` where forking is possible at all, else ``"copy"``)."""
+        self.delta = bool(delta)
+        self._last_record: dict[str, Any] | None = None
+        self.last_commit_bytes = 0
+        self.last_commit_written = 0
+        self.last_commit_reused = 0
+        self._nodes: list[str] | None = None
+        self._initialised_nodes: list[str] | None = None
+        self._job_name = "job"
+        self._job_named = False
+        """Whether :meth:`set_params` was given the job's name (else a resume adopts the prefix's)."""
+        self._saves = Saves()
+        self._salvaged: dict[str, Any] = {}
+        """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
+        self._stats: dict[str, int] = {}
+        self._remembered: tuple[CheckpointStore, int, dict[str, dict[str, Any]]] | None = None
+        """The store, epoch and node entries (or their summaries) of the last checkpoint saved or loaded."""
+        self._staging = Staging()
+        self._nodes_delete = False
+        """Whether the last hooks handed retired groups to the nodes (see ``finish_hooks``)."""
+        self.holds_lock = False
+        """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
+
+        While it does, retention un-commits epochs with the commit (one fsync for both) and their
+        groups are deleted later by :meth:`tidy` (a runner calls it while the next epoch runs).
+        """
+        self._newest_seen: int | None = None
+        self.last_commit: dict[str, Any] | None = None
+        """The commit record written last by this manager."""
+        self.committed_bytes: dict[int, tuple[int, int]] = {}
+        """Bytes written and reused of the epochs this manager committed lately (the newest 64): an
+        asynchronous save's figures are known only once its epoch is committed."""
+
+    keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
+    keep_every = property(lambda self: self.retention.keep_every, doc="Retention: every epoch divisible by it is kept.")
+    keep_best = property(lambda self: self.retention.keep_best, doc="Retention: the best epochs by metric kept.")
+    best_metric = property(lambda self: self.retention.best_metric, doc="The metric best-k retention ranks by.")
+    best_mode = property(lambda self: self.retention.best_mode, doc='``"min"`` or ``"max"``: which metric is best.')
+
+    # -- parameters -----------------------------------------------------------------------
+    def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
+        return [validate_name(str(n), "node") for n in nodes]
+
+    def set_params(
+        self,
+        nodes: Sequence[str | Node],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+        *,
+        job_name: str | None = None,
+    ) -> None:
+        """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
+        self._nodes = self._node_names(nodes)
+        self._newest_seen = None
+        if job_name is not None:
+            self._job_name, self._job_named = validate_name(job_name, "job"), True
+        self._handler.set_params(
+            db_prefix=self.db_prefix,
+            db_type=self.db_type,
+            node_names=list(self._nodes),
+            path_prefix=path_prefix,
+            path_type=path_type,
+        )
+
+    def nodes(self) -> list[str]:
+        """The checkpointed nodes (after :meth:`init` or :meth:`set_params`)."""
+        if self._nodes is None:
+            raise InvalidStateError("checkpoint manager has no nodes yet: call init() or set_params() first")
+        return list(self._nodes)
+
+    def check_shared(self, session: Session) -> None:
+        """Prove that every checkpointed node's worker in ``session`` sees this prefix as this process does.
+
+        A local path must be one directory for this process and every node's worker (a shared
+        filesystem): on a cluster of several machines without one, each would write where the
+        others never look. This process writes a probe file under ``__daskjobs__/``, each node's
+        worker reads it and writes its own, this process reads those back, and all of them are
+        removed: one round trip to the nodes. A :class:`~daskjobs.JobRunner` does it before a run
+        writes or loads anything, and before :meth:`~daskjobs.JobRunner.save_checkpoints`; a
+        :class:`~daskjobs.LocalSession` needs no proof.
+
+        Raises
+        ------
+        CheckpointStorageError
+            A node's worker sees another directory (or nothing, or cannot write there); the
+            message names the node, its worker and the path, and says what to use instead: a
+            shared filesystem mounted at the same path on every machine, or an object store.
+        CheckpointWriteError
+            This process cannot write to the prefix.
+
+        Examples
+        --------
+        >>> import daskjobs as dj, tempfile
+        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> manager.set_params(["ps", "trainer"])
+        >>> with dj.node_cluster(["ps", "trainer"]) as cluster, dj.DaskSession(cluster) as session:  # doctest: +SKIP
+        ...     manager.check_shared(session)
+        """
+        prove_shared(self.store, session, self.nodes(), job=self._job_name)
+
+    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
+        """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
+        return db_name(epoch, str(node_name), self.db_prefix)
+
+    # -- handler pass-throughs --------------------------------------------------------------
+    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
+        """The epoch to resume from (the handler's answer), after checking the prefix holds this job.
+
+        The job's name and nodes are checked against the commit record of ``user_epoch`` when it
+        is given (newer records are not read: one of them may be the unreadable commit the user
+        skips), else against the latest commit.
+
+        Without a job name given to :meth:`set_params`, only the nodes are checked, and the
+        manager takes the job name of the checked commit (for the commits it writes next).
+
+        Raises
+        ------
+        DefinitionTypeError, JobDefinitionError
+            ``user_epoch`` is not a non-negative int; nothing was read.
+        CheckpointError
+            The checked commit is another job's or has other nodes.
+        CheckpointCorruptError, CheckpointFormatError
+            The checked commit record cannot be read.
+        """
+        if user_epoch is not None:
+            user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
+        job = check_same_job(self.store, self._job_name if self._job_named else None, self._nodes, user_epoch)
+        if job is not None and not self._job_named:  # no name given: this is the prefix's job
+            self._job_name = job
+        return self._handler.last_epoch(user_epoch=user_epoch)
+
+    def cp_accessible(self, epoch: int | None = None) -> bool:
+        """Whether checkpoint storage is reachable (the handler's answer)."""
+        return self._handler.cp_accessible(epoch)
+
+    # -- task groups ----------------------------------------------------------------------
+    def _group(
+        self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL, nodes: list[str] | None = None
+    ) -> TaskGroup:
+        group = TaskGroup(workspace_type)
+        for node in self.nodes() if nodes is None else nodes:
+            make_task(group, node)
+        return group
+
+    def _entry_group(
+        self, epoch: int, make_step: Callable[[str], Any], name: str, nodes: list[str] | None = None
+    ) -> TaskGroup:
+        """A PRIVATE group of one task per node (of ``nodes``, default all) whose output is that node's
+        checkpoint entry; :meth:`_commit` reads the entries of ``epoch`` from those tasks."""
+        tasks: list[Task] = []
+        group = self._group(
+            lambda g, node: tasks.append(Task(make_step(node), group=g, node=node, name=name, outputs=ENTRY_BLOB)),
+            WorkspaceType.PRIVATE,
+            nodes,
+        )
+        self._saves.tasks[epoch] = tasks
+        return group
+
+    def init(
+        self,
+        nodes: Sequence[str | Node] | None = None,
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> TaskGroup:
+        """A group checking, on each node, that the prefix is writable (or ``retrieve_from_epoch`` readable)."""
+        if nodes is not None:
+            names = self._node_names(nodes)
+            if self._initialised_nodes is not None and names != self._initialised_nodes:
+                raise JobDefinitionError(
+                    f"checkpoint manager was initialised for nodes {self._initialised_nodes}, not {names}"
+                )
+            self._nodes = self._initialised_nodes = names
+        if path_type not in (None, "zarr"):
+            raise JobDefinitionError(f"unsupported path_type {path_type!r}: daskjobs checkpoints are 'zarr'")
+        committed = retrieve_from_epoch is not None and retrieve_from_epoch in self.store.committed_epochs()
+        return self._group(
+            lambda group, node: Task(
+                CheckStep(self.store, node, retrieve_from_epoch, committed),
+                group=group,
+                node=node,
+                name="checkpoint_init",
+            )
+        )
+
+    def save(self, epoch: int) -> TaskGroup:
+        """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
+
+        The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran (with
+        ``async_save``, by the ``flush`` after the background writes finished).
+        """
+        if self._saves.pending is not None:
+            raise CheckpointError(
+                f"epoch {self._saves.pending[0]} is still being written: flush() before saving epoch {epoch}"
+            )
+        save_id, store, previous = self._new_save(epoch)
+        if self.async_save:
+            return self._group(
+                lambda g, node: Task(
+                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node), self.async_snapshot),
+                    group=g,
+                    node=node,
+                    name="checkpoint_save",
+                )
+            )
+        return self._entry_group(
+            epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
+        )
+
+    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
+        """A new save id for ``epoch``, the store to write it to and the node entries to reuse
+        chunks from (delta); refuses to overwrite a commit."""
+        committed = self._committed_at_least(epoch)
+        retire = self._staging.retire
+        if epoch in committed and epoch not in retire:
+            raise CheckpointError(
+                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
+                f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
+            )
+        if not committed and self._newest_seen is not None and self._newest_seen >= 0:
+            committed = [self._newest_seen]
+        # Never reuse from a commit that is about to be retired (its files may go while we link them).
+        reusable = [e for e in committed if e not in retire]
+        previous = self._reusable_entries(epoch, reusable) if self.delta else {}
+        source = next(iter(previous.values()))["epoch"] if previous else None
+        return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
+
+    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+        """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
+        earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
+        written = self._saves.newest_written(epoch)
+        if written is not None and written > max((e for e in committed if e < epoch), default=-1):
+            return dict(self._saves.entries[written])
+        return previous_entries(self.store, epoch, committed, self._last_record)
+
+    def _committed_at_least(self, epoch: int) -> list[int]:
+        """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
+
+        While :attr:`holds_lock` (no other writer), the newest commit seen is remembered, so a
+        save of a new epoch costs no listing (a listing grows with the number of commits).
+        """
+        if self.holds_lock and self._newest_seen is not None and epoch > self._newest_seen:
+            return []
+        epochs = self.store.committed_epochs()
+        self._newest_seen = max(epochs, default=-1)
+        return epochs
+
+    # -- commit ---------------------------------------------------------------------------
+    def write_checkpoint_metadata(
+        self,
+        epoch: int,
+        *,
+        stop_values: dict[str, bool] | None = None,
+        timings: dict[str, float] | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> None:
+        """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
+
+        ``metrics`` (the epoch's metric means) go into the commit record. With ``async_save``
+        the commit waits for ``flush`` (or the next epoch's save hooks).
+        """
+        if self.async_save:
+            if epoch not in self._saves.ids:
+                raise InvalidStateError(
+                    f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
+                )
+            self._saves.pending = (epoch, dict(stop_values or {}), dict(timings or {}), dict(metrics or {}))
+            return
+        self._commit(epoch, stop_values or {}, timings or {}, metrics or {})
+
+    def _commit(
+        self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
+    ) -> None:
+        if not self._saves.flushed(epoch) and epoch in self._saves.entries:
+            raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
+        entries = self._saves.finished(epoch)
+        if not self.holds_lock:  # saved outside a runner (which proves the storage shared before it saves)
+            unseen = unseen_groups(self._staging.target(self.store, epoch), epoch, list(entries))
+            if unseen is not None:
+                raise unseen
+        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
+        self.retention.stamp(record)
+        self._staging.before_commit(self.store, epoch, list(entries))
+        self.store.commit(record, sync_folder=not self.holds_lock)
+        self.retention.committed(record, mine=self.holds_lock)
+        self._last_record = record
+        self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
+        self.last_commit = record
+        self.last_commit_bytes, self.last_commit_written, self.last_commit_reused = record_bytes(record)
+        self.committed_bytes[epoch] = (self.last_commit_written, self.last_commit_reused)
+        for old_epoch in sorted(self.committed_bytes)[:-64]:
+            del self.committed_bytes[old_epoch]
+        self._remember(epoch, entries)
+        self._saves.forget(epoch)
+        self._handler.write(epoch=epoch)
+        retention_warning(self._apply_retention, epoch, self.store.url)
+        if self.holds_lock:
+            self.store.sync_commits()
+
+    # -- retention ------------------------------------------------------------------------
+    def _apply_retention(self, newest: int) -> None:
+        """Delete committed epochs that retention does not keep (see :class:`~.._protocol.retention.Retention`)."""
+        self.retention.apply(self.store, newest, deferred=self.holds_lock, keeping=self._saves.keeping_sources)
+
+    def tidy(self, *, final: bool = False) -> None:
+        """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`) in a
+        background thread; ``final``: here, after that thread (the run ends, the lock is about to
+        be released). Failures are logged warnings, never raised. While the nodes delete them
+        (see ``finish_hooks``), only ``final`` deletes what they were not handed."""
+        self.retention.tidy(self.store, final=final, by_nodes=self._nodes_delete)
+
+    # -- resuming from an older epoch ------------------------------------------------------
+    def resume_older(self, epoch: int) -> list[int]:
+        """Prepare to resume from committed ``epoch`` while newer epochs are committed.
+
+        Nothing is deleted now: the newer commits stay until the first new epoch is committed.
+        That epoch's groups are written to a staging folder under ``__daskjobs__/``; right
+        before its commit record is written, the newer epochs are retired (newest first, one
+        warning listing them) and the staged groups moved into place. Returns the newer epochs.
+        """
+        return self._staging.resume_older(self.store, epoch)
+
+    def stop_values(self, epoch: int) -> dict[str, bool]:
+        """The stop-condition values recorded when ``epoch`` was committed."""
+        return dict(self.store.read_commit(epoch).get("stop_values", {}))
+
+    def discard_after(self, epoch: int) -> list[int]:
+        """Un-commit epochs newer than ``epoch`` (a run resumed from an earlier epoch rewrites them)."""
+        return discard_after(self.store, epoch)
+
+    # -- statistics -----------------------------------------------------------------------
+    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]], store: CheckpointStore | None = None) -> None:
+        """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just saved or
+        loaded, and where their blob names are (read only when :meth:`blob_list` asks)."""
+        self._remembered = (store or self.store, epoch, dict(entries))
+        prefix = self.get_ckpt_db_name(next(iter(entries), "n"), epoch).rsplit("/", 1)[0]  # names were validated
+        self._stats = {f"{prefix}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+
+    def report_checkpoint_stats(self, action_name: str) -> None:
+        """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""
+        self._handler.report(action_name, dict(self._stats))
+
+    def blob_list(self) -> dict[str, list[str]]:
+        """Blob names per node in the last checkpoint saved or loaded (from its nodes' manifests)."""
+        if self._remembered is None:
+            raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
+        store, epoch, entries = self._remembered
+        return {n: sorted(store.resolve_entry(n, epoch, e)["blobs"]) for n, e in entries.items()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(db_prefix={self.store.url!r}, nodes={self._nodes})"
+
+    def _repr_html_(self) -> str:
+        options = {
+            "nodes": self._nodes,
+            **self.retention.describe(),
+            "async_save": f"{self.async_snapshot} snapshots" if self.async_save else None,
+        }
+        return prefix_html(type(self).__name__, self.store, options)

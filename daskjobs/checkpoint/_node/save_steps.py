@@ -1,0 +1,513 @@
+"""Checkpoint steps that run on a node's worker: save (now or in the background) and wait for it.
+
+Each step class is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it raises
+(a failed write) surface as themselves, not as a user's task failure.
+The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's own Dask task
+(:meth:`~daskjobs.Session.run_group` ``finish=``); they return their outcome instead of raising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..._execution.node_run import INTERNAL
+from ..._model.values import copy_value
+from ...errors import CheckpointError, CheckpointLockedError
+from .._format.manifests import is_summary
+from .._format.records import MANIFEST_KEY
+from .._protocol.commits import RetiredEpoch
+from .._storage.durable import deleting_in_background, in_background, writes_in_flight
+from .fork import ForkedSave, forks
+
+if TYPE_CHECKING:
+    from ..._execution.node_run import NodeState
+    from ..._model.workspace import Workspace
+    from .._protocol.store import CheckpointStore
+
+logger = logging.getLogger("daskjobs")
+
+ENTRY_BLOB = "daskjobs.checkpoint_entry"
+"""Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
+SAVER = "daskjobs.background_save"
+BUFFERS = "daskjobs.snapshot_buffers"
+FLUSH = "daskjobs.pending_flush"
+MANIFEST = "daskjobs.last_manifest"
+"""Node service holding the last entry the node wrote or loaded whole and verified: what its next
+save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
+_REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
+
+
+def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node tells the driver of an entry it wrote: its totals and the reference of its manifest
+    (``None`` for an entry described before its group was written), never its blobs: the driver's
+    work and messages stay the same size whatever a node holds."""
+    ref = entry.get(MANIFEST_KEY)
+    return {**{key: entry[key] for key in _REPORTED}, MANIFEST_KEY: dict(ref) if isinstance(ref, Mapping) else None}
+
+
+def entry_array(entry: dict[str, Any]) -> np.ndarray:
+    """What a node tells the driver of its entry (:func:`reported`) as a uint8 blob, the form in which
+    save tasks return it."""
+    return np.frombuffer(json.dumps(reported(entry)).encode(), dtype=np.uint8).copy()
+
+
+def remember(state: NodeState, entry: Mapping[str, Any] | None) -> None:
+    """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
+    if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
+        state.services[MANIFEST] = dict(entry)
+
+
+def reuse_base(
+    state: NodeState, store: CheckpointStore, node: str, previous: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The whole entry a save reuses chunks from, given what the driver named (``previous``: the
+    summary of the newest earlier save, or a whole entry of a record before format version 4).
+
+    The node's own last entry (:func:`remember`) when it is that save (same epoch, save id and
+    manifest); else that manifest, read and verified against the summary. A manifest that is
+    missing or does not match is never reused from: the save writes every chunk (a warning names
+    the :class:`~daskjobs.errors.CheckpointCorruptError`).
+    """
+    if previous is None or not is_summary(previous):
+        return None if previous is None else dict(previous)
+    ref = previous.get(MANIFEST_KEY)
+    mine = state.services.get(MANIFEST)
+    if (
+        isinstance(mine, dict)
+        and mine.get("epoch") == previous.get("epoch")
+        and mine.get("save_id") == previous.get("save_id")
+        and (ref is None or mine.get(MANIFEST_KEY) == ref)
+    ):
+        return mine
+    if not isinstance(ref, Mapping):  # described but never reported written: nothing to verify it against
+        return None
+    try:
+        return store.resolve_entry(node, previous["epoch"], previous)
+    except CheckpointError as exc:
+        logger.warning(
+            "node %r does not reuse chunks of epoch %s (delta): %s: %s; every chunk is written",
+            node,
+            previous.get("epoch"),
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
+    """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
+
+    Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
+    """
+    copies = {}
+    for name, value in blobs.items():
+        if not isinstance(value, np.ndarray):
+            copies[name] = copy_value(value, name)
+            continue
+        buffer = buffers.get(name)
+        if isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:
+            np.copyto(buffer, value)
+        else:
+            buffer = np.array(value, copy=True, order="C")
+        copies[name] = buffer
+    return copies
+
+
+def _outcome(write: Any) -> dict[str, Any]:
+    """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
+    try:
+        return {"entry": write()}
+    except Exception as exc:
+        return {"error": exc}
+
+
+WRITE_LATER_UP_TO = 1 << 20
+"""A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
+the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
+
+
+@dataclass(frozen=True)
+class PendingFlush:
+    """A node's synchronous save whose fsync (or whole write) runs in the background; ``done``
+    gives the group's entry when the background thread wrote it, else ``None``."""
+
+    save_id: str
+    done: Future[dict[str, Any] | None]
+
+
+def settle_flush(state: NodeState) -> dict[str, Any] | None:
+    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
+    "entry": what the background write returned (:func:`reported`), or None}``. The written entry
+    is remembered for the next save's delta; after a failed flush nothing is."""
+    pending = state.services.pop(FLUSH, None)
+    if not isinstance(pending, PendingFlush):
+        return None
+    try:
+        entry = pending.done.result()
+    except Exception as exc:
+        state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
+        return {"save_id": pending.save_id, "error": exc, "entry": None}
+    remember(state, entry)
+    return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
+
+
+def reuse_from(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    previous: Mapping[str, Any] | None,
+    flushed: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
+    ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
+    if flushed is not None and flushed["error"] is not None:
+        return None
+    return reuse_base(state, store, node, previous)
+
+
+def _small(blobs: dict[str, Any]) -> bool:
+    return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
+
+
+class BackgroundSave:
+    """One node's checkpoint write running in a thread; at most one per node."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        node: str,
+        epoch: int,
+        save_id: str,
+        blobs: dict[str, np.ndarray],
+        previous: dict[str, Any] | None = None,
+    ) -> None:
+        self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
+        self.previous = previous
+        self._entry: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            self._entry = self.store.write_node(
+                self.node, self.epoch, self.blobs, save_id=self.save_id, previous=self.previous
+            )
+        except BaseException as exc:
+            self._error = exc
+
+    def done(self) -> bool:
+        """Whether the write has finished (successfully or not)."""
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        """Wait for the write to end, successfully or not."""
+        self._thread.join()
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the write; after a failure, try once more synchronously, then raise."""
+        self._thread.join()
+        if self._error is not None:
+            self._error = None
+            self._write()
+        if self._error is not None:
+            raise self._error
+        assert self._entry is not None
+        return self._entry
+
+
+def start_background(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    save_id: str,
+    previous: dict[str, Any] | None,
+    snapshot_mode: str,
+) -> None:
+    """Snapshot the node's GLOBAL workspace now and start writing it in the background.
+
+    ``snapshot_mode="fork"``: a forked child writes its copy-on-write image of the arrays
+    (:mod:`.fork`); ``"copy"``: the arrays are copied and a thread writes the copies;
+    ``"auto"``: fork for a big workspace (:func:`~.fork.forks`). JSON values are copied (and
+    checked) in both.
+    """
+    with state.lock:
+        if forks(snapshot_mode, state.scope.blobs):
+            blobs = {
+                name: value if isinstance(value, np.ndarray) else copy_value(value, name)
+                for name, value in state.scope.blobs.items()
+            }
+            state.services.pop(BUFFERS, None)
+            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
+            return
+        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
+    state.services[BUFFERS] = copies
+    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+
+
+@dataclass(frozen=True)
+class AsyncSaveStep:
+    """Snapshots the node's GLOBAL workspace and starts writing it in the background.
+
+    A save still running on the node (one the driver gave up on, e.g. after a node loss) is
+    waited for first: never two in flight, never two writers of one group.
+    """
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous: dict[str, Any] | None = None
+    snapshot_mode: str = "copy"
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        running = state.services.get(SAVER)
+        if running is not None:
+            running.join()
+        base = reuse_base(state, self.store, self.node, self.previous)
+        start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
+
+
+@dataclass(frozen=True)
+class WaitSaveStep:
+    """Waits for the node's background save of ``epoch`` and returns its entry as the task output."""
+
+    node: str
+    epoch: int
+    save_id: str
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        saver = state.services.get(SAVER)
+        if saver is None or saver.save_id != self.save_id:
+            raise CheckpointError(
+                f"node {self.node!r} has no save of epoch {self.epoch} in flight (its worker restarted?); "
+                "save the epoch again"
+            )
+        entry = saver.result()
+        state.services.pop(SAVER, None)
+        remember(state, entry)
+        ws[ENTRY_BLOB] = entry_array(entry)
+
+
+@dataclass(frozen=True)
+class EndSaveStep:
+    """Ends the node's background save, if one runs, without using it: a forked writer is killed,
+    a writing thread is waited for. What it wrote stays uncommitted debris."""
+
+    def __call__(self, ws: Workspace) -> None:
+        saver = ws._state.services.pop(SAVER, None)
+        if saver is None:
+            return
+        pid = getattr(saver, "pid", None)
+        if pid is not None and not saver.done():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        saver.join()
+
+
+@dataclass(frozen=True)
+class SaveStep:
+    """Writes the node's whole GLOBAL workspace; returns the entry as the task output."""
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous: dict[str, Any] | None = None
+
+    def __call__(self, ws: Workspace) -> None:
+        state = ws._state
+        with state.lock:
+            blobs = dict(state.scope.blobs)
+        previous = reuse_from(state, self.store, self.node, self.previous, settle_flush(state))
+        entry = self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id, previous=previous)
+        remember(state, entry)
+        ws[ENTRY_BLOB] = entry_array(entry)
+
+
+@dataclass(frozen=True)
+class SaveFinish:
+    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``, and
+    under ``"flushed"`` the outcome of the node's previous background flush (see :func:`settle_flush`).
+
+    ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
+    entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
+    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole,
+    unless the process's background write thread is busy (with the groups of the other nodes it
+    serves: the hooks then write their groups at once, side by side): the hook returns its entry
+    as :meth:`CheckpointStore.describe_node` computes it, and the report brings the entry the
+    write returned. Whatever the mode, a node first waits for its
+    previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
+    group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
+    deleted in the background, in a thread of their own (this save's write and flush never wait for it).
+    """
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous: dict[str, Any] | None = None
+    flush_later: bool = False
+    doomed: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        with state.lock:
+            blobs = dict(state.scope.blobs)
+        flushed = settle_flush(state)
+        previous = reuse_from(state, self.store, self.node, self.previous, flushed)
+        if self.doomed:
+            deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
+        store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
+
+        def write() -> dict[str, Any]:
+            if not self.flush_later:
+                entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
+                remember(state, entry)
+                return reported(entry)
+            if store.defers_flush and _small(blobs) and not writes_in_flight():
+                copies = snapshot(blobs, {})
+                entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
+                done: Future[dict[str, Any] | None] = Future()
+                in_background(functools.partial(_write_there, store, node, epoch, copies, save_id, previous, done))
+                state.services[FLUSH] = PendingFlush(save_id, done)
+                return reported(entry)
+            entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+            if flush is not None:
+                state.services[FLUSH] = PendingFlush(save_id, flush.soon())
+            remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
+            return reported(entry)
+
+        outcome = _outcome(write)
+        return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
+
+
+def _write_there(
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    blobs: dict[str, Any],
+    save_id: str,
+    previous: dict[str, Any] | None,
+    done: Future[dict[str, Any] | None],
+) -> None:
+    """Write a small workspace's copy in the background thread; ``done`` gets the written entry once
+    the group is durable (in the next batch of syncs, with the groups of the other nodes this process
+    serves), or the error."""
+    try:
+        entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+    except BaseException as exc:
+        done.set_exception(exc)
+        return
+    if flush is None:
+        done.set_result(entry)
+        return
+
+    def report(synced: Future[None]) -> None:
+        error = synced.exception()
+        if error is None:
+            done.set_result(entry)
+        else:
+            done.set_exception(error)
+
+    flush.soon().add_done_callback(report)
+
+
+def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
+    """Delete ``node``'s groups of retired epochs (``(epoch, entry)``); failures are logged, and
+    after a lost lock nothing more is deleted (the next run's cleanup removes what is left)."""
+    for epoch, entry in doomed:
+        try:
+            store.remove_retired(RetiredEpoch(epoch, {node: entry}))
+        except Exception as exc:
+            logger.warning(
+                "retention: could not delete node %r's group of epoch %d under %s: %s", node, epoch, store.url, exc
+            )
+            if isinstance(exc, CheckpointLockedError):
+                return
+
+
+def idle(ws: Workspace) -> None:
+    """A step that does nothing: the task at whose end a node runs a ``finish`` hook alone."""
+
+
+@dataclass(frozen=True)
+class FlushFinish:
+    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        return {"flushed": settle_flush(state)}
+
+
+@dataclass(frozen=True)
+class AsyncSaveFinish:
+    """An epoch's ``finish`` hook with asynchronous saves.
+
+    On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
+    outcome, then snapshots the workspace and starts writing ``epoch`` in the background.
+    Returns ``{"previous": {"entry"} | {"error"} | None, "error": None | exception}``, the
+    latter for a failure to start this epoch's save.
+    """
+
+    store: CheckpointStore
+    node: str
+    epoch: int
+    save_id: str
+    previous_id: str | None
+    previous: dict[str, Any] | None = None
+    """The summary of the newest committed epoch's node entry, for delta reuse. The entry of the save
+    in flight, when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
+    snapshot_mode: str = "copy"
+    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
+    delta: bool = True
+    """Whether chunks may be reused at all (the manager's ``delta``)."""
+
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        running = state.services.pop(SAVER, None)
+        previous = None
+        if running is not None:
+            if running.save_id == self.previous_id:
+                previous = _outcome(running.result)
+                remember(state, previous.get("entry"))
+            else:  # a save the driver gave up on: let it end, never two in flight
+                running.join()
+        if self.previous_id is not None and previous is None:
+            previous = {
+                "error": CheckpointError(
+                    f"node {self.node!r} has no save in flight for the epoch before {self.epoch} "
+                    "(its worker restarted?); save that epoch again"
+                )
+            }
+
+        written = (previous or {}).get("entry") if self.delta else None
+        if written is not None and written.get("epoch", -1) > (self.previous or {}).get("epoch", -1):
+            base: dict[str, Any] | None = written  # a failed link to it (its epoch given up) writes the bytes
+        else:
+            base = reuse_base(state, self.store, self.node, self.previous)
+
+        def start() -> dict[str, Any]:
+            start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
+            return {}
+
+        if previous is not None and previous.get("entry") is not None:
+            previous = {"entry": reported(previous["entry"])}
+        return {"previous": previous, "error": _outcome(start).get("error")}
+
+
+for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep):
+    setattr(_step, INTERNAL, True)

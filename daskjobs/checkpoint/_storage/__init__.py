@@ -1,0 +1,10 @@
+"""Bytes on a disk or an object store: one node's group written, made durable, read and deleted.
+
+Local files with fsync (:mod:`.files`, :mod:`.durable`), any fsspec filesystem (:mod:`.remote`),
+a node's group as a Zarr v3 group (:mod:`.zarr_groups`, the only module of daskjobs that imports
+``zarr``), read back verified (:mod:`.reader`), and deleting only what daskjobs provably wrote
+(:mod:`.cleanup`).
+
+Imports :mod:`._format` and the layers below the checkpoint package; knows nothing of commits,
+locks or managers.
+"""
