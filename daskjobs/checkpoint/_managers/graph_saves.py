@@ -84,7 +84,7 @@ class GraphSaves:
     def flush(self, session: Session) -> int | None:
         """Wait for an asynchronous save to finish on every node and commit it; return its epoch.
 
-        The nodes that already reported its outcome (see :meth:`salvage_finished`) are not asked again.
+        The nodes that already reported its outcome (see ``salvage_finished``) are not asked again.
         """
         epoch = self._saves.pending_epoch()
         if epoch is None:

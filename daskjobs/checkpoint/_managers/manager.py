@@ -147,7 +147,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
 
         While it does, retention un-commits epochs with the commit (one fsync for both) and their
-        groups are deleted later by :meth:`tidy` (a runner calls it while the next epoch runs).
+        groups are deleted later by ``tidy`` (a runner calls it while the next epoch runs).
         """
         self._newest_seen: int | None = None
         self.last_commit: dict[str, Any] | None = None
