@@ -13,6 +13,7 @@ from daskjobs.runner._interrupt import AbandonedRun
 
 BUILTIN = {
     "DaskJobsError": Exception,
+    "ConfigError": ValueError,
     "JobDefinitionError": ValueError,
     "DefinitionTypeError": TypeError,
     "StepTypeError": TypeError,

@@ -50,9 +50,11 @@ def define_job() -> dj.Job:
 class SlowStore(CheckpointStore):
     """A local store on which node a's snapshot writer of one epoch hangs (a stuck disk)."""
 
+    pause = 60.0
+
     def write_node(self, node, epoch, blobs, *, save_id, **kwargs):
         if in_snapshot_writer() and node == "a" and epoch == VICTIM_EPOCH:
-            time.sleep(60)
+            time.sleep(self.pause)
         return super().write_node(node, epoch, blobs, save_id=save_id, **kwargs)
 
 
@@ -152,8 +154,15 @@ def test_a_writer_sent_sigterm_or_sigint_finishes_its_save(tmp_path, signum):
         os.kill(pid, signum)
         signalled.append(pid)
 
+    class BrieflySlowStore(SlowStore):
+        pause = 8.0  # the signal arrives while it writes; the run then waits for the rest of it
+
     runner = dj.JobRunner(
-        define_job(), manager_on(SlowStore, prefix), max_epochs=EPOCHS, progress=False, on_epoch=signal_the_writer
+        define_job(),
+        manager_on(BrieflySlowStore, prefix),
+        max_epochs=EPOCHS,
+        progress=False,
+        on_epoch=signal_the_writer,
     )
     with dj.LocalSession() as session:
         assert runner.train(session) == EPOCHS
