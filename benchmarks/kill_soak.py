@@ -329,11 +329,13 @@ def intervals(committed_at: list[tuple[float, int, int]]) -> list[float]:
 
 
 def summarise(samples: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
-    """First and last sample and the RSS slope of one process."""
+    """First and last sample and the RSS slope of one process, and every sample's ``[epoch, RSS MB,
+    file descriptors, threads]``."""
     at = [epoch for epoch, _ in samples]
     first, last = samples[0], samples[-1]
     row: dict[str, Any] = {"samples": len(samples), "first_epoch": first[0], "last_epoch": last[0]}
     row["rss_growth_mb_per_1000_epochs"] = slope_per_1000(at, [s["rss_mb"] for _, s in samples])
+    row["series"] = [[epoch, round(s["rss_mb"], 2), s["fds"], s["threads"]] for epoch, s in samples]
     for key in ("rss_mb", "open_files", "fds", "threads", "thread_names"):
         if key in first[1]:
             row[f"{key}_first"], row[f"{key}_last"] = first[1][key], last[1][key]
