@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -82,6 +83,33 @@ def test_dask_bookkeeping_does_not_grow_per_epoch():
     assert counts[300]["client_futures"] == 1  # the session's anchor
     assert counts[300]["scheduler"]["task_groups"] == 1
     assert counts[300]["scheduler"]["spans"] == 1
+
+
+def _group_with_edges() -> dj.TaskGroup:
+    with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
+        made = dj.Task(lambda ws: ws.__setitem__("x", np.arange(3)), node="a", outputs="x")
+        dj.Task(lambda ws: ws.__setitem__("y", ws["x"] * 2), node="a", inputs={"x": made.outputs()[0]})
+    return group
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_group_with_edges, id="group"),
+        pytest.param(lambda: dj.Task(lambda ws: ws.__setitem__("z", 1), node="a"), id="task"),
+    ],
+)
+def test_what_ran_once_is_freed_with_it(session, make):
+    """A group (or a task, wrapped in a group) run once and dropped leaves nothing behind: its plan,
+    packed steps and wrapping group are cached only as long as it lives. (A recovery runs new
+    restore groups; each used to stay forever, with its plans and pickled steps.)"""
+    runnable = make()
+    session.run(runnable)
+    session.run(runnable)  # cached while it lives
+    freed = weakref.ref(runnable)
+    del runnable
+    gc.collect()
+    assert freed() is None
 
 
 def _slope_per_1000(points: list[tuple[int, float]]) -> float:

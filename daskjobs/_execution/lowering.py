@@ -64,10 +64,13 @@ def _quote(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A used TaskGroup compiled once: per-node plans and whether it has dataflow edges."""
+    """A used TaskGroup compiled once: per-node plans and whether it has dataflow edges.
+
+    It holds nothing of the group (no task, no output): the cache of plans keys groups weakly, and
+    a value that reached its key would keep every group run once alive for good.
+    """
 
     node_plans: dict[str, NodePlan]
-    tasks: list[Task]
     producers: dict[int, int]
     """Task index -> indices of the tasks it consumes from, in input order (edge mode)."""
     has_edges: bool
@@ -75,6 +78,7 @@ class GroupPlan:
 
 
 _plans: weakref.WeakKeyDictionary[TaskGroup, dict[str, GroupPlan]] = weakref.WeakKeyDictionary()
+"""Each group's plans by job, for as long as the group lives."""
 
 
 def _spec(task: Task, index: int, index_of: dict[int, tuple[int, int]]) -> TaskSpec:
@@ -130,7 +134,7 @@ def plan_group(group: TaskGroup, job: str) -> GroupPlan:
             if task.node == node:
                 extra.update({k: v for k, v in task._node_resources.items() if k not in extra})
         resources[node] = extra
-    plan = GroupPlan(node_plans, tasks, producers, any(producers.values()), resources)
+    plan = GroupPlan(node_plans, producers, any(producers.values()), resources)
     _plans.setdefault(group, {})[job] = plan
     return plan
 

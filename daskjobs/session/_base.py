@@ -26,7 +26,9 @@ T = TypeVar("T")
 logger = logging.getLogger("daskjobs")
 
 Runnable = TaskGroup | Task | Callable[..., Any] | Sequence[Callable[..., Any]]
-_wrapped_tasks: weakref.WeakKeyDictionary[Task, TaskGroup] = weakref.WeakKeyDictionary()
+_wrapped_tasks: weakref.WeakKeyDictionary[Task, weakref.ref[TaskGroup]] = weakref.WeakKeyDictionary()
+"""The group each task run on its own was wrapped in. The group holds its task, so it is held
+weakly here (the task's ``_group`` keeps it alive as long as the task lives)."""
 
 
 def as_group(runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> TaskGroup:
@@ -40,10 +42,12 @@ def as_group(runnable: Runnable, workspace_type: WorkspaceType | str | None = No
             runnable._workspace_type = workspace_type
         return runnable
     if isinstance(runnable, Task):
-        group = _wrapped_tasks.get(runnable)
+        wrapped = _wrapped_tasks.get(runnable)
+        group = wrapped() if wrapped is not None else None
         if group is None:
-            group = _wrapped_tasks[runnable] = TaskGroup(workspace_type or WorkspaceType.GLOBAL)
+            group = TaskGroup(workspace_type or WorkspaceType.GLOBAL)
             group.add(runnable)
+            _wrapped_tasks[runnable] = weakref.ref(group)
         return group
     if callable(runnable) or (isinstance(runnable, list | tuple) and all(callable(r) for r in runnable)):
         group = TaskGroup(workspace_type or WorkspaceType.GLOBAL)
@@ -189,8 +193,9 @@ class Session(abc.ABC):
             self._warn_traps(job, group.label, node, result.traps)
             if finished is not None and finish and node in finish:
                 finished[node] = result.finished
+            tasks = group.tasks() if result.captured else []  # frozen by plan_group: the plan's order
             for index, captured in result.captured.items():
-                for output, values in zip(plan.tasks[index].outputs(), captured, strict=True):
+                for output, values in zip(tasks[index].outputs(), captured, strict=True):
                     output._set(values)
         return merge_sums(result.metrics for result in results.values())
 
