@@ -15,16 +15,19 @@ Two runs on the same cluster, each on its own checkpoint prefix:
   previous kill was recovered from (an epoch committed after it) and while the last committed
   epoch is at least 5 epochs before the end (a kill always lands in an epoch that is recovered).
 
-Measured (kill run): epochs, kills, recoveries (``recoveries`` of the last history record), wall
-time; the median interval between committed epochs (``on_epoch`` calls) of both runs; per kill,
-the time until the killed node's next step finished (stamped by the step, on the replacement
-worker, after the restore) and until the next committed epoch; equality with the reference
-(every blob of every node's final workspace, exact bytes, and every blob of every epoch both
-prefixes still hold); ``daskjobs checkpoints verify`` of the kill run's prefix; RSS, open files,
-file descriptors and threads of the driver (its process also holds the scheduler and the
-nannies) and of every worker process, sampled every ``--every`` committed epochs after
-``--warmup``: first and last sample and the least-squares slope in MB per 1000 epochs (for
-workers: those never killed, and the replacements, each its own process).
+Measured: epochs, kills, recoveries (``recoveries`` of the kill run's last history record), wall
+time of both runs; the median interval between committed epochs (``on_epoch`` calls) of both
+runs; per kill, the time until the killed node's next step finished (stamped by the step, on the
+replacement worker, after the restore) and until the first commit of an epoch run after the
+recovery; equality with the reference (every blob of every node's final workspace, exact bytes,
+and every blob of every epoch both prefixes still hold); ``daskjobs checkpoints verify`` of the
+kill run's prefix. Every ``--every`` committed epochs after ``--warmup``: RSS, open regular files
+(``/proc`` files left out), file descriptors and threads of the driver (its process also holds
+the scheduler and the nannies: in both runs, and in the kill run from its first recovery on,
+when lazily started thread pools and the nannies' connections have grown) and of every worker
+process (those never killed, and the replacements, each its own process, without its first
+``REPLACEMENT_WARMUP`` samples): first and last sample and the least-squares slope in MB per 1000
+epochs. The JSON also has every sample, the driver's thread names and open files.
 
 Exits 1 when the kill run differs from the reference, a commit does not verify, or a kill was
 not recovered from.
@@ -167,12 +170,18 @@ class Killer(threading.Thread):
             next_at = time.monotonic() + self._pause()
 
 
+def open_files(process: psutil.Process) -> list[str]:
+    """The regular files ``process`` has open, but ``/proc`` files (read by Dask's system monitor
+    and by psutil, now and then)."""
+    return sorted(file.path for file in process.open_files() if not file.path.startswith("/proc/"))
+
+
 def process_stats(process: psutil.Process) -> dict[str, float]:
-    """RSS in MB, open files, file descriptors and threads of ``process``."""
+    """RSS in MB, open files (see :func:`open_files`), file descriptors and threads of ``process``."""
     with process.oneshot():
         return {
             "rss_mb": process.memory_info().rss / 2**20,
-            "open_files": len(process.open_files()),
+            "open_files": len(open_files(process)),
             "fds": process.num_fds(),
             "threads": process.num_threads(),
         }
@@ -216,7 +225,9 @@ def sample(cluster: Any, samples: dict[str, list[tuple[int, dict[str, Any]]]], r
     process (``name:pid``) at ``record``'s epoch."""
     gc.collect()
     epoch, names = record.epoch, collections.Counter(thread.name for thread in threading.enumerate())
-    driver = process_stats(psutil.Process()) | {"thread_names": names, "recoveries": record.recoveries}
+    process = psutil.Process()
+    driver = process_stats(process) | {"thread_names": names, "open_paths": open_files(process)}
+    driver["recoveries"] = record.recoveries
     samples.setdefault("driver", []).append((epoch, driver))
     for name, pid in registered_workers(cluster):
         try:
@@ -338,7 +349,7 @@ def summarise(samples: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
     row: dict[str, Any] = {"samples": len(samples), "first_epoch": first[0], "last_epoch": last[0]}
     row["rss_growth_mb_per_1000_epochs"] = slope_per_1000(at, [s["rss_mb"] for _, s in samples])
     row["series"] = [[epoch, round(s["rss_mb"], 2), s["fds"], s["threads"]] for epoch, s in samples]
-    for key in ("rss_mb", "open_files", "fds", "threads", "thread_names"):
+    for key in ("rss_mb", "open_files", "fds", "threads", "thread_names", "open_paths"):
         if key in first[1]:
             row[f"{key}_first"], row[f"{key}_last"] = first[1][key], last[1][key]
     return row
