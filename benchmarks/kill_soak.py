@@ -15,16 +15,19 @@ Two runs on the same cluster, each on its own checkpoint prefix:
   previous kill was recovered from (an epoch committed after it) and while the last committed
   epoch is at least 5 epochs before the end (a kill always lands in an epoch that is recovered).
 
-Measured (kill run): epochs, kills, recoveries (``recoveries`` of the last history record), wall
-time; the median interval between committed epochs (``on_epoch`` calls) of both runs; per kill,
-the time until the killed node's next step finished (stamped by the step, on the replacement
-worker, after the restore) and until the next committed epoch; equality with the reference
-(every blob of every node's final workspace, exact bytes, and every blob of every epoch both
-prefixes still hold); ``daskjobs checkpoints verify`` of the kill run's prefix; RSS, open files,
-file descriptors and threads of the driver (its process also holds the scheduler and the
-nannies) and of every worker process, sampled every ``--every`` committed epochs after
-``--warmup``: first and last sample and the least-squares slope in MB per 1000 epochs (for
-workers: those never killed, and the replacements, each its own process).
+Measured: epochs, kills, recoveries (``recoveries`` of the kill run's last history record), wall
+time of both runs; the median interval between committed epochs (``on_epoch`` calls) of both
+runs; per kill, the time until the killed node's next step finished (stamped by the step, on the
+replacement worker, after the restore) and until the first commit of an epoch run after the
+recovery; equality with the reference (every blob of every node's final workspace, exact bytes,
+and every blob of every epoch both prefixes still hold); ``daskjobs checkpoints verify`` of the
+kill run's prefix. Every ``--every`` committed epochs after ``--warmup``: RSS, open regular files
+(``/proc`` files left out), file descriptors and threads of the driver (its process also holds
+the scheduler and the nannies: in both runs, and in the kill run from its first recovery on,
+when lazily started thread pools and the nannies' connections have grown) and of every worker
+process (those never killed, and the replacements, each its own process, without its first
+``REPLACEMENT_WARMUP`` samples): first and last sample and the least-squares slope in MB per 1000
+epochs. The JSON also has every sample, the driver's thread names and open files.
 
 Exits 1 when the kill run differs from the reference, a commit does not verify, or a kill was
 not recovered from.
@@ -167,12 +170,18 @@ class Killer(threading.Thread):
             next_at = time.monotonic() + self._pause()
 
 
+def open_files(process: psutil.Process) -> list[str]:
+    """The regular files ``process`` has open, but ``/proc`` files (read by Dask's system monitor
+    and by psutil, now and then)."""
+    return sorted(file.path for file in process.open_files() if not file.path.startswith("/proc/"))
+
+
 def process_stats(process: psutil.Process) -> dict[str, float]:
-    """RSS in MB, open files, file descriptors and threads of ``process``."""
+    """RSS in MB, open files (see :func:`open_files`), file descriptors and threads of ``process``."""
     with process.oneshot():
         return {
             "rss_mb": process.memory_info().rss / 2**20,
-            "open_files": len(process.open_files()),
+            "open_files": len(open_files(process)),
             "fds": process.num_fds(),
             "threads": process.num_threads(),
         }
@@ -211,11 +220,15 @@ def registered_workers(cluster: Any) -> list[tuple[str, int]]:
     return []
 
 
-def sample(cluster: Any, samples: dict[str, list[tuple[int, dict[str, Any]]]], epoch: int) -> None:
-    """Append ``epoch``'s stats of the driver and of every registered worker process (``name:pid``)."""
+def sample(cluster: Any, samples: dict[str, list[tuple[int, dict[str, Any]]]], record: dj.EpochRecord) -> None:
+    """Append the stats of the driver (with the recoveries so far) and of every registered worker
+    process (``name:pid``) at ``record``'s epoch."""
     gc.collect()
-    names = collections.Counter(thread.name for thread in threading.enumerate())
-    samples.setdefault("driver", []).append((epoch, process_stats(psutil.Process()) | {"thread_names": names}))
+    epoch, names = record.epoch, collections.Counter(thread.name for thread in threading.enumerate())
+    process = psutil.Process()
+    driver = process_stats(process) | {"thread_names": names, "open_paths": open_files(process)}
+    driver["recoveries"] = record.recoveries
+    samples.setdefault("driver", []).append((epoch, driver))
     for name, pid in registered_workers(cluster):
         try:
             process = psutil.Process(pid)
@@ -244,8 +257,8 @@ def run(
         committed_at.append((time.time(), record.epoch, record.recoveries))
         if killer is not None:
             killer.committed_epoch(record)
-            if record.epoch >= args.warmup and (record.epoch - args.warmup) % args.every == 0:
-                sample(cluster, samples, record.epoch)
+        if record.epoch >= args.warmup and (record.epoch - args.warmup) % args.every == 0:
+            sample(cluster, samples, record)
 
     manager = dj.MultiNodeCheckpointManager(prefix, keep_last=args.keep_last or None)
     runner = dj.JobRunner(job, manager, max_epochs=args.epochs, max_failures=10_000, on_epoch=on_epoch, progress=False)
@@ -336,7 +349,7 @@ def summarise(samples: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
     row: dict[str, Any] = {"samples": len(samples), "first_epoch": first[0], "last_epoch": last[0]}
     row["rss_growth_mb_per_1000_epochs"] = slope_per_1000(at, [s["rss_mb"] for _, s in samples])
     row["series"] = [[epoch, round(s["rss_mb"], 2), s["fds"], s["threads"]] for epoch, s in samples]
-    for key in ("rss_mb", "open_files", "fds", "threads", "thread_names"):
+    for key in ("rss_mb", "open_files", "fds", "threads", "thread_names", "open_paths"):
         if key in first[1]:
             row[f"{key}_first"], row[f"{key}_last"] = first[1][key], last[1][key]
     return row
@@ -372,6 +385,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     recoveries = killed.history[-1].recoveries if killed.history else 0
     killed_pids = {kill.pid for kill in killed.kills}
     driver = summarise(killed.samples["driver"]) if killed.samples.get("driver") else None
+    recovered = [row for row in killed.samples.get("driver", []) if row[1]["recoveries"] > 0]
+    driver_recovered = summarise(recovered) if recovered else None
+    reference_driver = summarise(reference.samples["driver"]) if reference.samples.get("driver") else None
     survivors, replacements = {}, {}
     for name, rows in killed.samples.items():
         pid = None if name == "driver" else int(name.split(":")[1])
@@ -413,6 +429,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "verify": verified,
         "verified_ok": verified_ok,
         "driver": driver,
+        "driver_after_first_recovery": driver_recovered,
+        "reference_driver": reference_driver,
         "workers_never_killed": survivors,
         "worker_replacements": replacements,
         "total_seconds": time.perf_counter() - started,
@@ -436,11 +454,21 @@ def _worst(rows: dict[str, dict[str, Any]]) -> str:
 def table(result: dict[str, Any]) -> str:
     ref, kil = result["median_epoch_interval_ms"]["reference"], result["median_epoch_interval_ms"]["killed"]
     step, commit = result["kill_to_next_step_s"], result["kill_to_next_commit_s"]
-    driver = result["driver"] or {}
     survivors, replacements = result["workers_never_killed"], result["worker_replacements"]
 
     def first_last(row: dict[str, Any], key: str, fmt: str = "") -> str:
-        return f"{row[key + '_first']:{fmt}} → {row[key + '_last']:{fmt}}" if row else "n/a"
+        return f"{row[key + '_first']:{fmt}} → {row[key + '_last']:{fmt}}"
+
+    def process_row(row: dict[str, Any] | None) -> str:
+        if not row:
+            return "n/a"
+        slope = row["rss_growth_mb_per_1000_epochs"]
+        growth = "n/a" if slope is None else f"{slope:.1f}"
+        return (
+            f"epochs {row['first_epoch']} → {row['last_epoch']}: RSS {first_last(row, 'rss_mb', '.1f')} MB "
+            f"({growth} MB/1000 epochs), open files {first_last(row, 'open_files')}, "
+            f"fds {first_last(row, 'fds')}, threads {first_last(row, 'threads')}"
+        )
 
     def seconds(spread: dict[str, float | None]) -> str:
         return "n/a" if spread["median"] is None else f"median {spread['median']:.2f} s, max {spread['max']:.2f} s"
@@ -469,14 +497,9 @@ def table(result: dict[str, Any]) -> str:
         ),
         ("commits equal", f"{not result['commit_differences']} (epochs {result['commit_epochs_compared']})"),
         ("checkpoints verify", f"exit {result['verify']['returncode']}, epochs OK {result['verify']['epochs_ok']}"),
-        (
-            "driver RSS MB (slope MB/1000 epochs)",
-            f"{first_last(driver, 'rss_mb', '.1f')} ({driver.get('rss_growth_mb_per_1000_epochs') or 0:.2f})",
-        ),
-        (
-            "driver open files / fds / threads",
-            f"{first_last(driver, 'open_files')} / {first_last(driver, 'fds')} / {first_last(driver, 'threads')}",
-        ),
+        ("driver, reference run", process_row(result["reference_driver"])),
+        ("driver, kill run", process_row(result["driver"])),
+        ("driver, kill run after its first recovery", process_row(result["driver_after_first_recovery"])),
         ("workers never killed: count, worst slope", f"{len(survivors)}, {_worst(survivors)} MB/1000 epochs"),
         ("replacement workers: count, worst slope", f"{len(replacements)}, {_worst(replacements)} MB/1000 epochs"),
         ("result", "OK" if result["ok"] else "DIFFERS"),
