@@ -4,11 +4,12 @@ runs, every kill recovered from, the end equal to an uninterrupted run.
 Both tests run ``benchmarks/kill_soak.py`` as its users do (a subprocess of this worktree's code)
 and check its report: the final workspaces and the commits both runs still hold are bit-equal to
 those of the run without kills, ``daskjobs checkpoints verify`` passed, one recovery per kill,
-one history record per epoch, the driver's open files and thread names the same at the first and
-the last sample. They also check, without the script's help, every blob of the last commit it
-left against the values the job's steps compute (computed here). The small test (4 nodes, a kill
-every ~2 s) runs by default; the soak (``-m soak``) at the size of SPEC §6: 16 nodes x 20 blobs x
-200 epochs, one worker process per node, a kill every ~10 s.
+one history record per epoch, the driver's open files and threads (but those started lazily up
+to a bound) the same at the first and the last sample. They also check, without the script's
+help, every blob of the last commit it left against the values the job's steps compute
+(computed here). The small test (4 nodes, a kill every ~2 s) runs by default; the soak
+(``-m soak``) at the size of SPEC §6: 16 nodes x 20 blobs x 200 epochs, one worker process per
+node, a kill every ~10 s.
 """
 
 from __future__ import annotations
