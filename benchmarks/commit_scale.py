@@ -20,7 +20,6 @@ Run: ``python benchmarks/commit_scale.py [--nodes 100 1000] [--blobs 100] [--epo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _report import write_json
 
 import daskjobs as dj
 from daskjobs.checkpoint._format.manifests import group_document, reference
@@ -196,12 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"record {current[large]['record_bytes'] / 1024:.1f} KiB (target <= 256)",
         file=sys.stderr,
     )
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as file:
-            file.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 

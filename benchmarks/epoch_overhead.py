@@ -22,13 +22,13 @@ Run: ``python benchmarks/epoch_overhead.py [--epochs 600] [--flat-epochs 5000]``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
 
+from _report import write_json
 from distributed import Client, get_worker
 
 import daskjobs as dj
@@ -192,12 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     ]
     width = max(len(label) for label, _ in rows)
     print("\n".join(f"{label:<{width}}  {value}" for label, value in rows), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 

@@ -43,7 +43,6 @@ import argparse
 import collections
 import gc
 import itertools
-import json
 import os
 import random
 import shutil
@@ -59,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from _report import write_json
 
 import daskjobs as dj
 
@@ -529,12 +529,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--epochs must be more than {KILL_MARGIN}")
     result = soak(args)
     print(table(result), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as file:
-            file.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import json
 import logging
 import os
 import statistics
@@ -38,6 +37,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from _report import write_json
 
 import daskjobs as dj
 
@@ -178,12 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{'floor ' + name:20s}" + "".join(f"{cells[k]:8g}" for k in KINDS) + f"{sum(cells.values()):8g}",
             file=sys.stderr,
         )
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as file:
-            file.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 

@@ -32,7 +32,6 @@ Run: ``python benchmarks/scale_nodes.py [--nodes 64] [--workers 2] [--epochs 30]
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -43,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _report import write_json
 from distributed import Client, get_worker
 
 import daskjobs as dj
@@ -190,12 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mode = "worker processes" if args.processes else "in-process workers"
     print(f"{args.nodes} nodes, one thread each, on {workers} {mode}; medians per epoch", file=sys.stderr)
     print("\n".join(f"{label:<{width}}  {value}" for label, value in rows), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as file:
-            file.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 

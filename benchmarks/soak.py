@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import tempfile
 
 import numpy as np
 import psutil
+from _report import write_json
 
 import daskjobs as dj
 
@@ -126,12 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )
     lines.append(f"target: <= 2 MB per 1000 epochs; history: {result['history_records']} records")
     print("\n".join(lines), file=sys.stderr)
-    text = json.dumps(result, indent=2)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_json(result, args.json)
     return result
 
 
