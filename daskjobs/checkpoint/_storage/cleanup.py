@@ -221,7 +221,9 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
         entry = found if found[MANIFEST_KEY] == entry.get(MANIFEST_KEY) else None
     blobs = entry.get("blobs") if entry is not None and found.get("save_id") == entry.get("save_id") else None
     doomed, folders = [], []
-    for name, kind in tree.entries(group).items():
+    # an object store holds no temp objects of ours: a committed group's entry says what is there
+    listed = dict.fromkeys(blobs, DIR) if tree.objects and isinstance(blobs, Mapping) else tree.entries(group)
+    for name, kind in listed.items():
         if kind == FILE and TEMP_RE.fullmatch(name):
             doomed.append(f"{group}/{name}")
         if kind != DIR or not _valid(name, "blob") or (isinstance(blobs, Mapping) and name not in blobs):
