@@ -11,6 +11,7 @@ import os
 import time
 import weakref
 
+import dask.config
 import numpy as np
 import pytest
 
@@ -83,6 +84,23 @@ def test_dask_bookkeeping_does_not_grow_per_epoch():
     assert counts[300]["client_futures"] == 1  # the session's anchor
     assert counts[300]["scheduler"]["task_groups"] == 1
     assert counts[300]["scheduler"]["spans"] == 1
+
+
+@pytest.mark.cluster
+def test_a_client_the_user_made_keeps_a_bounded_message_log():
+    """``Client(cluster)`` (not made by daskjobs) keeps the last 1000 messages it sent, each run's
+    serialized graph among them: megabytes growing for a job's first thousand epochs. A
+    DaskSession on it keeps 100, the newest (Dask's own setting is not changed)."""
+    from distributed import Client
+
+    with dj.node_cluster(["a", "b"], processes=False) as cluster, Client(cluster) as client:
+        assert client.scheduler_comm.recent_message_log.maxlen == 1000
+        with dj.DaskSession(client) as session:
+            dj.JobRunner(define_job(), max_epochs=150, progress=False).train(session)
+            log = client.scheduler_comm.recent_message_log
+            assert (log.maxlen, len(log)) == (100, 100)
+            assert any("update-graph" in str(message)[:2000] for message in list(log)[-5:])
+        assert dask.config.get("distributed.admin.low-level-log-length") == 1000
 
 
 def _group_with_edges() -> dj.TaskGroup:

@@ -4,6 +4,7 @@ waiting for a run's futures."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 from collections.abc import Sequence
@@ -21,17 +22,26 @@ _MESSAGE_LOG_LENGTH = 100
 
 
 def send_at_once(client: Client) -> None:
-    """Let ``client`` send each message to the scheduler at once.
+    """Let ``client`` send each message to the scheduler at once, keeping at most
+    :data:`_MESSAGE_LOG_LENGTH` of them for debugging.
 
     A distributed client batches its messages to the scheduler in 10 ms windows: a run's graph,
     submitted a few milliseconds after the previous run released its keys, waited for the next
     window, which made a checkpointed tiny epoch nearly twice as long. The batching exists for
-    clients sending thousands of small messages; a session sends a few per run. The client
-    makes a new batched stream when it reconnects, so this is applied before every run.
+    clients sending thousands of small messages; a session sends a few per run. The stream also
+    keeps its last ``distributed.admin.low-level-log-length`` messages, read when it was made: a
+    client the user made (``Client(cluster)``) keeps 1000 runs' graphs, megabytes that grow for
+    the job's first thousand epochs. The client makes a new batched stream when it reconnects,
+    so this is applied before every run.
     """
     comm = getattr(client, "scheduler_comm", None)
-    if comm is not None and getattr(comm, "interval", 0) != 0:
+    if comm is None:
+        return
+    if getattr(comm, "interval", 0) != 0:
         comm.interval = 0
+    log = getattr(comm, "recent_message_log", None)
+    if isinstance(log, collections.deque) and (log.maxlen is None or log.maxlen > _MESSAGE_LOG_LENGTH):
+        comm.recent_message_log = collections.deque(log, maxlen=_MESSAGE_LOG_LENGTH)
 
 
 def connect(target: object, security: object) -> tuple[Client, bool]:
