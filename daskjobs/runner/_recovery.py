@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-
 def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
     """``exc`` told with the last committed epoch and how to resume from it."""
     try:
@@ -44,10 +43,10 @@ def check_recoverable(
     if manager is not None and failures < max_failures:
         return
     where = "no committed epoch" if last is None else f"last committed epoch {last}"
-    why = f"giving up after {failures} recoveries (max_failures={max_failures})"
     if manager is None:
-        why = "no checkpoint manager"
-    if manager is not None and exc.departure is not None:
+        raise NodeLostError(f"{exc} — no checkpoint manager ({where})", exc.nodes) from exc
+    why = f"giving up after {failures} recoveries (max_failures={max_failures})"
+    if exc.departure is not None:
         why += (
             f"; planned departures beyond daskjobs.max-departures ({config_count('max-departures')}) between two "
             "commits count as failures"
