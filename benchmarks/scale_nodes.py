@@ -32,6 +32,7 @@ Run: ``python benchmarks/scale_nodes.py [--nodes 64] [--workers 2] [--epochs 30]
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -120,6 +121,7 @@ def profiled(run: Callable[[], object], path: str) -> None:
         run()
     finally:
         profiler.stop()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as file:
         file.write(profiler.output_text(unicode=False, color=False, show_all=False))
 

@@ -64,7 +64,11 @@ def foreign_marker(prefix: str, outside: str) -> list[str]:
     write(f"{prefix}/{NODE}.80/zarr.json", marker_json(NODE, 81))  # another epoch's marker
     write(f"{prefix}/{NODE}.80/w/zarr.json", b"{}")
     write(f"{prefix}/{NODE}.82/zarr.json", b"\xff not json")
-    return [f"{prefix}/{NODE}.79", f"{prefix}/{NODE}.80", f"{prefix}/{NODE}.82"]
+    staged = [f"{prefix}/{NODE}.83.tmp-{uuid.uuid4().hex}", f"{prefix}/{NODE}.84.tmp-{uuid.uuid4().hex}"]
+    write(f"{staged[0]}/w/c.0", b"\1")  # named like a staging folder of ours, no marker
+    write(f"{staged[1]}/zarr.json", marker_json("other_node", 3))  # a staging name, another node's marker
+    write(f"{staged[1]}/w/zarr.json", b"{}")
+    return [f"{prefix}/{NODE}.79", f"{prefix}/{NODE}.80", f"{prefix}/{NODE}.82", *staged]
 
 
 def user_files_in_committed_groups(prefix: str, outside: str) -> list[str]:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,13 +28,13 @@ from ...errors import CheckpointError, CheckpointLockedError
 from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
-from .._storage.durable import deleting_in_background, in_background, writes_in_flight
+from .._storage.durable import deleting_in_background, in_background
 from .fork import ForkedSave, forks
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
     from ..._model.workspace import Workspace
-    from .._protocol.store import CheckpointStore
+    from .._protocol.store import CheckpointStore, GroupFlush
 
 logger = logging.getLogger("daskjobs")
 
@@ -348,14 +348,16 @@ class SaveFinish:
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
     entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
-    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole,
-    unless the process's background write thread is busy (with the groups of the other nodes it
-    serves: the hooks then write their groups at once, side by side): the hook returns its entry
-    as :meth:`CheckpointStore.describe_node` computes it, and the report brings the entry the
-    write returned. Whatever the mode, a node first waits for its
+    outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole, by
+    the process's one background write thread, one group after the other (the groups of every
+    node it serves: side by side, their threads would pass the GIL to each other around every
+    file operation): the hook returns its entry as :meth:`CheckpointStore.describe_node`
+    computes it, and the report brings the entry the write returned. Whatever the mode, a node first waits for its
     previous flush, reuses chunks by that write's own entry, and never hard-links chunks of a
-    group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed,
-    deleted in the background, in a thread of their own (this save's write and flush never wait for it).
+    group whose flush failed. ``doomed``: the node's groups of epochs retention un-committed: the
+    oldest is written over by this save (see :meth:`CheckpointStore.write_node_unsynced`
+    ``retired``), the others are deleted in the background, in a thread of their own (this save's
+    write and flush never wait for it).
     """
 
     store: CheckpointStore
@@ -371,8 +373,9 @@ class SaveFinish:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
         previous = reuse_from(state, self.store, self.node, self.previous, flushed)
-        if self.doomed:
-            deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed))
+        retired = RetiredEpoch(self.doomed[0][0], {self.node: self.doomed[0][1]}) if self.doomed else None
+        if self.doomed[1:]:
+            deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed[1:]))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
         def write() -> dict[str, Any]:
@@ -380,14 +383,19 @@ class SaveFinish:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
                 return reported(entry)
-            if store.defers_flush and _small(blobs) and not writes_in_flight():
+            if store.defers_flush and _small(blobs):
                 copies = snapshot(blobs, {})
                 entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
                 done: Future[dict[str, Any] | None] = Future()
-                in_background(functools.partial(_write_there, store, node, epoch, copies, save_id, previous, done))
+                unsynced = functools.partial(
+                    store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
+                )
+                in_background(functools.partial(_write_there, unsynced, done))
                 state.services[FLUSH] = PendingFlush(save_id, done)
                 return reported(entry)
-            entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+            entry, flush = store.write_node_unsynced(
+                node, epoch, blobs, save_id=save_id, previous=previous, retired=retired
+            )
             if flush is not None:
                 state.services[FLUSH] = PendingFlush(save_id, flush.soon())
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
@@ -398,19 +406,14 @@ class SaveFinish:
 
 
 def _write_there(
-    store: CheckpointStore,
-    node: str,
-    epoch: int,
-    blobs: dict[str, Any],
-    save_id: str,
-    previous: dict[str, Any] | None,
-    done: Future[dict[str, Any] | None],
+    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
 ) -> None:
-    """Write a small workspace's copy in the background thread; ``done`` gets the written entry once
-    the group is durable (in the next batch of syncs, with the groups of the other nodes this process
-    serves), or the error."""
+    """Write a small workspace's copy in the background thread (``unsynced``: its
+    :meth:`~CheckpointStore.write_node_unsynced`); ``done`` gets the written entry once the group is
+    durable (in the next batch of syncs, with the groups of the other nodes this process serves), or
+    the error."""
     try:
-        entry, flush = store.write_node_unsynced(node, epoch, blobs, save_id=save_id, previous=previous)
+        entry, flush = unsynced()
     except BaseException as exc:
         done.set_exception(exc)
         return

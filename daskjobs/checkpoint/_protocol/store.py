@@ -17,21 +17,28 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from ..._model.values import validate_name
-from ...errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointWriteError, JobDefinitionError
+from ...errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    JobDefinitionError,
+)
 from .._format.entries import SAVE_ID_RE, check_epoch
 from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY, committed_entry
-from .._storage.cleanup import Tree, clear_for_write
+from .._storage.cleanup import Tree, clear_for_write, staged_group, take_over_group
 from .._storage.files import LocalFiles
 from .._storage.reader import GroupReader, read_group, read_group_entry, read_manifest
 from .._storage.zarr_groups import COMPRESSIONS, Location, describe_group, write_group
-from .commits import Commits
+from .commits import Commits, RetiredEpoch
 
 logger = logging.getLogger("daskjobs")
 
@@ -200,14 +207,21 @@ class CheckpointStore(Commits):
         *,
         save_id: str,
         previous: Mapping[str, Any] | None = None,
+        retired: RetiredEpoch | None = None,
     ) -> tuple[dict[str, Any], GroupFlush | None]:
         """:meth:`write_node` without the fsync: return the entry and the :class:`GroupFlush` that makes
         the group durable (``None`` when it already is: object stores, ``fsync=False``).
 
         Until that flush returned, the group must not be committed, and no later group may reuse
         its chunks. It raises :class:`CheckpointWriteError` when it fails.
+
+        ``retired``: an epoch whose un-commit is durable and whose group of ``node`` is to go (see
+        :meth:`remove_retired`). On a local disk that group is renamed and written over instead of
+        deleted, when it holds exactly what its manifest lists (see
+        :func:`~.._storage.cleanup.take_over_group`): the save then creates and deletes no file
+        that did not change shape; otherwise it is deleted first.
         """
-        return self._write_node(node, epoch, blobs, save_id, previous, sync=False)
+        return self._write_node(node, epoch, blobs, save_id, previous, sync=False, retired=retired)
 
     def describe_node(
         self,
@@ -240,6 +254,7 @@ class CheckpointStore(Commits):
         previous: Mapping[str, Any] | None,
         *,
         sync: bool,
+        retired: RetiredEpoch | None = None,
     ) -> tuple[dict[str, Any], GroupFlush | None]:
         _check_save(node, save_id)
         url = self.db_name(node, epoch)
@@ -262,10 +277,34 @@ class CheckpointStore(Commits):
             compression=self.compression,
             previous=previous,
             sync=sync,
+            over=None if retired is None else self._take_over(node, retired, where.path),
         )
         if sync or not self.defers_flush:
             return entry, None
         return entry, GroupFlush(self, where.files, node, epoch)
+
+    def _take_over(self, node: str, retired: RetiredEpoch, group: str) -> tuple[str, dict[str, Any]] | None:
+        """Rename ``node``'s group of the ``retired`` epoch to a staging folder of ``group`` and return
+        both with its blobs (see :func:`~.._storage.cleanup.take_over_group`); else delete it (a failure
+        is a warning, as retention's) and return ``None``."""
+        old, staging = self._path(f"{node}.{retired.epoch}"), f"{group}.tmp-{uuid.uuid4().hex}"
+        try:
+            blobs = take_over_group(Tree(self.fs), old, staging, node, retired.epoch, retired.entries.get(node))
+        except OSError:  # unreadable: deleting it says why
+            blobs = None
+        if blobs is not None:
+            return staging, blobs
+        try:
+            self.remove_retired(RetiredEpoch(retired.epoch, {node: retired.entries.get(node)}))
+        except CheckpointError as exc:
+            logger.warning(
+                "retention: could not delete node %r's group of epoch %d under %s: %s",
+                node,
+                retired.epoch,
+                self.url,
+                exc,
+            )
+        return None
 
     def _flush_group(self, files: LocalFiles, node: str, epoch: int, *, whole_tree: bool = False) -> None:
         """fsync what ``files`` wrote of ``node``'s group of ``epoch`` (``whole_tree``: every file and
@@ -288,7 +327,9 @@ class CheckpointStore(Commits):
         can no longer report its own flush (its worker died); return the entry the group holds.
 
         The group must hold the save ``entry`` (the node's entry, or its summary) describes: the
-        same save id, blobs and manifest where ``entry`` names them. Every chunk is read and
+        same save id, blobs and manifest where ``entry`` names them. A group written over a
+        retired one and still in its staging folder (see :meth:`write_node_unsynced`) is renamed
+        into place first. Every chunk is read and
         verified against the group's manifest first (so the files here are whole), then every file
         and folder of the group is fsynced.
 
@@ -300,6 +341,13 @@ class CheckpointStore(Commits):
             The flush failed.
         """
         where = self._group(node, epoch)
+        staged = (
+            None
+            if self.has_group(node, epoch)
+            else staged_group(Tree(self.fs), self._root, node, epoch, entry.get("save_id"))
+        )
+        if staged is not None:  # written whole, its worker died before the flush renamed it
+            os.rename(staged, where.path)
         stored = self.read_node_entry(node, epoch)
         ref = entry.get(MANIFEST_KEY)
         if (

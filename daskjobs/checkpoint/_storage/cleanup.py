@@ -3,7 +3,10 @@
 A node group ``<node>.<epoch>/`` is daskjobs' own only if it is a real directory (never a
 symlink) whose ``zarr.json`` is a Zarr v3 group carrying ``attributes["daskjobs"]`` with that
 node and epoch — the marker every save writes first. A folder that merely looks like
-``<name>.<number>`` (``mydata.2024``) carries no such marker and is never touched.
+``<name>.<number>`` (``mydata.2024``) carries no such marker and is never touched. A save that
+writes over a retired group (:func:`take_over_group`) does so in a staging folder
+``<node>.<epoch>.tmp-<32 hex>``: it is daskjobs' own only if its ``zarr.json`` is that node's
+marker (of the retired epoch, or of the new one once its manifest is written).
 
 Inside an owned group only these are deleted: in each blob folder (a valid blob name) its
 ``zarr.json``, its chunk files (``c.<i>.<j>…``; for a committed group exactly the chunks its
@@ -41,6 +44,8 @@ logger = logging.getLogger("daskjobs")
 
 GROUP_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})")
 """A node group's folder name: ``<node>.<epoch>`` with a canonical epoch."""
+STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-[0-9a-f]{32}")
+"""A staging folder: a retired group of the node being written over as its group of the epoch named."""
 TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
 """daskjobs' own temp files: ``<name>.tmp-<32 hex digits>``."""
 _CHUNK_RE = re.compile(r"c((?:\.(?:0|[1-9][0-9]*))*)")
@@ -143,9 +148,10 @@ class Tree:
             self._fs.invalidate_cache(path.rsplit("/", 1)[0])
 
 
-def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | None:
-    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch``, or ``None`` if it is not ours;
-    it names the group's ``zarr.json`` (its manifest, once the save finished) under ``"manifest"``."""
+def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, Any] | None:
+    """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch`` (``None``: any epoch), or
+    ``None`` if it is not ours; it names the group's ``zarr.json`` (its manifest, once the save
+    finished) under ``"manifest"``."""
     if not tree.objects and tree.kind(group) != DIR:
         return None
     data = tree.read_small(f"{group}/{_META}")
@@ -164,7 +170,7 @@ def marker(tree: Tree, group: str, node: str, epoch: int) -> dict[str, Any] | No
         and isinstance(found, dict)
         and found.get("node") == node
         and type(found.get("epoch")) is int
-        and found["epoch"] == epoch
+        and found["epoch"] == (found["epoch"] if epoch is None else epoch)
     ):
         return {**found, MANIFEST_KEY: reference(data)}
     return None
@@ -211,8 +217,9 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     entry
         What the commit record of a committed group held of it: the node's entry, or the summary
         naming its manifest (which must match the group's ``zarr.json``): only its blobs' folders
-        and exactly their chunks are deleted. ``None`` (uncommitted debris), or a manifest that
-        does not match: blob folders with valid names and files of daskjobs' name patterns.
+        and exactly their chunks are deleted. ``None`` (uncommitted debris, whose marker may be
+        the node's of any epoch: see the module), or a manifest that does not match: blob
+        folders with valid names and files of daskjobs' name patterns.
     """
     found = marker(tree, group, node, epoch)
     if found is None:
@@ -220,6 +227,13 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     if entry is not None and "blobs" not in entry:  # a summary: the group's own entry, if it is the manifest named
         entry = found if found[MANIFEST_KEY] == entry.get(MANIFEST_KEY) else None
     blobs = entry.get("blobs") if entry is not None and found.get("save_id") == entry.get("save_id") else None
+    _remove_own_files(tree, group, blobs)
+    return True
+
+
+def _remove_own_files(tree: Tree, group: str, blobs: Mapping[str, Any] | None) -> None:
+    """Delete daskjobs' files of an owned group (see :func:`remove_group`): exactly those of ``blobs``
+    (its blob entries) if known, else those of daskjobs' name patterns; the marker last."""
     doomed, folders = [], []
     # an object store holds no temp objects of ours: a committed group's entry says what is there
     listed = dict.fromkeys(blobs, DIR) if tree.objects and isinstance(blobs, Mapping) else tree.entries(group)
@@ -244,7 +258,53 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
         tree.rmdir(folder)
     tree.unlink([f"{group}/{_META}"])
     tree.rmdir(group)
-    return True
+
+
+def take_over_group(
+    tree: Tree, group: str, target: str, node: str, epoch: int, entry: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Rename ``node``'s retired group of ``epoch`` at ``group`` to ``target`` (a staging folder of a
+    new group, see :data:`STAGING_RE`) to be written over; return the blobs it holds (from its
+    manifest), or ``None`` and touch nothing.
+
+    Only a local group that holds exactly what its manifest lists is taken: the manifest named by
+    ``entry`` (what the commit record held of the group: the entry, or the summary naming the
+    manifest), every blob folder with exactly its ``zarr.json`` and its chunk grid, all regular
+    files. Anything else (a user's file, a symlink, a temp file, a manifest that does not match)
+    leaves it to :func:`remove_group`. Writing over a retired group costs the file system no new
+    files and no deletions: on small groups, most of a save's cost (see :mod:`.zarr_groups`).
+    """
+    if tree.objects or entry is None or not STAGING_RE.fullmatch(os.path.basename(target)):
+        return None
+    found = marker(tree, group, node, epoch)
+    if found is None or found[MANIFEST_KEY] != entry.get(MANIFEST_KEY) or not isinstance(found.get("blobs"), dict):
+        return None
+    blobs = found["blobs"]
+    listed = tree.entries(group)
+    if listed != {_META: FILE, **dict.fromkeys(blobs, DIR)}:
+        return None
+    for name, meta in blobs.items():
+        counts = _chunk_counts(meta)
+        if counts is None:
+            return None
+        keys = [chunk_key(i, len(counts)) for i in range(math.prod(counts))]
+        if tree.entries(f"{group}/{name}") != dict.fromkeys([_META, *keys], FILE):
+            return None
+    try:
+        os.rename(group, target)
+    except OSError:
+        return None
+    return blobs
+
+
+def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> str | None:
+    """The staging folder under ``root`` holding ``node``'s save ``save_id`` of ``epoch``, written
+    whole (its manifest in place) but not yet renamed to the group's name; ``None`` if there is none."""
+    for name, _node, staged in group_folders(tree, root, {node}, STAGING_RE):
+        found = marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
+        if found is not None and found.get("save_id") == save_id and "blobs" in found:
+            return f"{root}/{name}"
+    return None
 
 
 def clear_for_write(tree: Tree, group: str, url: str, node: str, epoch: int) -> None:
@@ -283,11 +343,14 @@ def remove_temp_files(tree: Tree, folder: str) -> list[str]:
     return names
 
 
-def group_folders(tree: Tree, root: str, nodes: set[str] | None) -> list[tuple[str, str, int]]:
-    """``(folder name, node, epoch)`` of the directories under ``root`` named like a group of ``nodes``."""
+def group_folders(
+    tree: Tree, root: str, nodes: set[str] | None, pattern: re.Pattern[str] = GROUP_RE
+) -> list[tuple[str, str, int]]:
+    """``(folder name, node, epoch)`` of the directories under ``root`` named like a group of ``nodes``
+    (``pattern``: or like a staging folder, :data:`STAGING_RE`)."""
     found = []
     for name, kind in sorted(tree.entries(root).items()):
-        match = GROUP_RE.fullmatch(name)
+        match = pattern.fullmatch(name)
         if kind != DIR or match is None or not _valid(match.group(1), "node"):
             continue
         if nodes is None or match.group(1) in nodes:
@@ -299,11 +362,16 @@ def remove_debris(tree: Tree, root: str, committed: set[int], nodes: set[str] | 
     """Remove what saves that never committed left under ``root``; return the removed paths, relative to ``root``.
 
     Removed: daskjobs' files in the groups of ``nodes`` (any node: ``None``) whose epoch is not in
-    ``committed`` (see :func:`remove_group`), and daskjobs' temp files in ``own`` and ``own/commits``.
+    ``committed`` (see :func:`remove_group`) and in their staging folders (see the module), and
+    daskjobs' temp files in ``own`` and ``own/commits``.
     """
     removed = []
     for name, node, epoch in group_folders(tree, root, nodes):
         if epoch not in committed and remove_group(tree, f"{root}/{name}", node, epoch):
+            removed.append(name)
+    for name, node, _epoch in group_folders(tree, root, nodes, STAGING_RE):
+        if marker(tree, f"{root}/{name}", node, None) is not None:
+            _remove_own_files(tree, f"{root}/{name}", None)
             removed.append(name)
     for where in (own, f"{own}/commits"):
         removed.extend(f"{where}/{name}" for name in remove_temp_files(tree, f"{root}/{where}"))

@@ -84,11 +84,6 @@ def in_background(job: Callable[[], T]) -> Future[T]:
     return future
 
 
-def writes_in_flight() -> int:
-    """Jobs queued in or running on this process's background write thread."""
-    return _writing
-
-
 def _written(_future: Future[Any]) -> None:
     global _writing
     with _pool_lock:
@@ -156,19 +151,25 @@ def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
     list(_fsync_pool().map(fsync_path, paths))
 
 
+Rename = tuple[str, str] | None
+"""A folder to rename once a request's paths are durable (``(path, target)``), or ``None``."""
+_Request = tuple[list[str], Rename, Future[None]]
+
+
 class _Syncer:
     """One thread of a process that makes groups durable in batches.
 
     Requests that arrive while a batch is being synced wait for the next batch, which syncs the
     union of their paths at once (per filesystem): when a process serves many nodes, their groups
-    of one epoch cost one ``syncfs`` instead of an fsync of every file of every group. A batch that
-    fails is synced again request by request, so that each request gets its own outcome.
+    of one epoch cost one ``syncfs`` instead of an fsync of every file of every group. Then the
+    batch's renames (groups written in a staging folder) are done, and their folders synced once.
+    A batch that fails is synced again request by request, so that each request gets its own outcome.
     """
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._wake = threading.Condition(threading.Lock())
-        self._pending: list[tuple[list[str], Future[None]]] = []
+        self._pending: list[_Request] = []
         threading.Thread(target=self._serve, name="daskjobs-sync", daemon=True).start()
 
     def wake(self) -> None:
@@ -176,10 +177,10 @@ class _Syncer:
         with self._wake:
             self._wake.notify()
 
-    def request(self, paths: list[str]) -> Future[None]:
+    def request(self, paths: list[str], rename: Rename = None) -> Future[None]:
         future: Future[None] = Future()
         with self._wake:
-            self._pending.append((paths, future))
+            self._pending.append((paths, rename, future))
             self._wake.notify()
         return future
 
@@ -196,48 +197,75 @@ class _Syncer:
             try:
                 self._sync_batch(batch)
             except BaseException as exc:  # this thread must outlive anything: every request gets an outcome
-                for _paths, future in batch:
+                for _paths, _rename, future in batch:
                     if not future.done():
                         future.set_exception(exc)
 
-    def _sync_batch(self, batch: list[tuple[list[str], Future[None]]]) -> None:
-        by_device: dict[int, list[tuple[list[str], Future[None]]]] = {}
-        for paths, future in batch:
+    def _sync_batch(self, batch: list[_Request]) -> None:
+        by_device: dict[int, list[_Request]] = {}
+        for request in batch:
             try:
-                device = os.lstat(paths[0]).st_dev
+                device = os.lstat(request[0][0]).st_dev
             except OSError as exc:
-                future.set_exception(exc)
+                request[2].set_exception(exc)
                 continue
-            by_device.setdefault(device, []).append((paths, future))
+            by_device.setdefault(device, []).append(request)
         for requests in by_device.values():
             self._sync(requests)
 
     @staticmethod
-    def _sync(requests: list[tuple[list[str], Future[None]]]) -> None:
-        union = list(dict.fromkeys(path for paths, _ in requests for path in paths))
+    def _sync(requests: list[_Request]) -> None:
+        union = list(dict.fromkeys(path for paths, _, _ in requests for path in paths))
         try:
             if len(requests) > 1:  # one syncfs for several groups, once every path is still there
                 for path in union:
                     os.lstat(path)
             sync_paths(union, many=len(requests) > 1)
         except BaseException:
-            for paths, future in requests:
+            for paths, rename, future in requests:
                 try:
                     sync_paths(paths)
+                    rename_durably([rename])
                 except BaseException as exc:
                     future.set_exception(exc)
                 else:
                     future.set_result(None)
             return
-        for _, future in requests:
+        renamed = []
+        for _paths, rename, future in requests:
+            try:
+                rename_durably([rename], sync=False)
+            except OSError as exc:
+                future.set_exception(exc)
+            else:
+                renamed.append((rename, future))
+        folders = list(dict.fromkeys(os.path.dirname(r[1]) for r, _ in renamed if r is not None))
+        try:
+            if folders:
+                sync_paths(folders)
+        except OSError as exc:
+            for _, future in renamed:
+                future.set_exception(exc)
+            return
+        for _, future in renamed:
             future.set_result(None)
 
 
-def sync_soon(paths: Sequence[str]) -> Future[None]:
+def rename_durably(renames: list[Rename], sync: bool = True) -> None:
+    """Do ``renames`` (``None`` entries: nothing), then (``sync``) make their folders durable."""
+    done = [rename for rename in renames if rename is not None]
+    for path, target in done:
+        os.rename(path, target)
+    if sync and done:
+        sync_paths(list(dict.fromkeys(os.path.dirname(target) for _, target in done)))
+
+
+def sync_soon(paths: Sequence[str], rename: Rename = None) -> Future[None]:
     """Make ``paths`` (of one filesystem) durable in this process's next batch of syncs (see
-    :class:`_Syncer`); the future fails with the ``OSError`` of the sync."""
+    :class:`_Syncer`), then do ``rename`` and make it durable; the future fails with the
+    ``OSError`` of the sync or rename."""
     global _syncer
-    if not paths:
+    if not paths and rename is None:
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -245,4 +273,4 @@ def sync_soon(paths: Sequence[str]) -> Future[None]:
         if _syncer is None or _syncer.pid != os.getpid():
             _syncer = _Syncer()
         syncer = _syncer
-    return syncer.request(list(paths))
+    return syncer.request(list(paths) or [os.path.dirname(rename[1])], rename)

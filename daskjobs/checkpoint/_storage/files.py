@@ -27,7 +27,7 @@ from typing import Any
 
 import xxhash
 
-from .durable import fsync_path, fsync_soon, sync_paths, sync_soon
+from .durable import fsync_path, fsync_soon, rename_durably, sync_paths, sync_soon
 
 logger = logging.getLogger("daskjobs")
 
@@ -42,6 +42,7 @@ _SEQUENTIAL_FROM = 16 << 20
 _SYNC_EARLY_FROM = 4 << 20
 """Files of at least this size are fsynced by the thread that wrote them, right away."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_OVER_FLAGS = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {
     stat.S_IFREG: "a regular file",
@@ -146,10 +147,16 @@ def make_dirs(path: str, within: str | None = None) -> None:
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
 
 
-def write_file(path: str, parts: Sequence[Any]) -> None:
-    """Create or truncate ``path`` and write the buffers ``parts`` to it (no fsync)."""
-    fd = os.open(path, _WRITE_FLAGS, FILE_MODE)
+def write_file(path: str, parts: Sequence[Any], *, over: int | None = None) -> None:
+    """Create or truncate ``path`` and write the buffers ``parts`` to it (no fsync).
+
+    ``over``: the size of the regular file already at ``path``, written over in place instead (no
+    file created or truncated: only what is past the new end is cut off).
+    """
+    flags = _WRITE_FLAGS if over is None else _OVER_FLAGS
+    fd = os.open(path, flags, FILE_MODE)
     try:
+        total = 0
         for part in parts:
             size = part.nbytes if isinstance(part, memoryview) else len(part)
             written = os.write(fd, part) if size else 0
@@ -157,6 +164,9 @@ def write_file(path: str, parts: Sequence[Any]) -> None:
                 view = memoryview(part).cast("B")[written:]
                 while view:
                     view = view[os.write(fd, view) :]
+            total += size
+        if over is not None and over > total:
+            os.ftruncate(fd, total)
     finally:
         os.close(fd)
 
@@ -218,6 +228,7 @@ class LocalFiles:
     def __init__(self, fsync: bool) -> None:
         self._fsync = fsync
         self._unsynced: list[str] = []
+        self._rename: tuple[str, str] | None = None
 
     def clear(self, path: str) -> None:
         """Remove the tree at ``path`` if it exists."""
@@ -238,13 +249,51 @@ class LocalFiles:
         Its data then goes to disk while other threads still hash and write (the GIL is released
         in fsync), instead of all of it waiting for :meth:`flush`.
         """
-        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
-        early = self._fsync and size >= _SYNC_EARLY_FROM
         write_file(path, parts)
-        if early:
+        self._written(path, parts)
+
+    def overwrite(self, path: str, *parts: Any) -> None:
+        """:meth:`put` over a file of a group being written over (see
+        :func:`~.cleanup.take_over_group`): a regular file with no other name is written in place
+        (no file is created or deleted, the costly part of a small write on many file systems);
+        one that is also another epoch's file (a hard link) only loses this name, and the bytes
+        go to a new file."""
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            info = None
+        if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+            write_file(path, parts, over=info.st_size)
+            self._written(path, parts)
+            return
+        if info is not None:
+            os.unlink(path)
+        self.put(path, *parts)
+
+    def _written(self, path: str, parts: Sequence[Any]) -> None:
+        """A file was written: fsync it now if it is large (:data:`_SYNC_EARLY_FROM`), else at :meth:`flush`."""
+        if self._fsync and sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts) >= _SYNC_EARLY_FROM:
             fsync_path(path)
         else:
             self._unsynced.append(path)
+
+    def changed(self, path: str) -> None:
+        """Remember folder ``path``, whose entries changed (renamed into place, files removed), for :meth:`flush`."""
+        self._unsynced.append(path)
+
+    def rename_when_durable(self, path: str, target: str) -> None:
+        """Rename folder ``path`` (a group written in a staging folder) to ``target`` once what was
+        written is durable, and make the rename durable too (:meth:`flush`, :meth:`flush_soon`);
+        without fsync, at once. The group then appears under its name only complete and durable."""
+        if self._fsync:
+            self._rename = (path, target)
+        else:
+            os.rename(path, target)
+
+    def remove_folder(self, path: str) -> None:
+        """Remove the empty folder ``path``; :meth:`flush` makes that durable."""
+        os.rmdir(path)
+        self._unsynced.append(os.path.dirname(path))
 
     def put_atomic(self, path: str, data: bytes) -> None:
         """Write a file that is, at every moment, either absent, its old content or ``data`` (temp and rename).
@@ -271,17 +320,21 @@ class LocalFiles:
                     os.chmod(name, stat.S_IMODE(mode) & ~0o022)
 
     def flush(self) -> None:
-        """fsync what was written (and the parent of the first path), if syncing is on."""
+        """fsync what was written (and the parent of the first path), if syncing is on; then do a
+        rename asked for (:meth:`rename_when_durable`) and sync its folder."""
         if self._fsync and self._unsynced:
             sync_paths(self._to_sync())
         self._unsynced = []
+        rename, self._rename = self._rename, None
+        rename_durably([rename])
 
     def flush_soon(self) -> Future[None]:
         """:meth:`flush` in this process's next batch of syncs (with other groups', see
-        :func:`~.durable.sync_soon`); the future fails with the sync's ``OSError``."""
+        :func:`~.durable.sync_soon`); the future fails with the ``OSError`` of the sync or rename."""
         paths = self._to_sync() if self._fsync and self._unsynced else []
         self._unsynced = []
-        return sync_soon(paths)
+        rename, self._rename = self._rename, None
+        return sync_soon(paths, rename)
 
     def _to_sync(self) -> list[str]:
         return list(dict.fromkeys([*self._unsynced, os.path.dirname(self._unsynced[0])]))
@@ -327,21 +380,54 @@ class LocalFiles:
         ``parts`` and ``counted`` (see :meth:`RemoteFiles.reuse`) are not needed here.
         """
         try:
-            info = os.lstat(source)
-            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-                return False
-            if sealed is not None and info.st_mtime_ns > sealed:
-                logger.warning(
-                    "checkpoint file %s was modified after its epoch was saved (or the clock went back): "
-                    "not reused, written anew; check its epoch with `daskjobs checkpoints verify`",
-                    source,
-                )
+            if self._linkable(source, size, sealed) is None:
                 return False
             os.link(source, target, follow_symlinks=False)
         except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
             return False
         self._unsynced.append(os.path.dirname(target))
         return True
+
+    def reuse_over(
+        self,
+        source: str,
+        target: str,
+        size: int,
+        sealed: int | None = None,
+        parts: Sequence[Any] = (),
+        counted: int = 0,
+    ) -> bool:
+        """:meth:`reuse` into a group being written over (see :meth:`overwrite`): a ``target`` that
+        already is ``source`` (the same file, linked by the retired epoch too) stays; any other
+        file there goes first. ``False``: the caller writes the bytes with :meth:`overwrite`."""
+        try:
+            info = self._linkable(source, size, sealed)
+            if info is None:
+                return False
+            there = os.lstat(target)
+        except FileNotFoundError:
+            return self.reuse(source, target, size, sealed)
+        except OSError:
+            return False
+        if (there.st_dev, there.st_ino) == (info.st_dev, info.st_ino):
+            return True
+        os.unlink(target)
+        return self.reuse(source, target, size, sealed)
+
+    @staticmethod
+    def _linkable(source: str, size: int, sealed: int | None) -> os.stat_result | None:
+        """``source``'s ``lstat`` if it may be linked into a new group (see :meth:`reuse`), else ``None``."""
+        info = os.lstat(source)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return None
+        if sealed is not None and info.st_mtime_ns > sealed:
+            logger.warning(
+                "checkpoint file %s was modified after its epoch was saved (or the clock went back): "
+                "not reused, written anew; check its epoch with `daskjobs checkpoints verify`",
+                source,
+            )
+            return None
+        return info
 
     def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:
         """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder.

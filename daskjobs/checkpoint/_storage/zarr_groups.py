@@ -8,7 +8,12 @@ Layout of ``<prefix>/<node>.<epoch>/``::
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
 The group's ``zarr.json`` is written first with ``{"node", "epoch", "save_id", "state": "writing"}``
-(the marker that says daskjobs owns the folder) and rewritten last with the full entry.
+(the marker that says daskjobs owns the folder) and rewritten last with the full entry. On a
+local disk, a save may instead write over a retired group of the same node, renamed to a staging
+folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in place, new
+ones created, stale ones removed, the manifest written over the old one last, and the folder is
+renamed to the group's name once all of it is durable (the flush): a group appears under its
+name only complete and durable, and a staging folder is debris until then.
 
 Uncompressed arrays (the default) are written by this module itself: metadata bytes from
 :mod:`.._format.chunks` and chunk files straight from the array's buffer. Compressed arrays are encoded
@@ -193,11 +198,14 @@ def write_group(
     compression: str | None,
     previous: Mapping[str, Any] | None = None,
     sync: bool = True,
+    over: tuple[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store),
     naming the manifest written (the group's ``zarr.json``) under ``"manifest"``.
 
     ``sync=False`` leaves the fsync of a local group to the caller (``where.files.flush()``).
+    ``over``: ``(staging folder, its blobs)``: a retired group on a local disk renamed there to be
+    written over (see the module), and what it holds (name → blob entry).
     """
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
@@ -209,12 +217,17 @@ def write_group(
     def write(item: tuple[str, tuple[str, np.ndarray]]) -> tuple[str, dict[str, Any], int, int]:
         name, (kind, array) = item
         before = (reuse_from.get(name), f"{old}/{name}", sealed)
-        return name, *_write_blob(files, f"{where.path}/{name}", kind, array, compression, before)
+        there = over is not None and name in over[1]
+        return name, *_write_blob(files, f"{path}/{name}", kind, array, compression, before, there)
 
+    path = where.path if over is None else over[0]
     try:
-        files.mkdir(where.path, parents=True, within=where.anchor)
-        marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
-        files.put_atomic(f"{where.path}/zarr.json", group_document(marker))
+        if over is not None and isinstance(files, LocalFiles):
+            files.changed(path)  # renamed from the retired group: its parent's fsync comes with the flush
+        else:
+            files.mkdir(where.path, parents=True, within=where.anchor)
+            marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
+            files.put_atomic(f"{where.path}/zarr.json", group_document(marker))
         files.flush_pending()
         total = sum(array.nbytes for _, array in stored.values())
         if isinstance(files, LocalFiles) and len(stored) > 1 and total >= _THREADS_FROM:
@@ -235,7 +248,12 @@ def write_group(
             "seconds": time.perf_counter() - started,
         }
         manifest = group_document(entry)
-        files.put_atomic(f"{where.path}/zarr.json", manifest)
+        if over is not None and isinstance(files, LocalFiles):
+            _drop_stale(files, path, over[1], entry["blobs"])
+            files.overwrite(f"{path}/zarr.json", manifest)
+            files.rename_when_durable(path, where.path)
+        else:
+            files.put_atomic(f"{path}/zarr.json", manifest)
         entry[MANIFEST_KEY] = reference(manifest)
         if sync or not isinstance(files, LocalFiles):
             files.flush()
@@ -340,6 +358,22 @@ def describe_group(
     }
 
 
+def _drop_stale(files: LocalFiles, path: str, over: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
+    """Remove what the retired group written over held and the new one does not: blobs it no longer
+    has (their metadata, chunks and folder) and chunks past a blob's new chunk grid."""
+    for name, meta in over.items():
+        old = chunk_count(tuple(meta["shape"]), meta["chunks"])
+        new = chunk_count(tuple(blobs[name]["shape"]), blobs[name]["chunks"]) if name in blobs else 0
+        stale = [chunk_key(i, len(meta["shape"])) for i in range(old)]
+        stale = stale[new:] if name in blobs and len(meta["shape"]) == len(blobs[name]["shape"]) else stale
+        for key in [*stale, *([] if name in blobs else ["zarr.json"])]:
+            files.remove(f"{path}/{name}/{key}", sync_folder=False)
+        if name in blobs:
+            files.changed(f"{path}/{name}")
+        else:
+            files.remove_folder(f"{path}/{name}")
+
+
 def _write_blob(
     files: LocalFiles | RemoteFiles,
     path: str,
@@ -347,35 +381,43 @@ def _write_blob(
     array: np.ndarray,
     codec: str | None,
     reusable: tuple[Mapping[str, Any] | None, str, int | None],
+    there: bool = False,
 ) -> tuple[dict[str, Any], int, int]:
     """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused.
 
     ``reusable``: the previous epoch's blob entry (``None``: nothing to reuse), the array's path
-    there, and when that group got its entry (see :meth:`~.files.LocalFiles.reuse`).
+    there, and when that group got its entry (see :meth:`~.files.LocalFiles.reuse`). ``there``:
+    the blob's folder is already there, in a retired group written over (local disks only): its
+    files are written over (see :meth:`~.files.LocalFiles.overwrite`).
     """
     before, old_path, sealed = reusable
     meta, spans, stored = _layout(kind, array, codec)
     same = before is not None and _same_layout(before, meta, len(spans))
-    files.mkdir(path)
+    put, reuse = files.put, files.reuse
+    if there and isinstance(files, LocalFiles):
+        put, reuse = files.overwrite, files.reuse_over
+    else:
+        files.mkdir(path)
     # the same bytes as the previous epoch's when ``same``
     metadata = (
         raw_metadata(meta["dtype"], array.shape, tuple(meta["chunks"]), kind)
         if codec is None
         else (expected_metadata(meta))
     )
-    if not (same and files.reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
-        files.put(f"{path}/zarr.json", metadata)
+    if not (same and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
+        put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
     for index, (start, stop, _pad) in enumerate(spans):
         parts = stored[index]
         key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
-        reuse = same and before["hashes"][index] == hashes[-1]
-        if reuse and files.reuse(
-            f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed, parts, stop - start
+        if (
+            same
+            and before["hashes"][index] == hashes[-1]
+            and reuse(f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed, parts, stop - start)
         ):
             reused += stop - start
             continue
-        files.put(f"{path}/{key}", *parts)
+        put(f"{path}/{key}", *parts)
         written += stop - start
     return _finish_meta(meta, hashes, codec, stored), written, reused
