@@ -45,6 +45,9 @@ _WRITE_THREADS = 1
 threads handing the GIL to each other cost more than the syscalls of small groups they overlap."""
 _LINGER = 0.05
 """Longest a batch of syncs waits for the background write thread to finish the jobs queued there."""
+_GATHER = 0.01
+"""How long a batch of syncs waits, after its first request, for more (the groups of the other nodes
+a process serves, whose tasks end a few milliseconds apart): one sync for them all."""
 
 
 def _reset_pool_after_fork() -> None:
@@ -181,7 +184,8 @@ class _Syncer:
         future: Future[None] = Future()
         with self._wake:
             self._pending.append((paths, rename, future))
-            self._wake.notify()
+            if len(self._pending) == 1:  # later ones join the batch it gathers (no wake-up each)
+                self._wake.notify()
         return future
 
     def _serve(self) -> None:
@@ -189,10 +193,10 @@ class _Syncer:
             with self._wake:
                 while not self._pending:
                     self._wake.wait()
-            deadline = time.monotonic() + _LINGER
-            with self._wake:  # groups being written join this batch
-                while _writing and time.monotonic() < deadline:
-                    self._wake.wait(deadline - time.monotonic())
+            started = time.monotonic()
+            with self._wake:  # groups being written, and those of nodes finishing now, join this batch
+                while (now := time.monotonic()) < started + _LINGER and (_writing or now < started + _GATHER):
+                    self._wake.wait(started + (_LINGER if _writing else _GATHER) - now)
                 batch, self._pending = self._pending, []
             try:
                 self._sync_batch(batch)
