@@ -351,3 +351,43 @@ def test_groups_flushed_while_a_sync_runs_share_the_next_one(tmp_path, monkeypat
     release.set()
     assert [f.result(30) for f in later] == [None, None]
     assert calls[1:] == [([folder, a, c], True)]
+
+
+def test_a_batch_gathers_as_many_requests_as_its_largest_did(tmp_path, monkeypatch):
+    """A process serving one node syncs each request at once; once a batch held three (three nodes'
+    groups), a lone request waits for two more (at most ``_GATHER``) and the three share one sync."""
+    calls: list[tuple[list[str], bool]] = []
+    holding, release = threading.Event(), threading.Event()
+    real = _durable.sync_paths
+    hold = str(tmp_path / "hold")
+
+    def recording(paths, many=False):
+        calls.append((list(paths), many))
+        if paths == [hold]:
+            holding.set()
+            assert release.wait(30)
+        real(paths, many=many)
+
+    monkeypatch.setattr(_durable, "sync_paths", recording)
+    monkeypatch.setattr(_durable, "_GATHER", 5.0)
+    monkeypatch.setattr(_durable, "_syncer", None)
+    a, b, c = (str(tmp_path / name) for name in "abc")
+    for path in (a, b, c, hold):
+        open(path, "w").close()
+    started = time.monotonic()
+    assert _durable.sync_soon([a]).result(30) is None
+    assert time.monotonic() - started < 4, "one request alone does not wait to gather"
+
+    held = _durable.sync_soon([hold])
+    assert holding.wait(30)
+    first = [_durable.sync_soon([path]) for path in (a, b, c)]  # three nodes' groups, while a sync runs
+    release.set()
+    assert [f.result(30) for f in [held, *first]] == [None] * 4
+    assert calls == [([a], False), ([hold], False), ([a, b, c], True)]
+    del calls[:]
+    lone = _durable.sync_soon([a])
+    time.sleep(0.3)
+    assert not lone.done(), "it gathers the two that the largest batch had more"
+    rest = [_durable.sync_soon([path]) for path in (b, c)]
+    assert [f.result(4) for f in [lone, *rest]] == [None, None, None]
+    assert calls == [([a, b, c], True)]

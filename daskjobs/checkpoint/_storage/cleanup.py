@@ -170,7 +170,7 @@ def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, An
         and isinstance(found, dict)
         and found.get("node") == node
         and type(found.get("epoch")) is int
-        and found["epoch"] == (found["epoch"] if epoch is None else epoch)
+        and (epoch is None or found["epoch"] == epoch)
     ):
         return {**found, MANIFEST_KEY: reference(data)}
     return None
@@ -217,9 +217,8 @@ def remove_group(tree: Tree, group: str, node: str, epoch: int, entry: Mapping[s
     entry
         What the commit record of a committed group held of it: the node's entry, or the summary
         naming its manifest (which must match the group's ``zarr.json``): only its blobs' folders
-        and exactly their chunks are deleted. ``None`` (uncommitted debris, whose marker may be
-        the node's of any epoch: see the module), or a manifest that does not match: blob
-        folders with valid names and files of daskjobs' name patterns.
+        and exactly their chunks are deleted. ``None`` (uncommitted debris), or a manifest that
+        does not match: blob folders with valid names and files of daskjobs' name patterns.
     """
     found = marker(tree, group, node, epoch)
     if found is None:

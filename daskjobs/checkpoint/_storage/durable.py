@@ -46,8 +46,9 @@ threads handing the GIL to each other cost more than the syscalls of small group
 _LINGER = 0.05
 """Longest a batch of syncs waits for the background write thread to finish the jobs queued there."""
 _GATHER = 0.01
-"""How long a batch of syncs waits, after its first request, for more (the groups of the other nodes
-a process serves, whose tasks end a few milliseconds apart): one sync for them all."""
+"""How long a batch of syncs waits at most, after its first request, for as many requests as its
+largest batch had (the groups of the other nodes a process serves, whose tasks end a few
+milliseconds apart): one sync for them all. A process that serves one node never waits."""
 
 
 def _reset_pool_after_fork() -> None:
@@ -173,6 +174,8 @@ class _Syncer:
         self.pid = os.getpid()
         self._wake = threading.Condition(threading.Lock())
         self._pending: list[_Request] = []
+        self._expected = 1
+        """The largest batch so far: how many requests a batch gathers before it goes."""
         threading.Thread(target=self._serve, name="daskjobs-sync", daemon=True).start()
 
     def wake(self) -> None:
@@ -184,7 +187,7 @@ class _Syncer:
         future: Future[None] = Future()
         with self._wake:
             self._pending.append((paths, rename, future))
-            if len(self._pending) == 1:  # later ones join the batch it gathers (no wake-up each)
+            if len(self._pending) in (1, self._expected):  # the others join the batch it gathers
                 self._wake.notify()
         return future
 
@@ -195,9 +198,12 @@ class _Syncer:
                     self._wake.wait()
             started = time.monotonic()
             with self._wake:  # groups being written, and those of nodes finishing now, join this batch
-                while (now := time.monotonic()) < started + _LINGER and (_writing or now < started + _GATHER):
+                while (now := time.monotonic()) < started + _LINGER and (
+                    _writing or (now < started + _GATHER and len(self._pending) < self._expected)
+                ):
                     self._wake.wait(started + (_LINGER if _writing else _GATHER) - now)
                 batch, self._pending = self._pending, []
+                self._expected = max(self._expected, len(batch))
             try:
                 self._sync_batch(batch)
             except BaseException as exc:  # this thread must outlive anything: every request gets an outcome
