@@ -257,4 +257,3 @@ def _culprit(step: Step) -> str:
             if not _pickles(value):
                 return f" (through its {kind} {name!r}, a {type(value).__name__})"
     return ""
-

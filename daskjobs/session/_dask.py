@@ -35,6 +35,7 @@ logger = logging.getLogger("daskjobs")
 _WATCH_INTERVAL = 1.0
 """Seconds between checks, while a run is in flight, that its nodes still have workers."""
 
+
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
 
