@@ -94,3 +94,21 @@ def test_a_killed_worker_is_recovered_without_a_dask_error(tmp_path, capfd, capl
     shown = [line for line in (out + err).splitlines() if "ERROR" in line or "Traceback" in line]
     assert shown == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize(
+    ("message", "args", "dropped"),
+    [
+        ("Worker stream died during communication: %s", ("tcp://127.0.0.1:1",), True),  # fetching from a dead peer
+        ("failed during get data with %s -> %s", ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"), True),  # sending to one
+        ("Compute Failed\nKey: %s", ("user-task",), False),
+        ("some other worker error %s", ("x",), False),
+    ],
+)
+def test_a_worker_process_drops_the_errors_of_a_peer_lost_in_a_transfer(message, args, dropped):
+    """In worker processes daskjobs starts, Dask's ERRORs about a peer that died while data went to
+    or came from it are dropped (daskjobs reports the lost node); every other ERROR stays."""
+    from daskjobs.session._worker_process import _DropPeerLoss
+
+    record = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, args, None)
+    assert _DropPeerLoss().filter(record) is not dropped

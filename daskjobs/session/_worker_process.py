@@ -17,7 +17,8 @@ dies is reported by daskjobs (a :class:`~daskjobs.errors.NodeLostError`, or one 
 runner recovers): the ERRORs Dask logs for the same loss are dropped — the scheduler's "Task ...
 marked as failed because 1 workers died" and "Couldn't gather keys" of daskjobs' tasks (in this
 process, where a ``node_cluster`` runs its scheduler), and a worker's "Worker stream died during
-communication" with the traceback of the peer it lost (in worker processes daskjobs starts).
+communication" or "failed during get data" with the traceback of the peer it lost while fetching
+data from it or sending data to it (in worker processes daskjobs starts).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ _ABOUT_ONE_TASK = ("Compute Failed", "Task %s marked as failed because")
 """Dask ERROR messages whose first argument is the key of the task they are about."""
 _ABOUT_KEYS = "Couldn't gather keys"
 """The scheduler's ERROR whose argument maps the keys it could not gather to their states."""
-_PEER_LOST = "Worker stream died during communication"
-"""A worker's ERROR (with a traceback) when a peer it fetches data from goes away."""
+_PEER_LOST = ("Worker stream died during communication", "failed during get data with")
+"""A worker's ERRORs (with a traceback) when a peer it fetches data from, or sends data to, goes away."""
 
 
 def _daskjobs_keys(keys: object) -> bool:
@@ -62,7 +63,7 @@ class _DropDaskjobsComputeFailures(logging.Filter):
 
 
 class _DropPeerLoss(logging.Filter):
-    """Drops a worker's "Worker stream died during communication" ERROR (daskjobs reports the lost node)."""
+    """Drops a worker's ERRORs about a peer lost in a transfer (daskjobs reports the lost node)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno != logging.ERROR or not str(record.msg).startswith(_PEER_LOST)
