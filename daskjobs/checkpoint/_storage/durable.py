@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -157,7 +157,12 @@ def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
 
 Rename = tuple[str, str] | None
 """A folder to rename once a request's paths are durable (``(path, target)``), or ``None``."""
-_Request = tuple[list[str], Rename, Future[None]]
+
+
+class _Request(NamedTuple):
+    paths: list[str]
+    rename: Rename
+    future: Future[None]
 
 
 class _Syncer:
@@ -186,7 +191,7 @@ class _Syncer:
     def request(self, paths: list[str], rename: Rename = None) -> Future[None]:
         future: Future[None] = Future()
         with self._wake:
-            self._pending.append((paths, rename, future))
+            self._pending.append(_Request(paths, rename, future))
             if len(self._pending) in (1, self._expected):  # the others join the batch it gathers
                 self._wake.notify()
         return future
@@ -207,17 +212,17 @@ class _Syncer:
             try:
                 self._sync_batch(batch)
             except BaseException as exc:  # this thread must outlive anything: every request gets an outcome
-                for _paths, _rename, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
 
     def _sync_batch(self, batch: list[_Request]) -> None:
         by_device: dict[int, list[_Request]] = {}
         for request in batch:
             try:
-                device = os.lstat(request[0][0]).st_dev
+                device = os.lstat(request.paths[0]).st_dev
             except OSError as exc:
-                request[2].set_exception(exc)
+                request.future.set_exception(exc)
                 continue
             by_device.setdefault(device, []).append(request)
         for requests in by_device.values():
@@ -235,7 +240,7 @@ class _Syncer:
             for paths, rename, future in requests:
                 try:
                     sync_paths(paths)
-                    rename_durably([rename])
+                    rename_durably(rename)
                 except BaseException as exc:
                     future.set_exception(exc)
                 else:
@@ -244,7 +249,7 @@ class _Syncer:
         renamed = []
         for _paths, rename, future in requests:
             try:
-                rename_durably([rename], sync=False)
+                rename_durably(rename, sync=False)
             except OSError as exc:
                 future.set_exception(exc)
             else:
@@ -261,13 +266,13 @@ class _Syncer:
             future.set_result(None)
 
 
-def rename_durably(renames: list[Rename], sync: bool = True) -> None:
-    """Do ``renames`` (``None`` entries: nothing), then (``sync``) make their folders durable."""
-    done = [rename for rename in renames if rename is not None]
-    for path, target in done:
-        os.rename(path, target)
-    if sync and done:
-        sync_paths(list(dict.fromkeys(os.path.dirname(target) for _, target in done)))
+def rename_durably(rename: Rename, sync: bool = True) -> None:
+    """Do ``rename`` (``None``: nothing), then (``sync``) make its folder durable."""
+    if rename is None:
+        return
+    os.rename(*rename)
+    if sync:
+        sync_paths([os.path.dirname(rename[1])])
 
 
 def sync_soon(paths: Sequence[str], rename: Rename = None) -> Future[None]:

@@ -326,7 +326,7 @@ class LocalFiles:
             sync_paths(self._to_sync())
         self._unsynced = []
         rename, self._rename = self._rename, None
-        rename_durably([rename])
+        rename_durably(rename)
 
     def flush_soon(self) -> Future[None]:
         """:meth:`flush` in this process's next batch of syncs (with other groups', see
@@ -379,14 +379,7 @@ class LocalFiles:
         so), so that the damage does not spread to the new epoch: the caller writes the bytes.
         ``parts`` and ``counted`` (see :meth:`RemoteFiles.reuse`) are not needed here.
         """
-        try:
-            if self._linkable(source, size, sealed) is None:
-                return False
-            os.link(source, target, follow_symlinks=False)
-        except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
-            return False
-        self._unsynced.append(os.path.dirname(target))
-        return True
+        return self._link(source, target, size, sealed, over=False)
 
     def reuse_over(
         self,
@@ -400,34 +393,31 @@ class LocalFiles:
         """:meth:`reuse` into a group being written over (see :meth:`overwrite`): a ``target`` that
         already is ``source`` (the same file, linked by the retired epoch too) stays; any other
         file there goes first. ``False``: the caller writes the bytes with :meth:`overwrite`."""
-        try:
-            info = self._linkable(source, size, sealed)
-            if info is None:
-                return False
-            there = os.lstat(target)
-        except FileNotFoundError:
-            return self.reuse(source, target, size, sealed)
-        except OSError:
-            return False
-        if (there.st_dev, there.st_ino) == (info.st_dev, info.st_ino):
-            return True
-        os.unlink(target)
-        return self.reuse(source, target, size, sealed)
+        return self._link(source, target, size, sealed, over=True)
 
-    @staticmethod
-    def _linkable(source: str, size: int, sealed: int | None) -> os.stat_result | None:
-        """``source``'s ``lstat`` if it may be linked into a new group (see :meth:`reuse`), else ``None``."""
-        info = os.lstat(source)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-            return None
-        if sealed is not None and info.st_mtime_ns > sealed:
-            logger.warning(
-                "checkpoint file %s was modified after its epoch was saved (or the clock went back): "
-                "not reused, written anew; check its epoch with `daskjobs checkpoints verify`",
-                source,
-            )
-            return None
-        return info
+    def _link(self, source: str, target: str, size: int, sealed: int | None, *, over: bool) -> bool:
+        try:
+            info = os.lstat(source)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                return False
+            if sealed is not None and info.st_mtime_ns > sealed:
+                logger.warning(
+                    "checkpoint file %s was modified after its epoch was saved (or the clock went back): "
+                    "not reused, written anew; check its epoch with `daskjobs checkpoints verify`",
+                    source,
+                )
+                return False
+            if over:  # a file of the retired group there: already this link, or it goes
+                with contextlib.suppress(FileNotFoundError):
+                    there = os.lstat(target)
+                    if (there.st_dev, there.st_ino) == (info.st_dev, info.st_ino):
+                        return True
+                    os.unlink(target)
+            os.link(source, target, follow_symlinks=False)
+        except OSError:  # gone, another filesystem, no hard links here: the caller writes the bytes
+            return False
+        self._unsynced.append(os.path.dirname(target))
+        return True
 
     def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:
         """Atomically create or replace a small file: temp file, fsync, ``os.replace``, fsync of the folder.

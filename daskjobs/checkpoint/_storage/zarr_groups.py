@@ -362,16 +362,18 @@ def _drop_stale(files: LocalFiles, path: str, over: Mapping[str, Any], blobs: Ma
     """Remove what the retired group written over held and the new one does not: blobs it no longer
     has (their metadata, chunks and folder) and chunks past a blob's new chunk grid."""
     for name, meta in over.items():
-        old = chunk_count(tuple(meta["shape"]), meta["chunks"])
-        new = chunk_count(tuple(blobs[name]["shape"]), blobs[name]["chunks"]) if name in blobs else 0
-        stale = [chunk_key(i, len(meta["shape"])) for i in range(old)]
-        stale = stale[new:] if name in blobs and len(meta["shape"]) == len(blobs[name]["shape"]) else stale
-        for key in [*stale, *([] if name in blobs else ["zarr.json"])]:
-            files.remove(f"{path}/{name}/{key}", sync_folder=False)
-        if name in blobs:
-            files.changed(f"{path}/{name}")
-        else:
-            files.remove_folder(f"{path}/{name}")
+        folder, ndim, kept = f"{path}/{name}", len(meta["shape"]), blobs.get(name)
+        keys = [chunk_key(i, ndim) for i in range(chunk_count(tuple(meta["shape"]), meta["chunks"]))]
+        if kept is None:
+            for key in [*keys, "zarr.json"]:
+                files.remove(f"{folder}/{key}", sync_folder=False)
+            files.remove_folder(folder)
+            continue
+        if len(kept["shape"]) == ndim:  # the same chunk names: those past the new grid are stale
+            keys = keys[chunk_count(tuple(kept["shape"]), kept["chunks"]) :]
+        for key in keys:
+            files.remove(f"{folder}/{key}", sync_folder=False)
+        files.changed(folder)
 
 
 def _write_blob(
