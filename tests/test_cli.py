@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
+from daskjobs.checkpoint._format.records import RECORD_FORMAT_VERSION
 from daskjobs.cli import main
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,7 +105,7 @@ def test_list_json_has_one_object_per_epoch(committed, capsys):
     infos = dj.list_checkpoints(committed)
     for row, info in zip(rows, infos, strict=True):
         assert set(row) == {"epoch", "job", "nodes", "bytes", "created", "stop_values", "metrics", "format_version"}
-        assert row["format_version"] == 4
+        assert row["format_version"] == RECORD_FORMAT_VERSION
         assert (row["job"], row["nodes"], row["bytes"], row["created"]) == ("cli_job", ["ps"], 144, info.created)
         assert row["stop_values"] == info.stop_values
         assert row["metrics"] == info.record.get("metrics", {})

@@ -8,7 +8,8 @@ of daskjobs; nothing imports it but ``python -m daskjobs``.
 
 Exit codes: 0 success; 1 the job or a check failed (one paragraph naming what and where; the
 traceback only with ``-v``); 2 a usage error (nothing is done or created); 130 / 143 after a
-graceful stop on SIGINT / SIGTERM.
+graceful stop on SIGINT / SIGTERM. Output piped into a command that closes early (``| head``) ends
+quietly with the code of what was done: ``run`` goes on without printing, the others stop.
 
 Examples
 --------
@@ -36,7 +37,17 @@ from ..errors import ConfigError, DaskJobsError, JobInterruptedError
 from ..runner._targets import load_job
 from ._check import add_check_parser
 from ._checkpoints import add_checkpoints_parser
-from ._common import FAILED, SIGINT_EXIT, SIGTERM_EXIT, USAGE, CommandFailed, Terminated, UsageError
+from ._common import (
+    FAILED,
+    OK,
+    SIGINT_EXIT,
+    SIGTERM_EXIT,
+    USAGE,
+    CommandFailed,
+    Terminated,
+    UsageError,
+    end_output,
+)
 from ._demo import add_demo_parser
 from ._run import add_run_parser
 from ._worker import add_worker_parser, worker_argv
@@ -85,7 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(verbose)
         signal.signal(signal.SIGTERM, _terminated)
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (``| head``) is seen below
+        return code
+    except BrokenPipeError:  # stdout's reader went away: what was printed was all it wanted
+        end_output()
+        return OK
     except (UsageError, ConfigError) as exc:  # bad input: nothing was done
         print(f"{name}: error: {exc}", file=sys.stderr)
         return USAGE

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, open_checkpoint
 from ..checkpoint._format.records import record_bytes
+from ..checkpoint._managers.damage import damaged_files, epoch_span, newest_intact, sharing_epochs
 from ..checkpoint._protocol.lock import local_holder, unlock
 from ..checkpoint._protocol.retention import kept_epochs
 from ..errors import CheckpointError, CheckpointNotFoundError
@@ -27,6 +28,8 @@ OWN_FOLDER = "__daskjobs__"
 
 JSON_PREVIEW = 200
 """Characters of a JSON value that ``show`` prints."""
+_SHOWN_FAILURES = 3
+"""Damaged epochs whose error ``verify`` repeats in its final message (every one has its line above)."""
 
 
 class CheckFailed(CheckpointError):
@@ -253,7 +256,7 @@ def _verify(store: CheckpointStore, args: argparse.Namespace) -> int:
         scanned = list(scan_commits(store))
         if not scanned:
             raise UsageError(f"no committed checkpoint under {store.url}")
-    failures = []
+    failures, damaged, intact = [], [], []
     for epoch, record in scanned:
         try:
             if isinstance(record, Exception):
@@ -266,12 +269,49 @@ def _verify(store: CheckpointStore, args: argparse.Namespace) -> int:
             continue  # deleted by retention while we verified
         except CheckpointError as exc:
             failures.append(str(exc))
+            damaged.append(epoch)
             print(f"epoch {epoch}: CORRUPT")
             continue
+        intact.append(epoch)
         print(f"epoch {epoch}: OK ({size} bytes verified)")
     if failures:
-        raise CheckFailed(f"verification failed under {store.url}: " + "; ".join(failures))
+        _explain_damage(store, damaged, intact, [epoch for epoch, _ in scanned])
+        more = f"; and {len(failures) - _SHOWN_FAILURES} more" if len(failures) > _SHOWN_FAILURES else ""
+        raise CheckFailed(
+            f"verification failed under {store.url}: {len(failures)} damaged epoch(s): "
+            + "; ".join(failures[:_SHOWN_FAILURES])
+            + more
+        )
     return OK
+
+
+def _explain_damage(store: CheckpointStore, damaged: list[int], intact: list[int], checked: list[int]) -> None:
+    """After the per-epoch lines: each damaged file with every epoch that shares it (one file
+    hard-linked into the epochs since the last one written in full), then the newest epoch that
+    verifies and how to go on from it."""
+    committed = store.committed_epochs()
+    explained: set[int] = set()
+    for epoch in damaged:
+        if epoch in explained:
+            continue
+        for file in damaged_files(store, epoch):
+            sharing = sharing_epochs(store, file, committed)
+            explained.update(sharing)
+            print(f"damaged {file.describe()}: {file.problem}")
+            print(f"  shared by epoch{'s' if len(sharing) > 1 else ''} {epoch_span(sharing)}")
+    newest = max(intact, default=None) if set(checked) == set(committed) else newest_intact(store, committed, damaged)
+    if newest is None:
+        print(
+            f"no committed epoch verifies: start afresh with `daskjobs run TARGET --checkpoint {store.url} --fresh` "
+            "(the committed epochs are deleted when the new epoch 0 commits)"
+        )
+    elif newest == committed[-1]:
+        print(f"newest epoch that verifies: {newest}, the latest")
+    else:
+        print(
+            f"newest epoch that verifies: {newest}; resume from it with `daskjobs run TARGET --checkpoint {store.url} "
+            f"--resume-from {newest}` (the epochs after it are deleted when the first new epoch commits)"
+        )
 
 
 def _prune(store: CheckpointStore, args: argparse.Namespace) -> int:

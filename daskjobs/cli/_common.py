@@ -37,6 +37,26 @@ class CommandFailed(Exception):
     """The command failed for a reason its message names (exit code 1); ``__cause__`` holds the original error."""
 
 
+def say(text: str) -> None:
+    """Print ``text`` on stdout now; once stdout's reader went away (``daskjobs run ... | head``),
+    print nothing more and go on (see :func:`end_output`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        end_output()
+
+
+def end_output() -> None:
+    """Point stdout at ``os.devnull``: its reader went away, so nothing more printed (nor the flush
+    at exit) raises ``BrokenPipeError`` or prints Python's "Exception ignored" note."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing to redirect
+        pass
+
+
 def positive_int(text: str) -> int:
     """``argparse`` type: an integer ≥ 1."""
     try:

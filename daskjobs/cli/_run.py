@@ -14,6 +14,7 @@ from typing import Any
 
 from .._model.job import Job
 from ..errors import JobInterruptedError
+from ..runner._progress import announce_dashboard, epoch_line, shows_bar
 from ._common import (
     OK,
     CommandFailed,
@@ -26,6 +27,7 @@ from ._common import (
     leave_when_abandoned,
     load_target,
     positive_int,
+    say,
 )
 
 logger = logging.getLogger("daskjobs")
@@ -48,7 +50,17 @@ def add_run_parser(subparsers: Subparsers) -> None:
     parser.add_argument("--keep-last", type=positive_int, metavar="N", help="keep only the newest N committed epochs")
     parser.add_argument("--async-save", action="store_true", help="write each checkpoint while the next epoch runs")
     parser.add_argument(
-        "--resume-from", type=epoch_number, metavar="N", help="resume from committed epoch N (default: the latest)"
+        "--resume-from",
+        type=epoch_number,
+        metavar="N",
+        help="resume from committed epoch N (default: the latest); the epochs after N are deleted when the "
+        "first new epoch commits",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from epoch 0 on a prefix that holds this job's commits; they are deleted when the new "
+        "epoch 0 commits (not before)",
     )
     parser.add_argument("--max-epochs", type=positive_int, metavar="N", help="stop after epoch N at the latest")
     parser.add_argument(
@@ -81,10 +93,13 @@ def run_job(args: argparse.Namespace) -> int:
             ("--keep-last", args.keep_last is not None),
             ("--async-save", args.async_save),
             ("--resume-from", args.resume_from is not None),
+            ("--fresh", args.fresh),
             ("--storage-option", bool(args.storage_options)),
         )
         if given
     ]
+    if args.fresh and args.resume_from is not None:
+        raise UsageError("--fresh starts from epoch 0 and --resume-from N from epoch N: give one of them")
     if needs_prefix and not args.checkpoint:
         verb = "needs" if len(needs_prefix) == 1 else "need"
         raise UsageError(f"{', '.join(needs_prefix)} {verb} a checkpoint prefix: add --checkpoint PREFIX")
@@ -104,6 +119,8 @@ def run_job(args: argparse.Namespace) -> int:
         )
         if args.resume_from is not None:
             _check_resumable(manager.store, args.resume_from)
+        if args.fresh:
+            manager.start_fresh()
     runner = JobRunner(
         job,
         manager,
@@ -111,6 +128,7 @@ def run_job(args: argparse.Namespace) -> int:
         max_epochs=args.max_epochs,
         max_failures=args.max_failures,
         progress=False if args.no_progress else None,
+        on_epoch=None if args.no_progress or shows_bar(None) else _epoch_printer(manager is not None),
     )
     with _session(job, args) as session:
         try:
@@ -118,8 +136,13 @@ def run_job(args: argparse.Namespace) -> int:
         except (KeyboardInterrupt, JobInterruptedError) as exc:
             leave_when_abandoned(exc)
             raise
-    print(_final_line(job, runner, last, manager), flush=True)
+    say(_final_line(job, runner, last, manager))
     return OK
+
+
+def _epoch_printer(committed: bool) -> Any:
+    """Without a progress bar (no terminal: CI, batch logs): one line per committed epoch on stdout."""
+    return lambda record: say(epoch_line(record, committed=committed))
 
 
 def _check_resumable(store: Any, epoch: int) -> None:
@@ -153,15 +176,17 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
             yield session
     else:
         nodes = job.nodes()
-        print(f"starting a local Dask cluster with one worker per node: {', '.join(nodes)}", flush=True)
+        say(f"starting a local Dask cluster with one worker per node: {', '.join(nodes)}")
         with node_cluster(job, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:
             _print_dashboard(cluster.dashboard_link)
             yield session
 
 
 def _print_dashboard(link: str | None) -> None:
+    """The dashboard link, once: a progress bar of the run does not show it again."""
     if link:
-        print(f"dashboard: {link}", flush=True)
+        say(f"dashboard: {link}")
+        announce_dashboard(link)
 
 
 def _final_line(job: Job, runner: Any, last: int, manager: Any) -> str:

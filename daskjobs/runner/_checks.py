@@ -1,5 +1,5 @@
-"""Checks of a run's inputs before it starts: the epoch to resume from, whether the job can stop, and
-the values its stop conditions produce."""
+"""Checks of a run's inputs before it starts: the epoch to resume from, whether the job can stop,
+whether every node of the job has a worker, and the values its stop conditions produce."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DefinitionTypeError, JobDefinitionError, StopConditionError
+from .._config import config_timeout
+from ..errors import DefinitionTypeError, JobDefinitionError, NodePlacementError, StopConditionError
 
 
 def resume_epoch(value: object) -> int | None:
@@ -65,3 +66,24 @@ def check_can_stop(job: Any, max_epochs: int | None) -> str | None:
             "task's output (job.add_stop_condition('<blob>') reads a blob after every epoch)"
         )
     return None
+
+
+def check_placement(session: Any, job: Any) -> None:
+    """Before anything of ``job`` runs: every node any of its groups uses (init, epoch, download,
+    exit) has exactly one suitable worker in ``session``, waiting up to ``daskjobs.preflight-timeout``
+    for workers still joining. A :class:`~daskjobs.LocalSession` runs every node itself.
+
+    Raises
+    ------
+    NodePlacementError
+        Naming the job, the nodes without a worker and the workers there are; nothing ran.
+    """
+    wait = getattr(session, "wait_for_nodes", None)
+    if wait is None:
+        return
+    nodes = job.nodes()
+    try:
+        wait(nodes, timeout=config_timeout("preflight-timeout"))
+        session.check_nodes(nodes, job.node_resources())
+    except NodePlacementError as exc:
+        raise NodePlacementError(f"job {job.name!r} cannot start, nothing ran: {exc}", exc.nodes) from None

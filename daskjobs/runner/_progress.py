@@ -19,6 +19,25 @@ def _stderr_is_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
+def shows_bar(enabled: bool | None) -> bool:
+    """Whether :class:`EpochProgress` shows a bar for ``enabled`` (``None``: in Jupyter or when stderr
+    is a terminal)."""
+    return (in_jupyter() or _stderr_is_terminal()) if enabled is None else enabled
+
+
+_ANNOUNCED: set[str] = set()
+"""Dashboard links shown to the user by this process (see :func:`announce_dashboard`)."""
+
+
+def announce_dashboard(link: str) -> bool:
+    """Record that ``link`` (a Dask dashboard) was shown to the user; ``False`` if it had been
+    already: a progress bar shows each link once per process, not again after the command line
+    printed it, nor on every ``train`` on the same cluster."""
+    new = link not in _ANNOUNCED
+    _ANNOUNCED.add(link)
+    return new
+
+
 def _bare_terminal_size() -> dict[str, int]:
     """tqdm sizes for a terminal that reports 0 columns or rows (a bare pty, where tqdm would print
     nothing); empty when the terminal's own size can be followed."""
@@ -48,6 +67,12 @@ def known_total(*limits: int | None) -> int | None:
     """
     known = [int(limit) for limit in limits if limit is not None]
     return min(known) if known else None
+
+
+def _text_bar() -> Any:
+    from tqdm.std import tqdm
+
+    return tqdm
 
 
 def _bar_class(jupyter: bool) -> Any:
@@ -80,6 +105,76 @@ def describe(record: EpochRecord) -> str:
     return " ".join(parts)
 
 
+def epoch_line(record: EpochRecord, *, committed: bool) -> str:
+    """One line for a finished epoch where no bar shows (logs, CI): epoch, time, checkpoint
+    (``committed``: the epoch was checkpointed), metrics and stop values.
+
+    Examples
+    --------
+    >>> from daskjobs.runner import EpochRecord
+    >>> epoch_line(EpochRecord(3, 0.25, 0.5, 10, 6, {"done": False}, {"loss": 0.125}), committed=True)
+    'epoch 3 committed: 0.25 s, checkpoint 0.50 s (10 bytes written, 6 reused), loss=0.125, done=0'
+    >>> epoch_line(EpochRecord(3, 0.25, 0.0, 0, 0, {"done": True}), committed=False)
+    'epoch 3: 0.25 s, done=1'
+    """
+    parts = [f"{record.seconds:.2f} s"]
+    if committed:
+        parts.append(
+            f"checkpoint {record.checkpoint_seconds:.2f} s ({record.bytes_written} bytes written, "
+            f"{record.bytes_reused} reused)"
+        )
+    parts += [f"{name}={value:.4g}" for name, value in record.metrics.items()]
+    parts += [f"{name}={int(value)}" for name, value in record.stop_values.items()]
+    if record.recoveries:
+        parts.append(f"recoveries={record.recoveries}")
+    return f"epoch {record.epoch}{' committed' if committed else ''}: {', '.join(parts)}"
+
+
+class _AboveBar(logging.Handler):
+    """While a text bar shows: the console handlers of the ``daskjobs`` and root loggers write through
+    the bar, above it (tqdm clears its line, writes, draws it again), never onto its line."""
+
+    def __init__(self, bar: Any) -> None:
+        super().__init__()
+        self.bar = bar
+        self.lines_since_update = 0
+        """Log lines written since the bar last advanced."""
+        self._swapped: list[tuple[logging.Logger, logging.StreamHandler[Any]]] = []
+
+    def __enter__(self) -> _AboveBar:
+        for owner in (logger, logging.root):
+            for handler in list(owner.handlers):
+                if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.stderr):
+                    owner.removeHandler(handler)
+                    owner.addHandler(_Through(self, handler))
+                    self._swapped.append((owner, handler))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, handler in self._swapped:
+            for through in [h for h in owner.handlers if isinstance(h, _Through) and h.original is handler]:
+                owner.removeHandler(through)
+            owner.addHandler(handler)
+        self._swapped = []
+
+
+class _Through(logging.Handler):
+    """A console handler's records, formatted by it and written above the bar."""
+
+    def __init__(self, above: _AboveBar, original: logging.StreamHandler[Any]) -> None:
+        super().__init__(original.level)
+        self.above, self.original = above, original
+        self.filters = list(original.filters)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.original.format(record)
+            self.above.bar.write(text, file=self.original.stream)
+            self.above.lines_since_update += 1
+        except Exception:
+            self.handleError(record)
+
+
 class EpochProgress:
     """Shows each finished epoch: a progress bar, and one INFO line on the ``daskjobs`` logger.
 
@@ -103,13 +198,14 @@ class EpochProgress:
         self, enabled: bool | None, job_name: str, *, start: int, total: int | None, dashboard: str | None = None
     ) -> None:
         self._bar = None
+        self._handle: Any = None
+        self._redirect: _AboveBar | None = None
         jupyter = in_jupyter()
-        if enabled is None:
-            enabled = jupyter or _stderr_is_terminal()
-        if not enabled:
+        if not shows_bar(enabled):
             return
         done = max(start - 1, 0)
         bar = _bar_class(jupyter)
+        widget = bar is not _text_bar()
         sizes = {} if jupyter else _bare_terminal_size()
         self._bar = bar(
             total=total if total is None else max(total, done),
@@ -118,9 +214,19 @@ class EpochProgress:
             unit="epoch",
             dynamic_ncols=not jupyter and "ncols" not in sizes,
             leave=True,
+            **({"display": False} if widget else {}),
             **sizes,
         )
-        if dashboard:
+        if widget:
+            # Shown under a display id, so that close() can update the text a viewer without
+            # widgets shows (tqdm's own display would keep its first state: 0 epochs, forever).
+            from IPython.display import display
+
+            self._handle = display(self._bar.container, display_id=True)
+        else:
+            self._redirect = _AboveBar(self._bar)
+            self._redirect.__enter__()
+        if dashboard and announce_dashboard(dashboard):
             # The text bar lives on stderr, so the link goes there too (stdout stays the program's own).
             self._bar.write(f"Dask dashboard: {dashboard}", file=None if jupyter else sys.stderr)
 
@@ -136,6 +242,8 @@ class EpochProgress:
             record.metrics,
             record.stop_values,
         )
+        if self._redirect is not None:
+            self._redirect.lines_since_update = 0
         if self._bar is not None:
             self._bar.set_postfix_str(describe(record), refresh=False)
             # The bar stands at the last finished epoch: an epoch run again after a recovery is not counted twice.
@@ -155,6 +263,18 @@ class EpochProgress:
             bar.refresh()
 
     def close(self) -> None:
-        """Finish the bar."""
-        if self._bar is not None:
+        """Finish the bar: it stays as the last line, unless log lines came after its last epoch (a
+        graceful stop's message, an error's): then it goes, and they are the last lines. A widget's
+        text form then shows its last state."""
+        if self._bar is None:
+            return
+        try:
+            if self._redirect is not None and self._redirect.lines_since_update:
+                self._bar.leave = False
             self._bar.close()
+            if self._handle is not None:
+                self._handle.update(self._bar.container)
+        finally:
+            if self._redirect is not None:
+                self._redirect.__exit__(None, None, None)
+                self._redirect = None

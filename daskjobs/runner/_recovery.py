@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from .._config import config_count, config_timeout
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
-from ..errors import NodeLostError, NodePlacementError, SessionLostError
+from ..checkpoint._managers.damage import with_intact_epoch
+from ..errors import CheckpointCorruptError, NodeLostError, NodePlacementError, SessionLostError
 from ._saving import overrides
 
 if TYPE_CHECKING:
@@ -179,14 +180,18 @@ def load_epoch(
     (a stop condition was true, or ``max_epochs`` is reached).
 
     The commit record is read once: the load and the stop values come from it. A manager whose
-    class overrides ``load`` (Caffe2-style) has its group run instead.
+    class overrides ``load`` (Caffe2-style) has its group run instead. A damaged epoch raises
+    :class:`~daskjobs.errors.CheckpointCorruptError` naming the newest epoch that verifies.
     """
-    if overrides(manager, "load"):
-        session.run_group(manager.load(epoch), job=job, attempt=attempt)
-        record = manager.store.read_commit(epoch)
-    else:
-        record = manager.store.read_commit(epoch)
-        manager.restore(session, record, job=job, attempt=attempt)
+    try:
+        if overrides(manager, "load"):
+            session.run_group(manager.load(epoch), job=job, attempt=attempt)
+            record = manager.store.read_commit(epoch)
+        else:
+            record = manager.store.read_commit(epoch)
+            manager.restore(session, record, job=job, attempt=attempt)
+    except CheckpointCorruptError as exc:  # say which epoch does verify, and how to resume from it
+        raise with_intact_epoch(exc, manager.store, epoch) from exc
     manager.report_checkpoint_stats("checkpoint_load")
     stopped = [name for name, value in record.get("stop_values", {}).items() if value]
     if stopped or (max_epochs is not None and epoch >= max_epochs):

@@ -14,7 +14,7 @@ from .._model.values import check_count
 from ..data import epochs_until_finished
 from ..errors import JobDefinitionError, JobInterruptedError, NodeLostError, SessionLostError
 from ..session import Session, as_session
-from ._checks import check_can_stop, resume_epoch, stop_condition_values
+from ._checks import check_can_stop, check_placement, resume_epoch, stop_condition_values
 from ._history import EpochRecord, history_frame, history_html, plot_history, settle_bytes
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._progress import EpochProgress, known_total
@@ -157,6 +157,7 @@ class JobRunner:
         self._signals.requested = None
         self._saver = None
         try:
+            check_placement(session, self.job)
             with self._signals:
                 if manager is None:
                     return self._train(session, None)

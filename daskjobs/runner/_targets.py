@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,9 +32,10 @@ def load_job(target: str) -> Job:
     ------
     TargetError
         TARGET is malformed, names a file or attribute that does not exist, or something that is
-        neither a Job nor a callable without arguments returning one.
+        neither a Job nor a callable without arguments returning one; or its module does not import
+        (a ``SyntaxError`` or an ``ImportError``: the message names the file, and the line).
     TargetLoadError
-        Importing TARGET's module or calling its callable raised (``__cause__``).
+        Importing TARGET's module raised another error, or calling its callable raised (``__cause__``).
     """
     source, sep, name = target.rpartition(":")
     if not sep or not source or not name or (len(source) == 1 and source.isalpha()):
@@ -42,6 +44,8 @@ def load_job(target: str) -> Job:
         module = _import_file(source) if source.endswith(".py") or os.sep in source else _import_module(source)
     except (TargetError, KeyboardInterrupt):
         raise
+    except (SyntaxError, ImportError) as exc:
+        raise TargetError(_not_importable(source, exc)) from exc
     except Exception as exc:
         raise TargetLoadError(f"importing {source} failed: {type(exc).__name__}: {exc}") from exc
     obj: Any = module
@@ -69,6 +73,35 @@ def load_job(target: str) -> Job:
     if not isinstance(job, Job):
         raise TargetError(f"{target}() returned {type(job).__name__} {job!r:.80}, not a Job")
     return job
+
+
+def _not_importable(source: str, error: SyntaxError | ImportError) -> str:
+    """What a ``SyntaxError`` or ``ImportError`` raised while importing ``source`` says: the file
+    and line where it happened, then the error. For an ``ImportError`` that is the innermost line of
+    the job's own folder (the job file, or a helper module beside it), else the innermost line of
+    any file that is not daskjobs' or Python's import machinery.
+
+    Examples
+    --------
+    >>> error = SyntaxError("'(' was never closed", ("/jobs/train.py", 3, 9, "x = (\\n"))
+    >>> _not_importable("train.py", error)
+    "train.py does not import: /jobs/train.py, line 3: SyntaxError: '(' was never closed"
+    """
+    if isinstance(error, SyntaxError):
+        where, line, message = error.filename, error.lineno, error.msg
+    else:
+        folder = Path(source).expanduser().resolve().parent if source.endswith(".py") else Path.cwd()
+        daskjobs_folder = Path(__file__).resolve().parents[1]
+        frames = [
+            frame
+            for frame in traceback.extract_tb(error.__traceback__)
+            if not frame.filename.startswith("<") and not Path(frame.filename).is_relative_to(daskjobs_folder)
+        ]
+        own = [frame for frame in frames if Path(frame.filename).resolve().is_relative_to(folder)]
+        frame = (own or frames or [None])[-1]
+        where, line, message = (frame.filename, frame.lineno, str(error)) if frame else (source, None, str(error))
+    at = f"{where}, line {line}" if line else str(where)
+    return f"{source} does not import: {at}: {type(error).__name__}: {message}"
 
 
 def _required_parameters(function: Any) -> list[str]:

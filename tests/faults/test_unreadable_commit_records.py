@@ -20,7 +20,7 @@ from daskjobs.errors import CheckpointCorruptError, CheckpointError, CheckpointF
 DAMAGE = {
     "empty": (lambda data: b"", CheckpointCorruptError),
     "garbage": (lambda data: b"\xff\x00{", CheckpointCorruptError),
-    "format_v9": (lambda data: data.replace(b'"format_version":4', b'"format_version":9'), CheckpointFormatError),
+    "format_v9": (lambda data: data.replace(b'"format_version":5', b'"format_version":9'), CheckpointFormatError),
 }
 
 

@@ -6,9 +6,11 @@ holds its rows' bytes, the last one zero-padded to the full chunk size as Zarr e
 chunk file's bytes have an XXH3-128 digest, recorded in the commit record: it verifies every
 read and decides delta reuse.
 
-The ``zarr.json`` of a raw array is a pure function of ``(dtype, shape, chunks, kind)``:
-:func:`raw_metadata` builds the exact bytes, so a reader compares what it finds byte for
-byte and refuses anything else.
+The ``zarr.json`` of a raw array is a pure function of ``(dtype, shape, chunks, kind,
+dimension names)``: :func:`raw_metadata` builds the exact bytes, so a reader compares what it finds
+byte for byte and refuses anything else. Every array names its dimensions ``<blob>/dim_<i>``
+(:func:`dimension_names`), unique to its blob, so that xarray opens a node's group as a Dataset of
+every blob; groups written before that name none, and are read as they are.
 """
 
 from __future__ import annotations
@@ -139,8 +141,25 @@ def bytes_codec(dtype: np.dtype) -> dict[str, Any]:
     return {"name": "bytes"}
 
 
-def array_metadata(dtype: np.dtype, shape: list[int], chunks: list[int], kind: str) -> dict[str, Any]:
-    """The Zarr v3 ``zarr.json`` (as a dict) of an uncompressed little-endian array."""
+def dimension_names(blob: str, ndim: int) -> list[str]:
+    """The Zarr v3 ``dimension_names`` of blob ``blob``'s array: ``<blob>/dim_<i>``. A blob name never
+    holds ``/``, so no two blobs share a dimension (xarray would join dimensions of one name, and
+    refuse them when their sizes differ) and no dimension is named like a blob.
+
+    Examples
+    --------
+    >>> dimension_names("w", 2), dimension_names("step", 0)
+    (['w/dim_0', 'w/dim_1'], [])
+    """
+    return [f"{blob}/dim_{axis}" for axis in range(ndim)]
+
+
+def array_metadata(
+    dtype: np.dtype, shape: list[int], chunks: list[int], kind: str, dims: list[str] | None = None
+) -> dict[str, Any]:
+    """The Zarr v3 ``zarr.json`` (as a dict) of an uncompressed little-endian array, naming its
+    dimensions ``dims`` (``None``: none, as groups written before daskjobs named them)."""
+    named = {} if dims is None else {"dimension_names": list(dims)}
     return {
         "zarr_format": 3,
         "node_type": "array",
@@ -151,12 +170,15 @@ def array_metadata(dtype: np.dtype, shape: list[int], chunks: list[int], kind: s
         "fill_value": _FILL[dtype.kind],
         "codecs": [bytes_codec(dtype)],
         "attributes": JSON_ATTRIBUTES if kind == "json" else {},
+        **named,
         "storage_transformers": [],
     }
 
 
 @functools.lru_cache(maxsize=8192)
-def raw_metadata(dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], kind: str) -> bytes:
+def raw_metadata(
+    dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], kind: str, dims: tuple[str, ...] | None = None
+) -> bytes:
     """The exact ``zarr.json`` bytes of an uncompressed array (cached: the same arrays recur every epoch)."""
-    meta = array_metadata(np.dtype(dtype), list(shape), list(chunks), kind)
+    meta = array_metadata(np.dtype(dtype), list(shape), list(chunks), kind, None if dims is None else list(dims))
     return json.dumps(meta, separators=(",", ":")).encode()

@@ -8,8 +8,10 @@ A node's save writes its *entry* into its Zarr group's attributes (the node's *m
                                       "chunks": [2, 2], "codec": null, "hashes": ["<32 hex digits>"]}}}
 
 ``hashes`` holds the XXH3-128 digest of every stored chunk file, chunks in C order; it serves
-verification on every read path and delta reuse. A ``"json"`` blob is a 1-d ``uint8`` array of
-UTF-8 JSON text. ``codec`` names the compressor (``None``: raw bytes); compressed chunks also
+verification on every read path and delta reuse. ``dimension_names`` (``["w/dim_0", "w/dim_1"]``,
+see :func:`~.chunks.dimension_names`) says the array's ``zarr.json`` names its dimensions; entries
+written before daskjobs named them lack it, and their ``zarr.json`` names none. A ``"json"`` blob is
+a 1-d ``uint8`` array of UTF-8 JSON text. ``codec`` names the compressor (``None``: raw bytes); compressed chunks also
 record their file sizes in ``sizes``.
 
 Everything read back is validated here before any path is built or byte is decoded: names
@@ -30,6 +32,7 @@ import numpy as np
 
 from ..._model.values import check_dtype, validate_name
 from ...errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
+from .chunks import dimension_names
 
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
@@ -188,7 +191,7 @@ def check_name(value: Any, where: str, what: str) -> str:
     return name
 
 
-def _validate_blob(meta: Any, where: str) -> None:
+def _validate_blob(name: str, meta: Any, where: str) -> None:
     meta = check_mapping(meta, where, "blob entry", _BLOB_KEYS)
     dtype, kind, codec = meta["dtype"], meta["kind"], meta["codec"]
     if not isinstance(dtype, str) or not allowed_dtype(dtype):
@@ -229,6 +232,12 @@ def _validate_blob(meta: Any, where: str) -> None:
     for digest in hashes:
         if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
             raise fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
+    if "dimension_names" in meta and meta["dimension_names"] != dimension_names(name, len(shape)):
+        raise fail(
+            where,
+            f"dimension_names {meta['dimension_names']!r} are not {dimension_names(name, len(shape))}, the names "
+            "daskjobs gives the dimensions of this blob",
+        )
     if codec is not None:
         sizes = meta.get("sizes")
         if not isinstance(sizes, list) or len(sizes) != count:
@@ -279,7 +288,7 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
     if len(blobs) > MAX_BLOBS:
         raise fail(where, f"{len(blobs)} blobs, more than the limit {MAX_BLOBS}")
     for name, meta in blobs.items():
-        _validate_blob(meta, f"{where}, blob {check_name(name, where, 'blob')!r}")
+        _validate_blob(name, meta, f"{where}, blob {check_name(name, where, 'blob')!r}")
     total = sum(meta["nbytes"] for meta in blobs.values())
     if check_int(entry["bytes"], where, "bytes") != total:
         raise fail(where, f"bytes {entry['bytes']} is not the sum of the blobs' nbytes {total}")

@@ -2,7 +2,7 @@
 
 The client gathers every node's *summary* of its save into the epoch's commit record::
 
-    {"sealed": "<32 hex digits>", "format": "daskjobs-checkpoint", "format_version": 4,
+    {"sealed": "<32 hex digits>", "format": "daskjobs-checkpoint", "format_version": 5,
      "daskjobs_version": "0.1.0",
      "created": "2026-01-01T00:00:00+00:00", "job": "train", "epoch": 3,
      "nodes": ["ps", "trainer"],
@@ -56,15 +56,16 @@ from .entries import (
 )
 
 FORMAT_NAME = "daskjobs-checkpoint"
-RECORD_FORMAT_VERSION = 4
-"""Version of the commit-record schema written now: a sealed record (see :func:`seal`) naming every
-node's manifest.
+RECORD_FORMAT_VERSION = 5
+"""Version of the checkpoint format written now: a sealed record (see :func:`seal`) naming every
+node's manifest, whose arrays name their dimensions (``dimension_names``, so that xarray reads a
+node's group).
 
-Version 3 (sealed, every node's whole entry in the record) and version 2 (the same, unsealed) are
-still read; a record of version 3 or newer without its seal is corrupt. Version 1 (daskjobs before
-per-chunk hashes) kept one CRC-32C per blob, which cannot verify a lazily read chunk on its own; its
-records are refused, naming the version, rather than read with weaker checks. Newer versions are
-refused with :class:`CheckpointFormatError`."""
+Version 4 (the same, arrays without dimension names), version 3 (sealed, every node's whole entry in
+the record) and version 2 (the same, unsealed) are still read; a record of version 3 or newer without
+its seal is corrupt. Version 1 (daskjobs before per-chunk hashes) kept one CRC-32C per blob, which
+cannot verify a lazily read chunk on its own; its records are refused, naming the version, rather
+than read with weaker checks. Newer versions are refused with :class:`CheckpointFormatError`."""
 _OLDEST_READ_VERSION = 2
 MANIFESTS_FROM = 4
 """The first record version that names manifests instead of holding the node entries."""

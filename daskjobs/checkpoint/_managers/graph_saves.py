@@ -25,8 +25,8 @@ class GraphSaves:
     """Mixed into :class:`~daskjobs.MultiNodeCheckpointManager`: saves through :meth:`finish_hooks`
     (synchronous, or asynchronous with one save in flight), and when they are ready for a commit.
 
-    Uses the manager's attributes below and its ``nodes()``, ``_new_save()``, ``_group()``,
-    ``_entry_group()`` and ``_commit()``.
+    Uses the manager's attributes below and its ``nodes()``, ``_new_save()``, ``reuses_chunks()``,
+    ``_group()``, ``_entry_group()`` and ``_commit()``.
     """
 
     store: CheckpointStore
@@ -39,6 +39,7 @@ class GraphSaves:
     _staging: Staging
     _job_name: str
     _nodes_delete: bool
+    reuses_chunks: Callable[[int], bool]
 
     def finish_hooks(self, epoch: int, *, flush_later: bool = False) -> dict[str, Callable[[Any], Any]]:
         """Per node, a hook that saves ``epoch`` at the end of the epoch's own Dask task.
@@ -57,7 +58,9 @@ class GraphSaves:
         if self.async_save:
             snapshot = self.async_snapshot
             return {
-                n: AsyncSaveFinish(store, n, epoch, save_id, in_flight, previous.get(n), snapshot, self.delta)
+                n: AsyncSaveFinish(
+                    store, n, epoch, save_id, in_flight, previous.get(n), snapshot, self.reuses_chunks(epoch)
+                )
                 for n in self.nodes()
             }
         later = self._nodes_delete = flush_later and self.may_defer_commit and self.store.defers_flush

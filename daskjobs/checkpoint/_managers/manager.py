@@ -17,12 +17,19 @@ from .._node.fork import resolve_snapshot
 from .._node.load_steps import CheckStep
 from .._node.save_steps import ENTRY_BLOB, AsyncSaveStep, SaveStep
 from .._node.sharing import prove_shared, unseen_groups
-from .._protocol.retention import Retention, best_epochs, retention_warning
+from .._protocol.retention import (
+    DEFAULT_FULL_EVERY,
+    Retention,
+    best_epochs,
+    check_full_every,
+    retention_warning,
+    writes_in_full,
+)
 from .._protocol.staging import Staging, discard_after
 from .._protocol.store import CheckpointStore
 from .graph_saves import GraphSaves
 from .loads import Loads
-from .metadata import CommitRecordHandler, MetadataHandler, check_same_job
+from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start
 from .pending import Saves, previous_entries
 from .views import prefix_html
 
@@ -85,7 +92,14 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         Delta checkpoints (default on): a chunk whose XXH3-128 digest equals the same chunk of
         the previous committed epoch is hard-linked (server-side copied on object stores)
         instead of written. Every epoch stays a complete group, verifiable on its own, also
-        after retention deleted the epoch it reused from.
+        after retention deleted the epoch it reused from. Epochs that share a file also share
+        its damage: see ``full_every``.
+    full_every
+        With ``delta``: every epoch divisible by ``full_every`` (default 10; ``0``: none), and
+        every epoch ``keep_every`` keeps, is written in full, sharing no file with an earlier
+        epoch. A damaged file then spoils at most the epochs from the last full one before it to
+        the next full one; ``daskjobs checkpoints verify`` names them and the newest epoch that
+        still verifies.
 
     Examples
     --------
@@ -112,6 +126,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         best_metric: str | None = None,
         best_mode: str = "min",
         delta: bool = True,
+        full_every: int = DEFAULT_FULL_EVERY,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
@@ -125,6 +140,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """``"fork"``, ``"copy"`` or ``"auto"``: how asynchronous saves take their snapshot
         (``"auto"`` where forking is possible at all, else ``"copy"``)."""
         self.delta = bool(delta)
+        self.full_every = check_full_every(full_every)
+        """With ``delta``: every epoch divisible by it (and every epoch ``keep_every`` keeps) is written in full."""
         self._last_record: dict[str, Any] | None = None
         self.last_commit_bytes = 0
         self.last_commit_written = 0
@@ -150,6 +167,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         groups are deleted later by ``tidy`` (a runner calls it while the next epoch runs).
         """
         self._newest_seen: int | None = None
+        self._fresh = False
+        """Whether the next run starts from epoch 0 although epochs are committed (see :meth:`start_fresh`)."""
         self.last_commit: dict[str, Any] | None = None
         """The commit record written last by this manager."""
         self.committed_bytes: dict[int, tuple[int, int]] = {}
@@ -238,6 +257,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         Without a job name given to :meth:`set_params`, only the nodes are checked, and the
         manager takes the job name of the checked commit (for the commits it writes next).
 
+        After :meth:`start_fresh` (and without ``user_epoch``): ``None``, the run starts from scratch.
+
         Raises
         ------
         DefinitionTypeError, JobDefinitionError
@@ -249,6 +270,12 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """
         if user_epoch is not None:
             user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
+        elif self._fresh:  # see start_fresh
+            self._fresh = False
+            job = stage_fresh_start(self.store, self._staging, self._job_name if self._job_named else None, self._nodes)
+            if job is not None and not self._job_named:
+                self._job_name = job
+            return None
         job = check_same_job(self.store, self._job_name if self._job_named else None, self._nodes, user_epoch)
         if job is not None and not self._job_named:  # no name given: this is the prefix's job
             self._job_name = job
@@ -346,9 +373,14 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
             committed = [self._newest_seen]
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
         reusable = [e for e in committed if e not in retire]
-        previous = self._reusable_entries(epoch, reusable) if self.delta else {}
+        previous = self._reusable_entries(epoch, reusable) if self.reuses_chunks(epoch) else {}
         source = next(iter(previous.values()))["epoch"] if previous else None
         return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
+
+    def reuses_chunks(self, epoch: int) -> bool:
+        """Whether a save of ``epoch`` may reuse chunks of an earlier epoch: ``delta``, and not an
+        epoch written in full (see ``full_every``)."""
+        return self.delta and not writes_in_full(epoch, self.full_every, self.keep_every)
 
     def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
         """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
@@ -444,6 +476,24 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         warning listing them) and the staged groups moved into place. Returns the newer epochs.
         """
         return self._staging.resume_older(self.store, epoch)
+
+    def start_fresh(self) -> None:
+        """Make the next run start from scratch (init, then epoch 0) although this job's epochs are
+        committed under the prefix (what ``daskjobs run --fresh`` does).
+
+        Nothing is deleted now: the committed epochs stay (and a run that fails before its epoch 0
+        commits leaves them as they were) until the new epoch 0 is committed. That epoch's groups are
+        written to a staging folder; right before its commit record is written the old epochs are
+        retired (one warning lists them), as after :meth:`resume_older`. The prefix must hold this
+        job's commits (its name and nodes, checked against the newest commit record that reads).
+
+        Examples
+        --------
+        >>> import daskjobs as dj, tempfile
+        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> manager.start_fresh()  # then JobRunner(job, manager).train(...) starts at epoch 0
+        """
+        self._fresh = True
 
     def stop_values(self, epoch: int) -> dict[str, bool]:
         """The stop-condition values recorded when ``epoch`` was committed."""

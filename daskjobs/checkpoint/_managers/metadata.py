@@ -6,9 +6,10 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..._model.values import check_count
-from ...errors import CheckpointError, CheckpointNotFoundError
+from ...errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
+    from .._protocol.staging import Staging
     from .._protocol.store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -54,6 +55,32 @@ def check_same_job(
             f"({which} {record['epoch']}), but {this}; use another db_prefix or delete the old checkpoints"
         )
     return record["job"]
+
+
+def stage_fresh_start(store: CheckpointStore, staging: Staging, job: str | None, nodes: list[str] | None) -> str | None:
+    """Prepare a run from scratch on a prefix holding commits (``daskjobs run --fresh``): check that
+    they are ``job``'s (against the newest commit record that reads, see :func:`check_same_job`),
+    and have ``staging`` retire every one of them right before the new epoch 0 commits, not sooner.
+    Returns the name of the job whose record was checked (``None``: none was).
+
+    Raises
+    ------
+    CheckpointError
+        The prefix holds another job's checkpoints, or checkpoints of other nodes: nothing is retired.
+    """
+    checked = None
+    for epoch in reversed(store.committed_epochs()):
+        try:
+            checked = check_same_job(store, job, nodes, epoch)
+        except (CheckpointCorruptError, CheckpointFormatError):
+            continue  # an unreadable record is retired with the others
+        break
+    older = staging.resume_older(store, -1)
+    if older:
+        logger.info(
+            "starting afresh under %s: the committed epochs %s stay until the new epoch 0 commits", store.url, older
+        )
+    return checked
 
 
 @runtime_checkable

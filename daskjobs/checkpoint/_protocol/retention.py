@@ -41,6 +41,44 @@ def check_retention(
         )
 
 
+DEFAULT_FULL_EVERY = 10
+"""A delta manager writes every epoch divisible by this in full (see :func:`writes_in_full`)."""
+
+
+def check_full_every(full_every: object) -> int:
+    """``full_every`` checked: an int >= 0 (``0``: only epoch 0 and the epochs ``keep_every`` keeps).
+
+    Raises
+    ------
+    DefinitionTypeError
+        Not an int (``True`` and ``10.0`` included).
+    JobDefinitionError
+        Negative.
+    """
+    return check_count(full_every, "full_every", minimum=0)
+
+
+def writes_in_full(epoch: int, full_every: int, keep_every: int | None) -> bool:
+    """Whether a save of ``epoch`` is written in full: sharing no file with an earlier epoch, so
+    that a damaged file spoils at most the epochs from the last full one to the next.
+
+    Full: epoch 0, every epoch divisible by ``full_every`` (``0``: none of those), and every epoch
+    ``keep_every`` keeps (an epoch kept for long is not one file away from loss).
+
+    Examples
+    --------
+    >>> [e for e in range(25) if writes_in_full(e, 10, None)]
+    [0, 10, 20]
+    >>> [e for e in range(25) if writes_in_full(e, 0, 8)]
+    [0, 8, 16, 24]
+    """
+    return (
+        epoch == 0
+        or (full_every > 0 and epoch % full_every == 0)
+        or (keep_every is not None and epoch % keep_every == 0)
+    )
+
+
 def best_epochs(values: dict[int, float | None], mode: str) -> list[int]:
     """Epochs ordered best first by their metric value (``None``: no value, never best); ties: earlier first.
 

@@ -36,9 +36,13 @@ class Staging:
         """Committed epochs newer than the resumed one: retired when the first new epoch commits."""
         self.staged: set[int] = set()
         """Epochs whose groups are being written to the staging folder."""
+        self.fresh = False
+        """Whether the run starts afresh (``epoch=-1``): every commit is to be retired."""
 
     def resume_older(self, store: CheckpointStore, epoch: int) -> list[int]:
-        """Prepare to resume from committed ``epoch``; return the newer committed epochs (kept for now)."""
+        """Prepare to resume from committed ``epoch`` (``-1``: to start afresh); return the newer
+        committed epochs (kept for now)."""
+        self.fresh = epoch < 0
         self.retire = [e for e in store.committed_epochs() if e > epoch]
         self.staged = set()
         clear_staging(store)
@@ -77,7 +81,9 @@ class Staging:
                 continue
             store.delete_epoch(old, record["nodes"])
         logger.warning(
-            "resumed from an older epoch: retired the newer committed epochs %s under %s now that epoch %d commits",
+            "%s: retired the %scommitted epochs %s under %s now that epoch %d commits",
+            "started afresh" if self.fresh else "resumed from an older epoch",
+            "" if self.fresh else "newer ",
             sorted(retired),
             store.url,
             epoch,

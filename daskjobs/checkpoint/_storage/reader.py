@@ -368,6 +368,34 @@ class GroupReader:
             self._verify(name, index, result)
             yield chunk_key(index, len(self.blobs[name]["shape"])), buffer
 
+    def damaged_files(self) -> list[tuple[str | None, str, CheckpointError]]:
+        """Every file of the group that does not verify, as ``(blob, path relative to the group,
+        error)`` (blob ``None``: the node's manifest), reading one chunk at a time; ``[]`` when
+        the whole group verifies. Unlike :meth:`read`, it goes on after the first problem.
+        """
+        try:
+            self.check_group()
+        except CheckpointError as exc:
+            return [(None, "zarr.json", exc)]
+        found: list[tuple[str | None, str, CheckpointError]] = []
+        for name in self.blobs:
+            try:
+                self._check_metadata([name])
+            except CheckpointError as exc:
+                found.append((name, f"{name}/zarr.json", exc))
+                continue
+            for index in range(self._count(name)):
+                path, size = self._chunk_file(name, index)
+                try:
+                    self._check_sizes([(name, [index], size)])
+                    with self._allocating(name, size):
+                        buffer = memoryview(bytearray(size))
+                    (result,) = self._read_chunks([(path, buffer, size)])
+                    self._verify(name, index, result)
+                except CheckpointError as exc:
+                    found.append((name, path[len(self.where.path) + 1 :], exc))
+        return found
+
     def _read_chunks(self, reads: list[ChunkRead]) -> list[ChunkResult | UnsafeFileError]:
         files = self.where.files
         try:

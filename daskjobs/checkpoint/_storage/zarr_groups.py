@@ -4,7 +4,8 @@ Layout of ``<prefix>/<node>.<epoch>/``::
 
     zarr.json            group metadata; attributes["daskjobs"] holds the node's entry (written last):
                          the node's manifest, named by the commit record (see ``manifests``)
-    <blob>/zarr.json     array metadata: shape, data type, chunk grid, codecs
+    <blob>/zarr.json     array metadata: shape, data type, chunk grid, codecs, dimension names
+                         (``<blob>/dim_<i>``: xarray opens the group as a Dataset of every blob)
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
 The group's ``zarr.json`` is written first with ``{"node", "epoch", "save_id", "state": "writing"}``
@@ -44,7 +45,16 @@ import numpy as np
 
 from ...errors import BlobTypeError, CheckpointError, CheckpointWriteError
 from .._format import json_values as _json
-from .._format.chunks import chunk_count, chunk_key, chunk_rows, chunk_spans, digest, flat_bytes, raw_metadata
+from .._format.chunks import (
+    chunk_count,
+    chunk_key,
+    chunk_rows,
+    chunk_spans,
+    digest,
+    dimension_names,
+    flat_bytes,
+    raw_metadata,
+)
 from .._format.entries import check_blob_name, storage_dtype
 from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
@@ -129,7 +139,15 @@ def _compressor(name: str) -> Any:
     return {"zstd": zarr.codecs.ZstdCodec, "blosc": zarr.codecs.BloscCodec, "gzip": zarr.codecs.GzipCodec}[name]()
 
 
-def _zarr_array(store: Any, dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], kind: str, codec: str) -> Any:
+def _zarr_array(
+    store: Any,
+    dtype: str,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    kind: str,
+    codec: str,
+    dims: tuple[str, ...] | None = None,
+) -> Any:
     import zarr
 
     from .._format.chunks import JSON_ATTRIBUTES
@@ -144,25 +162,30 @@ def _zarr_array(store: Any, dtype: str, shape: tuple[int, ...], chunks: tuple[in
             compressors=[_compressor(codec)],
             chunk_key_encoding={"name": "default", "separator": "."},
             attributes=JSON_ATTRIBUTES if kind == "json" else None,
+            dimension_names=dims,
             config={"write_empty_chunks": True},
         )
 
 
 @functools.lru_cache(maxsize=1024)
-def _compressed_metadata(dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], kind: str, codec: str) -> bytes:
+def _compressed_metadata(
+    dtype: str, shape: tuple[int, ...], chunks: tuple[int, ...], kind: str, codec: str, dims: tuple[str, ...] | None
+) -> bytes:
     import zarr.storage
 
     documents: dict[str, Any] = {}
-    _zarr_array(zarr.storage.MemoryStore(documents), dtype, shape, chunks, kind, codec)
+    _zarr_array(zarr.storage.MemoryStore(documents), dtype, shape, chunks, kind, codec, dims)
     return documents["a/zarr.json"].to_bytes()
 
 
 def expected_metadata(meta: Mapping[str, Any]) -> bytes:
-    """The exact ``zarr.json`` bytes of a blob as its (validated) entry describes it."""
+    """The exact ``zarr.json`` bytes of a blob as its (validated) entry describes it: with the
+    dimension names it lists, or none (a group written before daskjobs named them)."""
+    dims = tuple(meta["dimension_names"]) if "dimension_names" in meta else None
     key = (meta["dtype"], tuple(meta["shape"]), tuple(meta["chunks"]), meta["kind"])
     if meta["codec"] is None:
-        return raw_metadata(*key)
-    return _compressed_metadata(*key, meta["codec"])
+        return raw_metadata(*key, dims)
+    return _compressed_metadata(*key, meta["codec"], dims)
 
 
 def _encode(array: np.ndarray, chunks: list[int], kind: str, codec: str) -> list[bytes]:
@@ -218,7 +241,7 @@ def write_group(
         name, (kind, array) = item
         before = (reuse_from.get(name), f"{old}/{name}", sealed)
         there = over is not None and name in over[1]
-        return name, *_write_blob(files, f"{path}/{name}", kind, array, compression, before, there)
+        return name, *_write_blob(files, f"{path}/{name}", name, kind, array, compression, before, there)
 
     path = where.path if over is None else over[0]
     try:
@@ -277,8 +300,8 @@ def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict
     return dict(blobs) if isinstance(blobs, dict) else {}
 
 
-def _layout(kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
-    """One array's blob entry without digests, its chunk spans and each chunk's stored parts."""
+def _layout(name: str, kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """Blob ``name``'s entry without digests, its chunk spans and each chunk's stored parts."""
     shape, nbytes = array.shape, array.nbytes
     chunks = chunk_rows(shape, array.itemsize)
     meta: dict[str, Any] = {
@@ -288,6 +311,7 @@ def _layout(kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, 
         "nbytes": nbytes,
         "chunks": chunks,
         "codec": codec,
+        "dimension_names": dimension_names(name, array.ndim),
     }
     if codec is not None:
         spans = list(chunk_spans(nbytes, shape, chunks))
@@ -336,7 +360,7 @@ def describe_group(
     reuse_from = _reusable(previous, node, epoch)
     described, written, reused = {}, 0, 0
     for name, (kind, array) in stored.items():
-        meta, spans, parts = _layout(kind, array, compression)
+        meta, spans, parts = _layout(name, kind, array, compression)
         before = reuse_from.get(name)
         same = _same_layout(before, meta, len(spans))
         hashes = [digest(*chunk) for chunk in parts]
@@ -379,13 +403,14 @@ def _drop_stale(files: LocalFiles, path: str, over: Mapping[str, Any], blobs: Ma
 def _write_blob(
     files: LocalFiles | RemoteFiles,
     path: str,
+    name: str,
     kind: str,
     array: np.ndarray,
     codec: str | None,
     reusable: tuple[Mapping[str, Any] | None, str, int | None],
     there: bool = False,
 ) -> tuple[dict[str, Any], int, int]:
-    """Write one array's metadata and chunk files; return its blob entry, bytes written and bytes reused.
+    """Write blob ``name``'s array metadata and chunk files; return its blob entry, bytes written and bytes reused.
 
     ``reusable``: the previous epoch's blob entry (``None``: nothing to reuse), the array's path
     there, and when that group got its entry (see :meth:`~.files.LocalFiles.reuse`). ``there``:
@@ -393,19 +418,14 @@ def _write_blob(
     files are written over (see :meth:`~.files.LocalFiles.overwrite`).
     """
     before, old_path, sealed = reusable
-    meta, spans, stored = _layout(kind, array, codec)
+    meta, spans, stored = _layout(name, kind, array, codec)
     same = before is not None and _same_layout(before, meta, len(spans))
     put, reuse = files.put, files.reuse
     if there and isinstance(files, LocalFiles):
         put, reuse = files.overwrite, files.reuse_over
     else:
         files.mkdir(path)
-    # the same bytes as the previous epoch's when ``same``
-    metadata = (
-        raw_metadata(meta["dtype"], array.shape, tuple(meta["chunks"]), kind)
-        if codec is None
-        else (expected_metadata(meta))
-    )
+    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
     if not (same and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
         put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
