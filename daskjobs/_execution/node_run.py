@@ -62,9 +62,10 @@ class NodeState:
         return Workspace(self.scope, node=self.node, lock=self.lock, epoch=epoch, state=self, metrics=metrics)
 
     def replace_blobs(self, blobs: dict[str, Value]) -> None:
-        """Make the GLOBAL workspace hold exactly ``blobs`` and start a new generation."""
+        """Make the GLOBAL workspace hold exactly ``blobs`` (assigned by no task) and start a new generation."""
         with self.lock:
             self.scope.blobs = dict(blobs)
+            self.scope.writers = {}
             self.generation += 1
 
 
@@ -269,7 +270,9 @@ class NodeRun:
         return self._run_task(spec, self.base, inputs or {})
 
     def _run_task(self, spec: TaskSpec, parent: Workspace, inputs: dict[str, Value]) -> Captured:
-        ws = parent if self.plan.workspace_type is WorkspaceType.GLOBAL else parent.child()
+        ws = (parent if self.plan.workspace_type is WorkspaceType.GLOBAL else parent.child()).for_task(
+            spec.index, spec.name
+        )
         for local, value in inputs.items():
             # A copy: the producer's captured output (and other consumers) must not see in-place writes.
             ws._scope.blobs[local] = copy_value(value, local)

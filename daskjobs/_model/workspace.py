@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from .metrics import MetricLog
 
 
+Writer = tuple[int | None, int, str]
+"""Who last assigned a blob: ``(epoch or None, task index in its group, task name)``."""
+
+
 class Scope:
     """One level of blobs. A child scope reads through to its parent; assigning a name that
     exists in an ancestor writes there; new names stay in the child.
@@ -27,12 +31,16 @@ class Scope:
     ``traps`` is set on the scope of a PRIVATE run (its root) and shared by its descendants: it
     collects the names a descendant looked up, found missing (``misses``) and then created in a
     scope that the run discards (see :meth:`Workspace.__setitem__`).
+
+    ``writers`` says which task last assigned each blob of this level: ``(epoch, task index in its
+    group, task name)``; a blob assigned outside a task (or in place, ``ws["w"][:] = ...``) has none.
     """
 
-    __slots__ = ("blobs", "misses", "parent", "reserved", "traps")
+    __slots__ = ("blobs", "misses", "parent", "reserved", "traps", "writers")
 
     def __init__(self, parent: Scope | None = None) -> None:
         self.blobs: dict[str, Value] = {}
+        self.writers: dict[str, Writer] = {}
         self.parent = parent
         self.reserved: frozenset[str] = frozenset()
         self.traps: dict[str, None] | None = parent.traps if parent is not None else None
@@ -137,6 +145,7 @@ class Workspace(MutableMapping[str, Value]):
         instance_id: int = 0,
         state: object = None,
         metrics: MetricLog | None = None,
+        task: tuple[int, str] | None = None,
     ) -> None:
         self._scope = scope
         self.node = node
@@ -145,6 +154,8 @@ class Workspace(MutableMapping[str, Value]):
         self.instance_id = instance_id
         self._state = state
         self._metrics = metrics
+        self._task = task
+        """``(index in its group, name)`` of the task whose steps use this workspace, if any."""
 
     def child(self, instance_id: int | None = None) -> Workspace:
         """A new child workspace that reads through to this one."""
@@ -156,6 +167,21 @@ class Workspace(MutableMapping[str, Value]):
             instance_id=self.instance_id if instance_id is None else instance_id,
             state=self._state,
             metrics=self._metrics,
+            task=self._task,
+        )
+
+    def for_task(self, index: int, name: str) -> Workspace:
+        """This workspace (the same blobs) as task ``name`` (``index`` in its group) sees it: what it
+        assigns is recorded as that task's (see :attr:`Scope.writers`)."""
+        return Workspace(
+            self._scope,
+            node=self.node,
+            lock=self.lock,
+            epoch=self.epoch,
+            instance_id=self.instance_id,
+            state=self._state,
+            metrics=self._metrics,
+            task=(index, name),
         )
 
     def log(self, name: str, value: float) -> None:
@@ -206,12 +232,17 @@ class Workspace(MutableMapping[str, Value]):
                 # Looked up, found missing, created where the run discards it: the accumulate trap.
                 scope.traps[name] = None
         scope.blobs[name] = normalised
+        if self._task is None:
+            scope.writers.pop(name, None)
+        else:
+            scope.writers[name] = (self.epoch, *self._task)
 
     def __delitem__(self, name: str) -> None:
         scope = self._scope.find(name)
         if scope is None:
             raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
         del scope.blobs[name]
+        scope.writers.pop(name, None)
 
     def pop(self, name: str, *default: object) -> Value:
         """Remove ``name`` and return its value (or ``default`` if given and ``name`` is missing)."""
@@ -220,6 +251,7 @@ class Workspace(MutableMapping[str, Value]):
             if default:
                 return default[0]
             raise KeyError(f"blob {name!r} is not in the workspace of node {self.node!r}")
+        scope.writers.pop(name, None)
         return scope.blobs.pop(name)
 
     def setdefault(self, name: str, default: object = None) -> Value:

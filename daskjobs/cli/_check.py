@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
 from .._model.job import Job
 from ..errors import JobDefinitionError
-from ._common import FAILED, OK, CommandFailed, Subparsers, UsageError, add_verbose, load_target, positive_int
+from ._common import FAILED, OK, CommandFailed, Subparsers, UsageError, add_verbose, load_target, positive_int, say
 
 _DEFAULT_MODES = ("stop", "kill")
 
@@ -29,8 +30,9 @@ def add_check_parser(subparsers: Subparsers) -> None:
             "Run the job twice without interruption (references A and B) and once per interruption point and "
             "mode, each then resumed to the end, every run in a new process against its own temporary "
             "checkpoint prefix; compare every committed epoch of every run with A (every blob of every node, "
-            "the stop values, the metrics). Prints one line per run and the first divergence with its likely "
-            "causes. TARGET is package.module:name or path/to/file.py:name, as for `daskjobs run`."
+            "the stop values, the metrics). Prints one line per run as it finishes, then the first divergence, "
+            "the step (task and node) whose output first diverged where it can tell, and the likely causes. "
+            "TARGET is package.module:name or path/to/file.py:name, as for `daskjobs run`."
         ),
         epilog="exit codes: 0 every run equals reference A, 1 a run diverges or fails, 2 usage error",
     )
@@ -83,6 +85,8 @@ def check_job(args: argparse.Namespace) -> int:
             "pass --max-epochs N (or give the job a stop condition)"
         )
     with _session(args, job) as session:
+        if not args.json:
+            say(f"daskjobs check of job {job.name!r} ({args.target}): one line per run as it finishes")
         try:
             report = check_resume(
                 args.target,
@@ -91,10 +95,14 @@ def check_job(args: argparse.Namespace) -> int:
                 modes=modes,
                 session=session,
                 timeout=args.timeout,
+                on_run=None if args.json else lambda run, divergences: say(f"  {run.line(divergences)}"),
             )
         except JobDefinitionError as exc:  # the arguments do not fit the job (e.g. --interrupt-at past its end)
             raise UsageError(str(exc)) from None
-    print(json.dumps(report.to_dict(), indent=2) if args.json else str(report), flush=True)
+    if args.json:
+        say(json.dumps(report.to_dict(), indent=2))
+    else:
+        say("\n".join([*textwrap.wrap(report.verdict(), 100, subsequent_indent="  "), *report.first_lines()]))
     return OK if report.ok else FAILED
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +17,7 @@ from .._model.values import check_count, validate_name
 from ..errors import DefinitionTypeError, JobDefinitionError
 from . import _worker_process
 from ._placement import worker_resources
+from ._scratch import make_cluster_folder
 
 _HOST = "127.0.0.1"
 
@@ -133,8 +133,9 @@ def node_cluster(
     Returns
     -------
     distributed.SpecCluster
-        Also a context manager. Worker files go to a temporary directory that is removed
-        when the cluster object is garbage-collected.
+        Also a context manager. Worker files go to a temporary directory (``daskjobs-cluster-*``)
+        that is removed when the cluster object is garbage-collected; the folders of runs whose
+        process was killed are removed by the next ``node_cluster`` of this user and host.
 
     Raises
     ------
@@ -160,7 +161,7 @@ def node_cluster(
         security = Security.temporary()
     tls = {"security": security, "protocol": "tls://"} if security else {}
     silence_logs = kwargs.pop("silence_logs", logging.ERROR)
-    directory = tempfile.mkdtemp(prefix="daskjobs-cluster-")
+    directory = make_cluster_folder()
     own_processes = _preloads() if processes else {}
     workers = {
         name: {

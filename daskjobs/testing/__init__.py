@@ -26,13 +26,14 @@ from __future__ import annotations
 from typing import Any
 
 from ._check import MODES, Target, check_resume
-from ._report import LIKELY_CAUSES, CheckedRun, Divergence, ResumeReport
+from ._report import LIKELY_CAUSES, CheckedRun, Divergence, FirstStep, ResumeReport
 
 __all__ = [
     "LIKELY_CAUSES",
     "MODES",
     "CheckedRun",
     "Divergence",
+    "FirstStep",
     "ResumeReport",
     "assert_resumes_exactly",
     "check_resume",

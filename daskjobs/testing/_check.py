@@ -8,7 +8,8 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from .._model.job import Job
 from .._model.values import check_count, check_positive
 from ..checkpoint import CheckpointStore
 from ..errors import DefinitionTypeError, JobDefinitionError
+from ..runner._targets import load_job
 from ..session import DaskSession, LocalSession, Session
 from ._compare import compare_runs, ordering
 from ._executors import Children, InProcess
 from ._report import CheckedRun, Divergence, ResumeReport
 from ._runs import Action, Outcome, quiet_interruptions
+from ._steps import first_step
 
 logger = logging.getLogger("daskjobs")
 
@@ -39,6 +42,7 @@ def check_resume(
     modes: str | Iterable[str] = ("stop",),
     session: Session | Any = None,
     timeout: float | None = None,
+    on_run: OnRun | None = None,
 ) -> ResumeReport:
     """Prove that ``target`` resumes exactly: interrupt it, resume it, compare every epoch.
 
@@ -75,11 +79,21 @@ def check_resume(
     timeout : float, optional
         Seconds each run (each process of it) may take (default 600). A run in a child process
         is killed at its deadline; one in this process is stopped after its running epoch.
+    on_run : callable, optional
+        Called with each run's :class:`CheckedRun` and its divergences from A as the run finishes
+        (``daskjobs check`` prints a line for each): A first, then the node losses, B, and the
+        stopped and killed runs once resumed.
 
     Returns
     -------
     ResumeReport
-        ``.ok``, ``.deterministic``, ``.runs`` and ``.divergences``; ``str()`` is a summary.
+        ``.ok``, ``.deterministic``, ``.runs``, ``.divergences`` and ``.step``; ``str()`` is a summary.
+        ``.step`` names the task and node whose output first diverged, where the check can tell:
+        the epoch that first differs is run once more in this process, from reference A's commit
+        of the epoch before, recording which task assigns each blob (``ws[name] = value``); of
+        the blobs that differ, the one assigned by the task that comes first in its group (as the
+        job defines them) names the step. A blob only changed in place (``ws["w"][:] = ...``)
+        names none.
 
     Raises
     ------
@@ -131,10 +145,12 @@ def check_resume(
             )
         where = "LocalSession" if client is None else f"the Dask cluster at {client.scheduler.address}"
         if not isinstance(target, str):
-            executor = InProcess(_job_maker(target, max_epochs), client, seconds, max_epochs)
-            return _Check(executor, root, target, where).run(chosen, points)
+            make_job = _job_maker(target, max_epochs)
+            executor = InProcess(make_job, client, seconds, max_epochs)
+            return _Check(executor, root, target, where, make_job, on_run).run(chosen, points)
         with Children(target, client, root, seconds, max_epochs) as children:
-            return _Check(children, root, target, f"{where}, a new process per run").run(chosen, points)
+            where = f"{where}, a new process per run"
+            return _Check(children, root, target, where, partial(load_job, target), on_run).run(chosen, points)
 
 
 @dataclass
@@ -149,26 +165,56 @@ class _Planned:
     seconds: float = 0.0
 
 
+OnRun = Callable[[CheckedRun, list[Divergence]], None]
+"""What :func:`check_resume` calls as each run finishes: the run and its divergences from A."""
+
+
 class _Check:
     """The runs of one check, in an order that disturbs state kept outside the workspaces: A, the
     interrupted runs up to their interruption, B, then the resumes. A resume in this process thus
     starts with module state (and a global random generator) as B left it, not as its own first
-    part did, as it would in a new process."""
+    part did, as it would in a new process.
 
-    def __init__(self, executor: InProcess | Children, root: Path, target: Target, where: str) -> None:
+    Each run is compared with A as soon as it finished (``on_run`` is told); a divergence where B
+    differs too is then classed as nondeterministic, at the end."""
+
+    def __init__(
+        self,
+        executor: InProcess | Children,
+        root: Path,
+        target: Target,
+        where: str,
+        make_job: Callable[[], Job],
+        on_run: OnRun | None = None,
+    ) -> None:
         self.executor, self.root, self.where = executor, root, where
+        self.make_job, self.on_run = make_job, on_run
         if isinstance(target, str):
             self.target = target
         elif isinstance(target, Job):
             self.target = f"the Job {target.name!r} itself"
         else:
             self.target = f"{getattr(target, '__qualname__', type(target).__name__)}()"
+        self.results: dict[str, tuple[CheckedRun, list[Divergence]]] = {}
 
     def _run(self, name: str, action: Action, folder: str, *, fresh: bool = False) -> _Planned:
         prefix = str(self.root / folder)
         outcome = self.executor.run(name, prefix, action, fresh=fresh)
         logger.info("check: run %s (%s) took %.1f s", name, action.kind, outcome.seconds)
         return _Planned(name, action, prefix, outcome, seconds=outcome.seconds)
+
+    def _finished(self, run: _Planned, reference: CheckpointStore) -> None:
+        """Compare ``run`` (all of it done) with reference A and tell ``on_run``."""
+        store = CheckpointStore(run.prefix)
+        own = [] if run.name == "A" else compare_runs(reference, store, run.name)
+        kind = None if run.action.kind == "run" else run.action.kind
+        epochs = tuple(store.committed_epochs())
+        checked = CheckedRun(
+            run.name, kind, run.action.at, run.resumed_from, epochs, run.seconds, len(own), run.action.node
+        )
+        self.results[run.name] = (checked, own)
+        if self.on_run is not None:
+            self.on_run(checked, own)
 
     def run(self, modes: tuple[str, ...], points: tuple[int, ...] | None) -> ResumeReport:
         a = self._run("A", Action(), "A")
@@ -177,43 +223,46 @@ class _Check:
         record = reference.read_commit(committed[-1])
         last, nodes = committed[-1], list(record["nodes"])
         points = _interruption_points(points, last)
+        self._finished(a, reference)
         interrupted: list[_Planned] = []
         for i, at in enumerate(points):
             for mode in modes:
                 node = nodes[i % len(nodes)] if mode == "lose-node" else None
                 run = self._run(f"{mode}@{at}", Action(mode, at, node), f"{mode}-at-{at}")  # type: ignore[arg-type]
+                interrupted.append(run)
                 if mode == "lose-node":
                     run.resumed_from = run.outcome.recovered_from
+                    self._finished(run, reference)
                 elif run.outcome.interrupted or run.outcome.last is None:
                     run.resumed_from = CheckpointStore(run.prefix).committed_epochs()[-1]
-                interrupted.append(run)
-        b = self._run("B", Action(), "B", fresh=True)
+        self._finished(self._run("B", Action(), "B", fresh=True), reference)
         for run in interrupted:
-            if run.action.kind in ("stop", "kill") and run.resumed_from is not None:
-                run.seconds += self.executor.run(run.name, run.prefix, Action()).seconds
-        found: list[Divergence] = []
-        runs = []
-        unreproducible: set[tuple[int, str | None, str | None]] = set()
-        for run in [a, b, *interrupted]:
-            store = CheckpointStore(run.prefix)
-            own = [] if run is a else compare_runs(reference, store, run.name, unreproducible)
-            if run is b:
-                unreproducible = {(d.epoch, d.node, d.blob) for d in own}
-            found += own
-            runs.append(
-                CheckedRun(
-                    run.name,
-                    None if run.action.kind == "run" else run.action.kind,
-                    run.action.at,
-                    run.resumed_from,
-                    tuple(store.committed_epochs()),
-                    run.seconds,
-                    len(own),
-                    run.action.node,
-                )
-            )
-        found.sort(key=ordering([run.name for run in runs]))
-        return ResumeReport(record["job"], self.target, self.where, runs, found)
+            if run.action.kind in ("stop", "kill"):
+                if run.resumed_from is not None:
+                    run.seconds += self.executor.run(run.name, run.prefix, Action()).seconds
+                self._finished(run, reference)
+        order = ["A", "B", *(run.name for run in interrupted)]
+        unreproducible = {(d.epoch, d.node, d.blob) for d in self.results["B"][1]}
+        found = sorted(
+            (
+                d
+                if d.run == "B" or (d.epoch, d.node, d.blob) not in unreproducible
+                else replace(d, kind="nondeterministic")
+                for name in order
+                for d in self.results[name][1]
+            ),
+            key=ordering(order),
+        )
+        report = ResumeReport(record["job"], self.target, self.where, [self.results[name][0] for name in order], found)
+        if found:
+            first = found[0]
+            blobs = [
+                (d.node, d.blob)
+                for d in found
+                if d.run == first.run and d.epoch == first.epoch and d.node and d.blob and d.kind != "metric"
+            ]
+            report.step = first_step(self.make_job, reference, first.epoch, blobs)
+        return report
 
 
 def _interruption_points(points: tuple[int, ...] | None, last: int) -> tuple[int, ...]:

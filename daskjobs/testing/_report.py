@@ -109,6 +109,36 @@ class Divergence:
 
 
 @dataclass(frozen=True)
+class FirstStep:
+    """The step whose output first diverged, where a check can tell: task ``task`` on node ``node``,
+    the first task of its group (in the order the job defines them) that assigned a blob that
+    differs in epoch ``epoch`` (``blob``; epoch 0: in the init group). See
+    :func:`~daskjobs.testing.check_resume`.
+
+    Attributes
+    ----------
+    task : str
+        The task's name.
+    node : str
+        Its node.
+    blob : str
+        The blob it assigned, which differs first.
+    epoch : int
+        The first epoch that differs.
+    """
+
+    task: str
+    node: str
+    blob: str
+    epoch: int
+
+    def describe(self) -> str:
+        """``task 'update' on node 'center' (it assigned blob 'c' in epoch 3)``."""
+        when = "in the init group" if self.epoch == 0 else f"in epoch {self.epoch}"
+        return f"task {self.task!r} on node {self.node!r} (it assigned blob {self.blob!r} {when})"
+
+
+@dataclass(frozen=True)
 class CheckedRun:
     """One run of a check: a reference, or a run interrupted once and taken on to the end.
 
@@ -157,6 +187,22 @@ class CheckedRun:
             return f"driver killed in epoch {self.interrupt_at + 1}, resumed from {self.resumed_from}"
         return f"node {self.node!r} lost in epoch {self.interrupt_at + 1}, restored from {self.resumed_from}"
 
+    def line(self, divergences: list[Divergence]) -> str:
+        """One line, as ``daskjobs check`` prints it when the run finishes: its name, what happened to
+        it, its epochs, time and how it compares with reference A (``divergences``: its own)."""
+        return f"{self.name:<12}  {self.describe():<50}  epochs {epoch_span(self.epochs):<8} {self.seconds:6.1f} s" + (
+            _result(self, divergences)
+        )
+
+
+def _result(run: CheckedRun, divergences: list[Divergence]) -> str:
+    """How ``run`` compares with reference A: ``""`` for A itself."""
+    if run.name == "A":
+        return ""
+    if divergences:
+        return f"  {_count(len(divergences), 'divergence')}, first in epoch {divergences[0].epoch}"
+    return "  equal to A"
+
 
 def epoch_span(epochs: tuple[int, ...]) -> str:
     """``0-17`` for consecutive epochs, else the list (``0-3,5``); ``none`` when empty.
@@ -197,6 +243,9 @@ class ResumeReport:
         Every run: A and B first, then the interrupted ones.
     divergences : list of Divergence
         Every difference from reference A, earliest epoch first (then by kind, run, node, blob).
+    step : FirstStep or None
+        The step (task and node) whose output first diverged, where the check can tell (see
+        :func:`~daskjobs.testing.check_resume`).
     """
 
     job: str
@@ -204,6 +253,7 @@ class ResumeReport:
     where: str
     runs: list[CheckedRun]
     divergences: list[Divergence] = field(default_factory=list)
+    step: FirstStep | None = None
 
     @property
     def ok(self) -> bool:
@@ -249,13 +299,7 @@ class ResumeReport:
         said = max(map(len, described)) if described else 0
         lines = []
         for run, text in zip(self.runs, described, strict=True):
-            mine = [d for d in self.divergences if d.run == run.name]
-            if run.name == "A":
-                result = ""
-            elif mine:
-                result = f"  {_count(len(mine), 'divergence')}, first in epoch {mine[0].epoch}"
-            else:
-                result = "  equal to A"
+            result = _result(run, [d for d in self.divergences if d.run == run.name])
             lines.append(
                 f"{run.name:<{width}}  {text:<{said}}  epochs {epoch_span(run.epochs):<8} {run.seconds:6.1f} s{result}"
             )
@@ -270,6 +314,11 @@ class ResumeReport:
         lines = [
             f"first divergence: {first.where()}, run {first.run} ({first.kind})",
             *textwrap.wrap(first.detail, width, initial_indent="  ", subsequent_indent="  "),
+            *(
+                textwrap.wrap(f"first diverging step: {self.step.describe()}", width, subsequent_indent="  ")
+                if self.step is not None
+                else []
+            ),
             *textwrap.wrap(f"likely causes ({_kind_meaning(first.kind)}):", width, subsequent_indent="  "),
         ]
         for cause in LIKELY_CAUSES[first.kind]:
@@ -299,6 +348,7 @@ class ResumeReport:
             "runs": [{**asdict(run), "epochs": list(run.epochs), "description": run.describe()} for run in self.runs],
             "divergences": [asdict(d) for d in self.divergences],
             "first": None if first is None else {**asdict(first), "likely_causes": list(LIKELY_CAUSES[first.kind])},
+            "step": None if self.step is None else asdict(self.step),
         }
 
     def _repr_html_(self) -> str:
@@ -318,9 +368,10 @@ class ResumeReport:
         first = self.first
         if first is not None:
             causes = "".join(f"<li>{esc(cause)}</li>" for cause in LIKELY_CAUSES[first.kind])
+            step = "" if self.step is None else f"<p>First diverging step: {esc(self.step.describe())}</p>"
             parts.append(
                 f"<p>First divergence: <b>{esc(first.where())}</b>, run <b>{esc(first.run)}</b> "
-                f"({esc(first.kind)}): {esc(first.detail)}</p>"
+                f"({esc(first.kind)}): {esc(first.detail)}</p>{step}"
                 f"<p>Likely causes ({esc(_kind_meaning(first.kind))}):</p><ul>{causes}</ul>"
             )
         return "\n".join(parts)
