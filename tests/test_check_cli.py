@@ -63,7 +63,8 @@ def test_a_job_that_resumes_exactly_exits_0(jobs, monkeypatch, capsys):
     assert (result.returncode, result.stderr) == (0, "")
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "daskjobs check of job 'exact' (check_jobs.py:exact) on LocalSession, a new process per run: 4 runs"
+        "daskjobs check of job 'exact' (check_jobs.py:exact) on LocalSession, a new process per run: "
+        "one line per run as it finishes"
     )
     assert [line.split()[0] for line in lines[1:5]] == ["A", "B", "stop@2", "kill@2"]
     assert squeeze(lines[3]).startswith("stop@2 stopped after epoch 2, resumed from 2 epochs 0-4")

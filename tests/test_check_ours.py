@@ -35,8 +35,9 @@ def check(target: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def passed(result: subprocess.CompletedProcess, runs: int) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert any(line.startswith("OK: job ") for line in lines)
-    assert lines[0].endswith(f": {runs} runs")
+    assert lines[0].endswith(": one line per run as it finishes")
+    assert [line.split()[0] for line in lines[1 : runs + 1]][:2] == ["A", "B"]
+    assert lines[runs + 1].startswith("OK: job ")
 
 
 def test_the_demo_resumes_exactly():

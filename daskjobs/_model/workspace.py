@@ -33,7 +33,8 @@ class Scope:
     scope that the run discards (see :meth:`Workspace.__setitem__`).
 
     ``writers`` says which task last assigned each blob of this level: ``(epoch, task index in its
-    group, task name)``; a blob assigned outside a task (or in place, ``ws["w"][:] = ...``) has none.
+    group, task name)``; a blob assigned outside a task has none, and a change in place
+    (``ws["w"][:] = ...``) is no assignment.
     """
 
     __slots__ = ("blobs", "misses", "parent", "reserved", "traps", "writers")

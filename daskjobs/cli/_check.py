@@ -86,7 +86,11 @@ def check_job(args: argparse.Namespace) -> int:
         )
     with _session(args, job) as session:
         if not args.json:
-            say(f"daskjobs check of job {job.name!r} ({args.target}): one line per run as it finishes")
+            where = "LocalSession" if session is None else f"the Dask cluster at {session.client.scheduler.address}"
+            say(
+                f"daskjobs check of job {job.name!r} ({args.target}) on {where}, a new process per run: "
+                "one line per run as it finishes"
+            )
         try:
             report = check_resume(
                 args.target,
