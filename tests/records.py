@@ -1,8 +1,9 @@
 """Commit records of every format version, for tests.
 
-* :func:`as_version` rewrites a committed epoch's record as an older daskjobs wrote it: format 3
-  (sealed, every node's whole entry inside the record) or 2 (the same, unsealed). The node groups
-  are the same in every version: their ``zarr.json`` always held the node's entry.
+* :func:`as_version` rewrites a committed epoch as an older daskjobs wrote it: format 4 (arrays
+  without ``dimension_names``, the manifests without them), 3 (the same, sealed, every node's whole
+  entry inside the record) or 2 (the same, unsealed). The groups' ``zarr.json`` always held the
+  node's entry.
 * :func:`edit_entry` changes a node's entry as a writer would have written it, consistently: in a
   record of format 4 the node's manifest (the group's ``zarr.json``) is rewritten and the record
   names the new manifest (size and digest, sealed again); in older records the entry inside the
@@ -18,9 +19,10 @@ from typing import Any
 
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._format.manifests import reference
-from daskjobs.checkpoint._format.records import MANIFEST_KEY, seal
+from daskjobs.checkpoint._format.records import MANIFEST_KEY, RECORD_FORMAT_VERSION, seal
+from daskjobs.checkpoint._storage.zarr_groups import expected_metadata
 
-VERSIONS = (2, 3, 4)
+VERSIONS = (2, 3, 4, 5)
 """The commit-record versions this daskjobs reads."""
 
 
@@ -51,10 +53,17 @@ def write_record(store: CheckpointStore, epoch: int, record: dict[str, Any]) -> 
 
 
 def as_version(store: CheckpointStore, epoch: int, version: int) -> None:
-    """Rewrite the record of committed ``epoch`` (format 4) as format ``version`` would have held it."""
-    if version == 4:
+    """Rewrite committed ``epoch`` (format 5) as format ``version`` would have held it."""
+    if version == RECORD_FORMAT_VERSION:
         return
     record = raw_record(store, epoch)
+    for node in record["nodes"]:
+        edit_entry(store, epoch, node, _without_dimension_names(store, node, epoch))
+    record = raw_record(store, epoch)
+    record["format_version"] = 4
+    write_record(store, epoch, record)
+    if version == 4:
+        return
     entries = store.node_entries(epoch)
     legacy = {key: value for key, value in record.items() if key != "manifests"}
     legacy["format_version"] = version
@@ -62,6 +71,19 @@ def as_version(store: CheckpointStore, epoch: int, version: int) -> None:
         node: {key: value for key, value in entry.items() if key != MANIFEST_KEY} for node, entry in entries.items()
     }
     write_record(store, epoch, legacy)
+
+
+def _without_dimension_names(store: CheckpointStore, node: str, epoch: int) -> Callable[[dict[str, Any]], None]:
+    """An entry change dropping ``dimension_names`` from every blob, and from its array's ``zarr.json``."""
+
+    def change(entry: dict[str, Any]) -> None:
+        for name, meta in entry["blobs"].items():
+            meta.pop("dimension_names", None)
+            path = fs_path(store, f"{node}.{epoch}", name, "zarr.json")
+            store.fs.rm_file(path)  # a new file: other epochs may hard-link the old one
+            store.fs.pipe_file(path, expected_metadata(meta))
+
+    return change
 
 
 def edit_entry(store: CheckpointStore, epoch: int, node: str, change: Callable[[dict[str, Any]], None]) -> None:

@@ -1,10 +1,10 @@
 """Commit records of earlier format versions stay readable on every path (SPEC §3 "Scale").
 
-A prefix whose epochs 0..2 were committed by an older daskjobs (format 3: every node's entry in the
-sealed record; format 2: the same, unsealed; the groups are the same in every version) is read,
-verified, listed, shown, resumed, pruned and written on by this daskjobs: a resume loads it, the next
-epoch reuses its chunks (delta) and is committed in format 4 beside it, and retention deletes exactly
-the files its record lists.
+A prefix whose epochs 0..2 were committed by an older daskjobs (format 4: arrays without dimension
+names; format 3: the same, every node's entry in the sealed record; format 2: the same, unsealed) is
+read, verified, listed, shown, resumed, pruned and written on by this daskjobs: a resume loads it,
+the next epoch reuses its chunks (delta) and is committed in the current format beside it, and
+retention deletes exactly the files its record lists.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def build_job() -> dj.Job:
     return job
 
 
-@pytest.fixture(params=[2, 3])
+@pytest.fixture(params=[2, 3, 4])
 def legacy(request, tmp_path) -> str:
     """Epochs 0..2 committed, every record rewritten as format ``request.param`` held it."""
     prefix = str(tmp_path / "ckpt")
@@ -81,7 +81,7 @@ def test_every_read_path_reads_an_older_record(legacy, capsys, request):
     assert [row["format_version"] for row in json.loads(out)] == [request.node.callspec.params["legacy"]] * 3
 
 
-def test_a_resume_from_an_older_record_reuses_its_chunks_and_commits_format_4(legacy):
+def test_a_resume_from_an_older_record_reuses_its_chunks_and_commits_the_current_format(legacy):
     store = CheckpointStore(legacy)
     manager = dj.MultiNodeCheckpointManager(legacy, keep_last=2)
     runner = dj.JobRunner(build_job(), manager, max_epochs=4, progress=False)

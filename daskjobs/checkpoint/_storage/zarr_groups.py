@@ -323,11 +323,16 @@ def _layout(name: str, kind: str, array: np.ndarray, codec: str | None) -> tuple
     return meta, spans, [(data[start:stop], bytes(pad)) if pad else (data[start:stop],) for start, stop, pad in spans]
 
 
+_NOT_LAYOUT = ("nbytes", "dimension_names")
+"""Blob entry fields that do not change its chunk files (dimension names are in its ``zarr.json`` only)."""
+
+
 def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chunk_count: int) -> bool:
-    """Whether ``before`` (the previous epoch's blob entry) has this layout: its files may be reused."""
+    """Whether ``before`` (the previous epoch's blob entry) has this layout: its chunk files may be
+    reused (its ``zarr.json`` too when the dimension names are the same as well)."""
     return (
         isinstance(before, dict)
-        and all(before.get(k) == v for k, v in meta.items() if k != "nbytes")
+        and all(before.get(k) == v for k, v in meta.items() if k not in _NOT_LAYOUT)
         and isinstance(before.get("hashes"), list)
         and len(before["hashes"]) == chunk_count
     )
@@ -425,8 +430,9 @@ def _write_blob(
         put, reuse = files.overwrite, files.reuse_over
     else:
         files.mkdir(path)
-    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``same``
-    if not (same and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
+    metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``named`` too
+    named = same and before.get("dimension_names") == meta["dimension_names"]  # a group of format 4 names none
+    if not (named and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
         put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
     for index, (start, stop, _pad) in enumerate(spans):
