@@ -457,6 +457,25 @@ def test_readme_command_line_section_runs_as_printed(tmp_path):
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}"
 
 
+def test_the_getting_started_checkpoints_stay_out_of_git():
+    """The command-line block of Getting started, run from the repository's root, writes its checkpoints
+    where git does not see them: ``git status`` stays clean (the repository's .gitignore lists them)."""
+    import shlex
+
+    root = Path(dj.__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    prefixes = {
+        argv[argv.index("--checkpoint") + 1] if "--checkpoint" in argv else argv[argv.index("checkpoints") + 2]
+        for argv in (shlex.split(line, comments=True) for line in readme_commands())
+        if "--checkpoint" in argv or "checkpoints" in argv
+    }
+    assert prefixes == {"ckpt-demo"}
+    for prefix in prefixes:
+        ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", f"{prefix}/ps.0/zarr.json"])
+        assert ignored.returncode == 0, f"{prefix}/ is not in .gitignore"
+
+
 def test_daskjobs_own_modules_are_never_shipped_by_value(monkeypatch):
     """``daskjobs.demo:demo_job`` loaded in a daskjobs checkout: daskjobs' modules stay pickled by
     reference (every worker imports daskjobs; by value, an ArrayReader's thread-local fails)."""

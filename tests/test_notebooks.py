@@ -118,3 +118,9 @@ def test_quickstart_shows_widget_progress_table_plot_and_dashboard(executed):
     assert any("image/png" in o.get("data", {}) for o in shown)
     text = "\n".join(o.get("text", "") for o in shown if o.output_type == "stream")
     assert "Dask dashboard: http://127.0.0.1:" in text
+    # A viewer without widgets (GitHub, nbviewer, a terminal) shows the bar's text form: its final state.
+    bars = [
+        o["data"]["text/plain"] for o in shown if WIDGET in o.get("data", {}) and "epoch" in o["data"]["text/plain"]
+    ]
+    assert bars
+    assert all(re.match(r"job \S+: 100%\|#+\| (\d+)/\1 \[", bar) for bar in bars), bars
