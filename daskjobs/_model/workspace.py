@@ -173,7 +173,7 @@ class Workspace(MutableMapping[str, Value]):
 
     def for_task(self, index: int, name: str) -> Workspace:
         """This workspace (the same blobs) as task ``name`` (``index`` in its group) sees it: what it
-        assigns is recorded as that task's (see :attr:`Scope.writers`)."""
+        assigns is recorded as that task's (see ``Scope.writers``)."""
         return Workspace(
             self._scope,
             node=self.node,

@@ -8,6 +8,7 @@ a target that is not a job, a prefix that does not exist or holds no daskjobs ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -49,12 +50,10 @@ def say(text: str) -> None:
 def end_output() -> None:
     """Point stdout at ``os.devnull``: its reader went away, so nothing more printed (nor the flush
     at exit) raises ``BrokenPipeError`` or prints Python's "Exception ignored" note."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # no file descriptor (a captured stdout): nothing to redirect
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing to redirect
-        pass
 
 
 def positive_int(text: str) -> int:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._model.job import Job
 from ..errors import JobInterruptedError
@@ -29,6 +29,9 @@ from ._common import (
     positive_int,
     say,
 )
+
+if TYPE_CHECKING:
+    from ..runner._history import EpochRecord
 
 logger = logging.getLogger("daskjobs")
 
@@ -140,7 +143,7 @@ def run_job(args: argparse.Namespace) -> int:
     return OK
 
 
-def _epoch_printer(committed: bool) -> Any:
+def _epoch_printer(committed: bool) -> Callable[[EpochRecord], None]:
     """Without a progress bar (no terminal: CI, batch logs): one line per committed epoch on stdout."""
     return lambda record: say(epoch_line(record, committed=committed))
 

@@ -484,7 +484,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         Nothing is deleted now: the committed epochs stay (and a run that fails before its epoch 0
         commits leaves them as they were) until the new epoch 0 is committed. That epoch's groups are
         written to a staging folder; right before its commit record is written the old epochs are
-        retired (one warning lists them), as after :meth:`resume_older`. The prefix must hold this
+        retired (one warning lists them), as after ``resume_older``. The prefix must hold this
         job's commits (its name and nodes, checked against the newest commit record that reads).
 
         Examples
