@@ -24,7 +24,7 @@ import daskjobs as dj
 from daskjobs.checkpoint._format.records import record_bytes
 from daskjobs.checkpoint._protocol.retention import kept_epochs, writes_in_full
 from daskjobs.cli import main
-from daskjobs.errors import DefinitionTypeError, JobDefinitionError
+from daskjobs.errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
 from daskjobs.runner._targets import load_job
 
 pytestmark = pytest.mark.timeout(120)
@@ -319,3 +319,22 @@ def test_help_says_what_resume_from_and_fresh_delete(folder):
         "start from epoch 0 on a prefix that holds this job's commits; they are deleted when the new epoch 0 "
         "commits (not before)" in text
     )
+
+
+def test_start_fresh_in_python(folder):
+    """``manager.start_fresh()`` before ``train``: the run starts at epoch 1 after init, and the old
+    commits go once epoch 0 commits; with ``resume_from_epoch`` as well it is refused, nothing read."""
+    prefix = folder / "ck"
+    train(folder, prefix, 4)
+    job = load_job(f"{folder / 'job.py'}:make")
+    manager = dj.MultiNodeCheckpointManager(str(prefix))
+    manager.start_fresh()
+    runner = dj.JobRunner(job, manager, max_epochs=2, progress=False)
+    assert runner.train(None) == 2
+    assert [r.epoch for r in runner.history] == [1, 2]
+    assert [info.epoch for info in dj.list_checkpoints(str(prefix))] == [0, 1, 2]
+    again = dj.MultiNodeCheckpointManager(str(prefix))
+    again.start_fresh()
+    with pytest.raises(InvalidStateError, match=r"start_fresh\(\) starts from epoch 0 and resume_from_epoch=1"):
+        dj.JobRunner(job, again, resume_from_epoch=1, max_epochs=2, progress=False).train(None)
+    assert [info.epoch for info in dj.list_checkpoints(str(prefix))] == [0, 1, 2]

@@ -41,7 +41,8 @@ class JobRunner:
     checkpoint_manager
         Saves every epoch (epoch 0 right after init) and resumes from the latest committed one.
     resume_from_epoch
-        Resume from this committed epoch instead of the latest.
+        Resume from this committed epoch instead of the latest. The epochs after it are deleted
+        when the first new epoch commits (not before: a run that fails first leaves them).
     upload_task_group_builder
         Its ``build(last_epoch, manager)`` group runs once after the loop.
     max_epochs

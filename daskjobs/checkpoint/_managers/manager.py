@@ -270,6 +270,11 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """
         if user_epoch is not None:
             user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
+            if self._fresh:
+                raise InvalidStateError(
+                    f"start_fresh() starts from epoch 0 and resume_from_epoch={user_epoch} from epoch {user_epoch}: "
+                    "give one of them"
+                )
         elif self._fresh:  # see start_fresh
             self._fresh = False
             job = stage_fresh_start(self.store, self._staging, self._job_name if self._job_named else None, self._nodes)
