@@ -112,7 +112,9 @@ IMPORT_CASES = [
         subcommand,
         *case,
         id=f"{subcommand}-{name}",
-        marks=[pytest.mark.matrix] if subcommand == "check" and name != "syntax-error" else [],
+        marks=[pytest.mark.matrix]
+        if name == "import-error" or (subcommand == "check" and name != "syntax-error")
+        else [],
     )
     for subcommand in ("run", "check")
     for name, case in IMPORT_FAILURES.items()
@@ -143,7 +145,7 @@ def committed(folder: Path, epochs: int) -> Path:
     return prefix
 
 
-@pytest.mark.parametrize("action", ["verify", "list"])
+@pytest.mark.parametrize("action", ["verify", pytest.param("list", marks=pytest.mark.matrix)])
 def test_a_reader_that_went_away_ends_quietly(folder, action):
     """stdout closed before the command prints (``| head`` that has read enough): exit 0, stderr empty."""
     prefix = committed(folder, 2)
