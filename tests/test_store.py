@@ -31,7 +31,7 @@ from daskjobs.checkpoint._format.records import (
     validate_commit_record,
 )
 from daskjobs.checkpoint._storage import durable as _durable
-from daskjobs.checkpoint._storage import reader as _reader
+from daskjobs.checkpoint._storage import files as _files
 from daskjobs.errors import (
     BlobTypeError,
     CheckpointCorruptError,
@@ -159,8 +159,8 @@ def test_multi_chunk_arrays_with_padding(store, monkeypatch):
 
 def test_parallel_reads_and_aligned_outputs(store, monkeypatch):
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(_reader, "_PARALLEL_FROM", 0)  # read chunks in the thread pool even when small
-    monkeypatch.setattr(_reader, "_THREADS", 4)
+    monkeypatch.setattr(_files, "_PARALLEL_FROM", 0)  # read chunks in the thread pool even when small
+    monkeypatch.setattr(_files, "_THREADS", 4)
     monkeypatch.setattr(_chunks, "_ALIGN_FROM", 0)
     blobs = {"w": np.arange(10_000, dtype="f8"), "v": np.arange(3000, dtype="i4").reshape(1000, 3)}
     save(store, 1, {"a": blobs})

@@ -2,11 +2,19 @@
 
 A node group ``<node>.<epoch>/`` is daskjobs' own only if it is a real directory (never a
 symlink) whose ``zarr.json`` is a Zarr v3 group carrying ``attributes["daskjobs"]`` with that
-node and epoch — the marker every save writes first. A folder that merely looks like
+node and epoch — the marker every save writes first — or, for a group written over a retired one
+whose manifest was not yet renamed over the retired marker when the machine stopped, whose
+manifest beside it (``zarr.json.tmp-<32 hex>``) is. A folder that merely looks like
 ``<name>.<number>`` (``mydata.2024``) carries no such marker and is never touched. A save that
 writes over a retired group (:func:`take_over_group`) does so in a staging folder
 ``<node>.<epoch>.tmp-<32 hex>``: it is daskjobs' own only if its ``zarr.json`` is that node's
-marker (of the retired epoch, or of the new one once its manifest is written).
+marker (of the retired epoch, or of the new one once its manifest is in place).
+
+A marker is never written in place (see :class:`~.durable.Staged`): the retired group's
+``zarr.json`` stays as it was until the new manifest, a new file, is durable and renamed over it.
+Whatever a crash or a power loss tears — chunk files written in place, the new manifest — the
+folder keeps a whole marker under whichever name it ends up, so cleanup can always tell it is
+daskjobs' own.
 
 Inside an owned group only these are deleted: in each blob folder (a valid blob name) its
 ``zarr.json``, its chunk files (``c.<i>.<j>…``; for a committed group exactly the chunks its
@@ -38,6 +46,7 @@ from .._format.chunks import chunk_key
 from .._format.entries import RESERVED_BLOB_NAMES, loads
 from .._format.manifests import ENTRY_KEY, reference
 from .._format.records import MANIFEST_KEY
+from .base import LocalTree, Staged
 from .files import read_regular
 
 logger = logging.getLogger("daskjobs")
@@ -49,6 +58,8 @@ STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-[0-9a-f]{32}")
 TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
 """daskjobs' own temp files: ``<name>.tmp-<32 hex digits>``."""
 _CHUNK_RE = re.compile(r"c((?:\.(?:0|[1-9][0-9]*))*)")
+_MANIFEST_RE = re.compile(r"zarr\.json\.tmp-[0-9a-f]{32}")
+"""A group's manifest written beside its marker, not yet renamed over it (see :class:`~.durable.Staged`)."""
 _MARKER_LIMIT = 64 << 20
 _META = "zarr.json"
 
@@ -150,11 +161,35 @@ class Tree:
 
 def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, Any] | None:
     """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch`` (``None``: any epoch), or
-    ``None`` if it is not ours; it names the group's ``zarr.json`` (its manifest, once the save
-    finished) under ``"manifest"``."""
+    ``None`` if it is not ours; it names the document it was read from (the group's ``zarr.json``,
+    its manifest once the save finished) under ``"manifest"``."""
+    found = _find_marker(tree, group, node, epoch)
+    return None if found is None else found[1]
+
+
+def _find_marker(tree: Tree, group: str, node: str, epoch: int | None) -> tuple[str, dict[str, Any]] | None:
+    """``(file name, marker)`` of :func:`marker`: ``zarr.json``, else a manifest beside it
+    (:data:`_MANIFEST_RE`, a local group written over a retired one, not yet put in place)."""
     if not tree.objects and tree.kind(group) != DIR:
         return None
-    data = tree.read_small(f"{group}/{_META}")
+    found = _read_marker(tree, f"{group}/{_META}", node, epoch)
+    if found is not None:
+        return _META, found
+    if tree.objects:
+        return None
+    for name, kind in sorted(tree.entries(group).items()):
+        found = (
+            _read_marker(tree, f"{group}/{name}", node, epoch)
+            if kind == FILE and _MANIFEST_RE.fullmatch(name)
+            else None
+        )
+        if found is not None:
+            return name, found
+    return None
+
+
+def _read_marker(tree: Tree, path: str, node: str, epoch: int | None) -> dict[str, Any] | None:
+    data = tree.read_small(path)
     if data is None or len(data) > _MARKER_LIMIT:
         return None
     try:
@@ -260,20 +295,21 @@ def _remove_own_files(tree: Tree, group: str, blobs: Mapping[str, Any] | None) -
 
 
 def take_over_group(
-    tree: Tree, group: str, target: str, node: str, epoch: int, entry: Mapping[str, Any] | None
+    tree: Tree, files: LocalTree, group: str, target: str, node: str, epoch: int, entry: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
     """Rename ``node``'s retired group of ``epoch`` at ``group`` to ``target`` (a staging folder of a
     new group, see :data:`STAGING_RE`) to be written over; return the blobs it holds (from its
     manifest), or ``None`` and touch nothing.
 
-    Only a local group that holds exactly what its manifest lists is taken: the manifest named by
+    Only a group that holds exactly what its manifest lists is taken: the manifest named by
     ``entry`` (what the commit record held of the group: the entry, or the summary naming the
     manifest), every blob folder with exactly its ``zarr.json`` and its chunk grid, all regular
     files. Anything else (a user's file, a symlink, a temp file, a manifest that does not match)
     leaves it to :func:`remove_group`. Writing over a retired group costs the file system no new
-    files and no deletions: on small groups, most of a save's cost (see :mod:`.zarr_groups`).
+    files and no deletions but the manifest's: on small groups, most of a save's cost (see
+    :mod:`.zarr_groups`).
     """
-    if tree.objects or entry is None or not STAGING_RE.fullmatch(os.path.basename(target)):
+    if entry is None or not STAGING_RE.fullmatch(os.path.basename(target)):
         return None
     found = marker(tree, group, node, epoch)
     if found is None or found[MANIFEST_KEY] != entry.get(MANIFEST_KEY) or not isinstance(found.get("blobs"), dict):
@@ -290,19 +326,20 @@ def take_over_group(
         if tree.entries(f"{group}/{name}") != dict.fromkeys([_META, *keys], FILE):
             return None
     try:
-        os.rename(group, target)
+        files.rename(group, target)
     except OSError:
         return None
     return blobs
 
 
-def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> str | None:
+def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> Staged | None:
     """The staging folder under ``root`` holding ``node``'s save ``save_id`` of ``epoch``, written
-    whole (its manifest in place) but not yet renamed to the group's name; ``None`` if there is none."""
+    whole (its manifest written) but not yet put in place, and where it goes; ``None`` if there is none."""
     for name, _node, staged in group_folders(tree, root, {node}, STAGING_RE):
-        found = marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
-        if found is not None and found.get("save_id") == save_id and "blobs" in found:
-            return f"{root}/{name}"
+        found = _find_marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
+        if found is not None and found[1].get("save_id") == save_id and "blobs" in found[1]:
+            manifest = None if found[0] == _META else f"{root}/{name}/{found[0]}"
+            return Staged(f"{root}/{name}", f"{root}/{node}.{epoch}", manifest)
     return None
 
 
