@@ -132,8 +132,9 @@ class Files(Protocol):
         """
 
     def create(self, path: str, data: bytes, sync_soon: bool = False) -> None:
-        """Create the small file ``path`` durably; :class:`FileExistsError` if it exists (exclusive
-        against any other writer). ``sync_soon``: durable a little later, not waited for."""
+        """Create the small file ``path`` (its missing folders too) exclusively against any other
+        writer: :class:`FileExistsError` if it exists. Its bytes are durable when it returns
+        (``sync_soon``: a little later, not waited for), its name need not be (a lock)."""
 
     def remove(self, path: str, sync_folder: bool = True) -> None:
         """Remove the file ``path`` if it is there (``sync_folder``: as in :meth:`replace`)."""

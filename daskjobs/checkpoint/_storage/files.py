@@ -105,9 +105,9 @@ DIR_MODE = 0o755
 """Mode of every folder daskjobs creates (less what the umask removes)."""
 
 
-def make_dirs(path: str, within: str | None = None) -> None:
+def make_dirs(path: str, within: str | None = None) -> list[str]:
     """Create ``path`` and its missing parents, each with :data:`DIR_MODE` (``os.makedirs`` gives
-    parents ``0o777``); an existing directory is fine.
+    parents ``0o777``); an existing directory is fine. Return the folders created, top-down.
 
     ``within``: a folder above ``path`` that must exist already (a checkpoint prefix): if it
     vanished, :class:`FileNotFoundError` is raised instead of creating it again (a prefix on an
@@ -115,23 +115,26 @@ def make_dirs(path: str, within: str | None = None) -> None:
     """
     try:
         os.mkdir(path, DIR_MODE)  # the parent is usually there: one syscall
-        return
+        return [path]
     except FileExistsError:
         if not os.path.isdir(path):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
-        return
+        return []
     except FileNotFoundError:
         pass
+    made = []
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
         if parent == within:
             raise FileNotFoundError(errno.ENOENT, "the checkpoint prefix vanished", within)
-        make_dirs(parent, within)
+        made = make_dirs(parent, within)
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         if not os.path.isdir(path):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+        return made
+    return [*made, path]
 
 
 def write_file(path: str, parts: Sequence[Any], *, over: int | None = None) -> None:
@@ -229,11 +232,12 @@ class LocalFiles:
     # -- writing ------------------------------------------------------------------------------
     def mkdir(self, path: str, parents: bool = False, within: str | None = None) -> None:
         """Create directory ``path``; with ``parents`` also missing parents below ``within`` (see :func:`make_dirs`)."""
-        if parents:
-            make_dirs(path, within)
-        else:
+        if not parents:
             os.mkdir(path, DIR_MODE)
-        self._unsynced.append(path)
+            self._unsynced.append(path)
+            return
+        made = make_dirs(path, within)  # each folder made, and the parent of each (its entry)
+        self._unsynced.extend([path, *dict.fromkeys(os.path.dirname(folder) for folder in made), *made])
 
     def put(self, path: str, *parts: Any) -> None:
         """Write a file from buffers; a large one is fsynced at once (see :data:`_SYNC_EARLY_FROM`).
@@ -291,11 +295,18 @@ class LocalFiles:
     def remove_folder(self, path: str) -> None:
         """Remove the empty folder ``path``; :meth:`flush` makes that durable."""
         os.rmdir(path)
-        self._unsynced.append(os.path.dirname(path))
+        self._unsynced = [p for p in self._unsynced if p != path] + [os.path.dirname(path)]
 
     def publish(self, staged: Staged) -> None:
-        """Put ``staged`` in place now; :meth:`flush` makes that durable."""
-        self._unsynced.extend(staged.publish())
+        """Put ``staged`` in place now; :meth:`flush` makes that durable (and syncs what was written
+        in the staging folder under its new name)."""
+        folders = staged.publish()
+        moved = {staged.manifest: f"{staged.target}/zarr.json"} if staged.manifest else {}
+        inside = staged.folder + "/"
+        for path in self._unsynced:
+            if path == staged.folder or path.startswith(inside):
+                moved.setdefault(path, staged.target + path[len(staged.folder) :])
+        self._unsynced = [moved.get(p, p) for p in self._unsynced] + folders
 
     def publish_when_durable(self, staged: Staged) -> None:
         """Put ``staged`` (a group written in a staging folder) in place once what was written is
@@ -394,9 +405,11 @@ class LocalFiles:
         ``sync_folder=False`` leaves the folder's fsync to a later :meth:`sync_folder` (the file is
         then complete whenever it is there, but may vanish again in a crash until then);
         ``sync_file=False`` skips the file's own fsync too (a file that need not survive a crash).
+        Folders it makes are made durable first (with ``sync_file``).
         """
-        if not os.path.isdir(os.path.dirname(path)):
-            make_dirs(os.path.dirname(path))
+        made = [] if os.path.isdir(os.path.dirname(path)) else make_dirs(os.path.dirname(path))
+        if made and self._fsync and sync_file:  # the folders made are durable before the file's name is
+            sync_paths(list(dict.fromkeys(os.path.dirname(folder) for folder in made)))
         temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             write_file(temp, [data])
