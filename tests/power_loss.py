@@ -88,6 +88,8 @@ class PowerLoss:
         """At the crash: each file's size, bytes and mtime (ns)."""
         self._when: Callable[[Event], bool] | None = None
         self._patches: list[tuple[Any, str, Any]] = []
+        self.torn: list[str] = []
+        """Files :meth:`restore` tore (relative to the root), for messages."""
 
     # -- choosing the moment ------------------------------------------------------------------
     def crash_when(self, when: Callable[[Event], bool]) -> None:
@@ -311,6 +313,8 @@ class PowerLoss:
                 os.link(made[entry.key], path)
             else:
                 data, mtime = self._bytes(entry.key)
+                if data != self._current.get(entry.key, (0, data, 0))[1]:
+                    self.torn.append(os.path.relpath(path, self.root))
                 with open(path, "wb") as file:
                     file.write(data)
                 os.utime(path, ns=(mtime, mtime))
@@ -324,19 +328,6 @@ class PowerLoss:
         if self.tear == "old":
             return durable, mtime or now_mtime
         return durable[:size] + b"\0" * (size - len(durable)), now_mtime
-
-    def torn(self) -> list[str]:
-        """Paths (relative to the root) of the files :meth:`restore` tore, for messages."""
-        out = []
-        for folder, _dirs, names in os.walk(self.root):
-            for name in names:
-                path = os.path.join(folder, name)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    with open(path, "rb") as file:
-                        data = file.read()
-                    if not data or data.endswith(b"\0"):
-                        out.append(os.path.relpath(path, self.root))
-        return sorted(out)
 
 
 def _kind(mode: int) -> str:

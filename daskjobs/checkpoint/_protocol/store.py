@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from .._format.entries import SAVE_ID_RE, check_epoch
 from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY, committed_entry
 from .._storage.base import LocalTree, local_tree
-from .._storage.cleanup import Tree, clear_for_write, staged_group, take_over_group
+from .._storage.cleanup import Tree, clear_for_write, staged_group, staging_name, take_over_group
 from .._storage.reader import GroupReader, read_group, read_group_entry, read_manifest
 from .._storage.zarr_groups import COMPRESSIONS, Location, describe_group, write_group
 from .commits import Commits, RetiredEpoch
@@ -288,7 +287,7 @@ class CheckpointStore(Commits):
         and return both with its blobs (see :func:`~.._storage.cleanup.take_over_group`), where the
         files can be written over in place; else delete it (a failure is a warning, as retention's)
         and return ``None``."""
-        old, staging = self._path(f"{node}.{retired.epoch}"), f"{where.path}.tmp-{uuid.uuid4().hex}"
+        old, staging = self._path(f"{node}.{retired.epoch}"), staging_name(where.path)
         blobs = None
         try:
             if local_tree(where.files):

@@ -1,20 +1,25 @@
 """Deleting checkpoint files: only what daskjobs provably wrote.
 
-A node group ``<node>.<epoch>/`` is daskjobs' own only if it is a real directory (never a
-symlink) whose ``zarr.json`` is a Zarr v3 group carrying ``attributes["daskjobs"]`` with that
-node and epoch — the marker every save writes first — or, for a group written over a retired one
-whose manifest was not yet renamed over the retired marker when the machine stopped, whose
-manifest beside it (``zarr.json.tmp-<32 hex>``) is. A folder that merely looks like
-``<name>.<number>`` (``mydata.2024``) carries no such marker and is never touched. A save that
-writes over a retired group (:func:`take_over_group`) does so in a staging folder
-``<node>.<epoch>.tmp-<32 hex>``: it is daskjobs' own only if its ``zarr.json`` is that node's
-marker (of the retired epoch, or of the new one once its manifest is in place).
+Two things prove a folder daskjobs' own, each made atomically before anything a crash could tear:
 
-A marker is never written in place (see :class:`~.durable.Staged`): the retired group's
-``zarr.json`` stays as it was until the new manifest, a new file, is durable and renamed over it.
-Whatever a crash or a power loss tears — chunk files written in place, the new manifest — the
-folder keeps a whole marker under whichever name it ends up, so cleanup can always tell it is
-daskjobs' own.
+* **A staging folder's name.** On a local disk every group is written in a staging folder
+  ``<node>.<epoch>.tmp-<16 hex><16 hex>`` — made fresh, or a retired group of the node renamed
+  there to be written over (:func:`take_over_group`) — and renamed to ``<node>.<epoch>`` once
+  all of it is durable. The name carries a check that only daskjobs makes (:func:`staging_name`,
+  :func:`named_by_us`), and it appears with its folder, in one ``mkdir`` or ``rename``: whatever
+  a crash or a power loss tore inside, the folder is provably ours.
+* **A marker**: a group's ``zarr.json`` that is a Zarr v3 group carrying ``attributes["daskjobs"]``
+  with that node and epoch. On object stores it is written first, before anything else of the
+  group; on a local disk a group appears under its name only with its manifest — its marker —
+  durable. A retired group written over keeps its ``zarr.json`` (its epoch's manifest) as it
+  was until the new manifest, written as a new file beside it (``zarr.json.tmp-<32 hex>``), is
+  durable and renamed over it (:class:`~.durable.Staged`): a retired group that a crash left
+  under its old name (the rename to the staging folder undone) still holds a whole marker, and a
+  group whose rename into place became durable before the rename of its manifest holds the
+  manifest beside its marker, where it proves the group ours too.
+
+A folder that merely looks like ``<name>.<number>`` (``mydata.2024``) or like a staging folder,
+without the check or a marker, is never touched.
 
 Inside an owned group only these are deleted: in each blob folder (a valid blob name) its
 ``zarr.json``, its chunk files (``c.<i>.<j>…``; for a committed group exactly the chunks its
@@ -33,9 +38,11 @@ import math
 import os
 import re
 import stat
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -53,8 +60,9 @@ logger = logging.getLogger("daskjobs")
 
 GROUP_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})")
 """A node group's folder name: ``<node>.<epoch>`` with a canonical epoch."""
-STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-[0-9a-f]{32}")
-"""A staging folder: a retired group of the node being written over as its group of the epoch named."""
+STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-([0-9a-f]{16})([0-9a-f]{16})")
+"""A staging folder: a node's group of the epoch named being written (on a local disk), fresh or
+over a retired group of the node; its name is daskjobs' own if it carries its check (see :func:`staging_name`)."""
 TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
 """daskjobs' own temp files: ``<name>.tmp-<32 hex digits>``."""
 _CHUNK_RE = re.compile(r"c((?:\.(?:0|[1-9][0-9]*))*)")
@@ -209,6 +217,26 @@ def _read_marker(tree: Tree, path: str, node: str, epoch: int | None) -> dict[st
     ):
         return {**found, MANIFEST_KEY: reference(data)}
     return None
+
+
+def staging_name(group: str) -> str:
+    """A new staging folder of the group at ``group`` (``<node>.<epoch>``): ``<group>.tmp-<16 hex><16 hex>``,
+    a random number and its check (see :func:`named_by_us`)."""
+    number = uuid.uuid4().hex[:16]
+    return f"{group}.tmp-{number}{_check(os.path.basename(group), number)}"
+
+
+def named_by_us(name: str) -> bool:
+    """Whether the folder name ``name`` is a staging folder named by :func:`staging_name`: its check
+    is the XXH3-64 of daskjobs' own text with its group's name and number, which no name made
+    by anyone else carries but by a chance of 2**-64. The name is made atomically with the folder
+    (``mkdir``, ``rename``), so it proves the folder daskjobs' own whatever a crash did to its files."""
+    match = STAGING_RE.fullmatch(name)
+    return match is not None and match.group(4) == _check(f"{match.group(1)}.{match.group(2)}", match.group(3))
+
+
+def _check(group: str, number: str) -> str:
+    return xxhash.xxh3_64_hexdigest(f"daskjobs staging folder {group} {number}".encode())
 
 
 def _valid(name: str, what: str) -> bool:
@@ -406,7 +434,7 @@ def remove_debris(tree: Tree, root: str, committed: set[int], nodes: set[str] | 
         if epoch not in committed and remove_group(tree, f"{root}/{name}", node, epoch):
             removed.append(name)
     for name, node, _epoch in group_folders(tree, root, nodes, STAGING_RE):
-        if marker(tree, f"{root}/{name}", node, None) is not None:
+        if named_by_us(name) or marker(tree, f"{root}/{name}", node, None) is not None:
             _remove_own_files(tree, f"{root}/{name}", None)
             removed.append(name)
     for where in (own, f"{own}/commits"):

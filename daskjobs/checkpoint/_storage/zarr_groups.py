@@ -7,16 +7,18 @@ Layout of ``<prefix>/<node>.<epoch>/``::
     <blob>/zarr.json     array metadata: shape, data type, chunk grid, codecs
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
-The group's ``zarr.json`` is written first with ``{"node", "epoch", "save_id", "state": "writing"}``
-(the marker that says daskjobs owns the folder) and replaced last with the full entry. On a
-local disk, a save may instead write over a retired group of the same node, renamed to a staging
-folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in place, new
-ones created, stale ones removed, the manifest written last as a new file beside the retired
-group's ``zarr.json`` (a daskjobs temp file), and once all of it is durable (the flush) the
-manifest is renamed over that ``zarr.json`` and the folder to the group's name (see
-:class:`~.durable.Staged`): a group appears under its name only complete and durable, a staging
-folder is debris until then, and the marker is never written in place — whatever a crash tears,
-the folder holds a whole marker of daskjobs (see :mod:`.cleanup`).
+The group's ``zarr.json`` is its manifest: the node's entry, written last. On a local disk the
+group is written in a staging folder ``<node>.<epoch>.tmp-<16 hex><16 hex>`` whose name proves
+it daskjobs' own (see :mod:`.cleanup`), and renamed to ``<node>.<epoch>`` once all of it is
+durable (the flush): a group appears under its name only complete and durable, a staging folder
+is debris until then. A save may write over a retired group of the same node instead, renamed
+to its staging folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in
+place, new ones created, stale ones removed, the manifest written last as a new file beside the
+retired group's ``zarr.json``, and renamed over it once durable, just before the folder (see
+:class:`~.durable.Staged`): the retired group's marker is never written in place. On object
+stores, where nothing is renamed, ``zarr.json`` is written first with ``{"node", "epoch",
+"save_id", "state": "writing"}`` (the marker that says daskjobs owns the group) and replaced last
+by the manifest.
 
 Uncompressed arrays (the default) are written by this module itself: metadata bytes from
 :mod:`.._format.chunks` and chunk files straight from the array's buffer. Compressed arrays are encoded
@@ -53,6 +55,7 @@ from .._format.entries import check_blob_name, storage_dtype
 from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
 from .base import Files, LocalTree, Staged, local_tree, queued
+from .cleanup import staging_name
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 
@@ -225,13 +228,19 @@ def write_group(
         there = over is not None and name in over[1]
         return name, *_write_blob(files, f"{path}/{name}", kind, array, compression, before, copied, there)
 
-    path = where.path if over is None else over[0]
+    if over is not None:
+        path = over[0]
+    elif local_tree(files):  # in a staging folder, put in place once durable (see the module)
+        path = staging_name(where.path)
+    else:
+        path = where.path
     try:
         if over is None:
-            files.mkdir(where.path, parents=True, within=where.anchor)
+            files.mkdir(path, parents=True, within=where.anchor)
+        if not local_tree(files):  # the marker first, alone: what follows is recognisably ours
             marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
-            files.put_atomic(f"{where.path}/zarr.json", group_document(marker))
-            if queued(files):  # the marker first, alone: what follows is recognisably ours
+            files.put_atomic(f"{path}/zarr.json", group_document(marker))
+            if queued(files):
                 files.settle()
         total = sum(array.nbytes for _, array in stored.values())
         if not files.queues_writes and len(stored) > 1 and total >= _THREADS_FROM:
@@ -252,11 +261,12 @@ def write_group(
             "seconds": time.perf_counter() - started,
         }
         manifest = group_document(entry)
-        if over is not None and local_tree(files):
-            _drop_stale(files, path, over[1], entry["blobs"])
-            staged = Staged(path, where.path, f"{path}/zarr.json.tmp-{uuid.uuid4().hex}")
-            files.put(staged.manifest, manifest)  # beside the marker, never over it
-            files.publish_when_durable(staged)
+        if local_tree(files):
+            beside = None if over is None else f"{path}/zarr.json.tmp-{uuid.uuid4().hex}"  # never over the marker
+            if over is not None:
+                _drop_stale(files, path, over[1], entry["blobs"])
+            files.put(beside or f"{path}/zarr.json", manifest)
+            files.publish_when_durable(Staged(path, where.path, beside))
         else:
             files.put_atomic(f"{path}/zarr.json", manifest)
         entry[MANIFEST_KEY] = reference(manifest)
