@@ -15,6 +15,7 @@ nothing of daskjobs' own can collide with a node's group. File access goes throu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -289,12 +290,10 @@ class CheckpointStore(Commits):
         and return ``None``."""
         old, staging = self._path(f"{node}.{retired.epoch}"), staging_name(where.path)
         blobs = None
-        try:
-            if local_tree(where.files):
+        if local_tree(where.files):
+            with contextlib.suppress(OSError):  # unreadable: deleting it says why
                 entry = retired.entries.get(node)
                 blobs = take_over_group(Tree(self.fs), where.files, old, staging, node, retired.epoch, entry)
-        except OSError:  # unreadable: deleting it says why
-            blobs = None
         if blobs is not None:
             return staging, blobs
         try:

@@ -371,6 +371,14 @@ def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> 
     return None
 
 
+def remove_staging(path: str) -> None:
+    """Delete, as far as possible, daskjobs' files of the local staging folder at ``path`` (a save
+    that failed while writing it) and the folder once empty; nothing if its name is not daskjobs'."""
+    if named_by_us(os.path.basename(path)):
+        with contextlib.suppress(OSError):
+            _remove_own_files(Tree(LocalFileSystem()), path, None)
+
+
 def clear_for_write(tree: Tree, group: str, url: str, node: str, epoch: int) -> None:
     """Make room for writing ``node``'s group of ``epoch`` at ``group``: remove an earlier attempt of ours.
 

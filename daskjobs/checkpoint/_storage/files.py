@@ -306,7 +306,7 @@ class LocalFiles:
         for path in self._unsynced:
             if path == staged.folder or path.startswith(inside):
                 moved.setdefault(path, staged.target + path[len(staged.folder) :])
-        self._unsynced = [moved.get(p, p) for p in self._unsynced] + folders
+        self._unsynced = [moved.get(p, p) for p in self._unsynced] + [staged.target, *folders]
 
     def publish_when_durable(self, staged: Staged) -> None:
         """Put ``staged`` (a group written in a staging folder) in place once what was written is

@@ -55,7 +55,7 @@ from .._format.entries import check_blob_name, storage_dtype
 from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
 from .base import Files, LocalTree, Staged, local_tree, queued
-from .cleanup import staging_name
+from .cleanup import remove_staging, staging_name
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 
@@ -275,6 +275,8 @@ def write_group(
     except CheckpointError:
         raise
     except OSError as exc:
+        if path != where.path:  # this attempt's staging folder (a full disk wants its space back)
+            remove_staging(path)
         raise CheckpointWriteError(
             f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
         ) from exc
