@@ -1,6 +1,6 @@
 """A checkpoint prefix: where it is (a local directory or an fsspec URL), and who may write to it.
 
-:class:`Prefix` resolves the location once, gives access to its files (:mod:`.._storage.files`) and
+:class:`Prefix` resolves the location once, gives access to its files (the storage protocol, :mod:`.._storage.base`) and
 holds the writer lock (:mod:`.lock`); :class:`~.store.CheckpointStore` adds what is stored.
 """
 

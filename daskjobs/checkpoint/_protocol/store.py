@@ -8,9 +8,9 @@ Layout under a prefix (a local directory or an fsspec URL)::
     __daskjobs__/lock.json                       the writer lock
 
 An epoch exists only once its commit record does. Node names cannot start with ``__``, so
-nothing of daskjobs' own can collide with a node's group. File access goes through
-:mod:`.._storage.files` (plain ``os`` calls on local disks, fsspec elsewhere); the Zarr side lives in
-:mod:`.._storage.zarr_groups`.
+nothing of daskjobs' own can collide with a node's group. File access goes through the storage
+protocol (:mod:`.._storage.base`: plain ``os`` calls on local disks, fsspec elsewhere); the Zarr
+side lives in :mod:`.._storage.zarr_groups`.
 """
 
 from __future__ import annotations

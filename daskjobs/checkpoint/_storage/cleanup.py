@@ -54,7 +54,7 @@ from .._format.entries import RESERVED_BLOB_NAMES, loads
 from .._format.manifests import ENTRY_KEY, reference
 from .._format.records import MANIFEST_KEY
 from .base import LocalTree, Staged
-from .files import read_regular
+from .local_reads import read_regular
 
 logger = logging.getLogger("daskjobs")
 
