@@ -28,9 +28,13 @@ from daskjobs.checkpoint._storage.base import (
     queued,
 )
 
-LOCAL_TREE = ("overwrite", "reuse_over", "rename", "changed", "remove_folder", "publish", "publish_when_durable")
-LOCAL_TREE += ("track_tree", "flush_soon")
+LOCAL_TREE = (
+    *("overwrite", "reuse_over", "rename", "changed", "remove_folder"),
+    *("publish", "publish_when_durable", "track_tree", "flush_soon"),
+)
+"""The operations of :class:`LocalTree` beyond :class:`Files`."""
 QUEUED = ("settle",)
+"""The operations of :class:`QueuedFiles` beyond :class:`Files`."""
 
 
 class FilesTests:
