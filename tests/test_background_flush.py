@@ -75,7 +75,8 @@ def test_a_group_that_is_durable_at_once_has_no_flush(tmp_path, where):
 def test_a_flush_that_fails_names_node_and_epoch(tmp_path):
     store = CheckpointStore(tmp_path / "ckpt")
     _entry, flush = store.write_node_unsynced("trainer", 7, {"w": np.ones(3)}, save_id="s")
-    shutil.rmtree(tmp_path / "ckpt" / "trainer.7")
+    (staging,) = (tmp_path / "ckpt").glob("trainer.7.tmp-*")  # the group is put in place by the flush
+    shutil.rmtree(staging)
     with pytest.raises(CheckpointWriteError, match=r"node 'trainer' at epoch 7 durable"):
         flush()
 

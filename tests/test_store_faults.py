@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._storage.cleanup import Tree, marker
 
 NODES = ("n0", "n1")
 BLOBS = 4
 ROWS = 1 << 18  # float32 rows: 1 MiB per blob, 8 MiB per epoch
-FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 2) + 1  # per node: marker, 2 files per blob, entry; then the commit
+FILES_PER_EPOCH = len(NODES) * (2 * BLOBS + 1) + 1  # per node: 2 files per blob, the manifest; then the commit
 
 WRITER = """
 import json, os, sys
@@ -94,11 +93,8 @@ def check_recovery(store: CheckpointStore, committed: list[int]) -> int:
     removed = store.cleanup_uncommitted(NODES)
     epochs = store.committed_epochs()
     left = set(os.listdir(store.url)) - {"__daskjobs__", *(f"{node}.{e}" for node in NODES for e in epochs)}
-    # a group killed before its ownership marker was written is not provably ours: it stays
-    unmarked = {
-        n for n in left if marker(Tree(store.fs), f"{store.url}/{n}", *n.split(".")[:1], int(n.split(".")[1])) is None
-    }
-    assert left == unmarked, (left, removed)
+    # a group is written in a staging folder whose name proves it ours from its first moment: none stays
+    assert left == set(), (left, removed)
     assert all(
         name.startswith("epoch-") and name.endswith(".json")
         for name in os.listdir(os.path.join(store.url, "__daskjobs__", "commits"))

@@ -23,8 +23,8 @@ from ...errors import (
 )
 from .._format.entries import check_epoch, loads
 from .._format.records import committed_entry, seal, unseal, validate_commit_record
+from .._storage.base import UnsafeFileError
 from .._storage.cleanup import Tree, remove_debris, remove_group
-from .._storage.files import UnsafeFileError
 from .prefix import OWN, Prefix
 
 logger = logging.getLogger("daskjobs")

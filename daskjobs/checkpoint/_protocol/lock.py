@@ -33,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointCorruptError, CheckpointLockedError, CheckpointWriteError
 from .._format.entries import dumps, loads
-from .._storage.files import LocalFiles
 
 if TYPE_CHECKING:
-    from .._storage.remote import RemoteFiles
+    from .._storage.base import Files
     from .store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
@@ -129,7 +128,7 @@ def describe(holder: Mapping[str, Any]) -> str:
     return ", ".join(fields) or "no holder named"
 
 
-def _read(files: LocalFiles | RemoteFiles, path: str) -> bytes | None:
+def _read(files: Files, path: str) -> bytes | None:
     """The lock file's bytes, or ``None`` if there is none."""
     data = files.read_small([path], _LOCK_LIMIT)[0]  # never blocks on a FIFO, never follows a symlink
     if isinstance(data, FileNotFoundError):
@@ -174,9 +173,7 @@ def refused(url: str, holder: Mapping[str, Any]) -> CheckpointLockedError:
     )
 
 
-def acquire(
-    files: LocalFiles | RemoteFiles, path: str, url: str, holder: Mapping[str, Any], *, break_lock: bool = False
-) -> str:
+def acquire(files: Files, path: str, url: str, holder: Mapping[str, Any], *, break_lock: bool = False) -> str:
     """Create the lock at ``path`` for ``holder``, taking over a stale one; return the new token.
 
     Parameters
@@ -224,7 +221,7 @@ def acquire(
     raise CheckpointLockedError(f"checkpoint prefix {url}: the lock kept changing hands; try again")
 
 
-def _take_over(files: LocalFiles | RemoteFiles, path: str, url: str, stale: bytes, data: bytes) -> None:
+def _take_over(files: Files, path: str, url: str, stale: bytes, data: bytes) -> None:
     """Replace the lock file holding ``stale`` by ``data``, or raise if someone else gets there first."""
     claim = f"{path}{_CLAIM_SUFFIX}{_identity(stale)}"
     held = parse(stale)
@@ -255,7 +252,7 @@ def _take_over(files: LocalFiles | RemoteFiles, path: str, url: str, stale: byte
         files.remove(claim)
 
 
-def check(files: LocalFiles | RemoteFiles, path: str, url: str, token: str) -> None:
+def check(files: Files, path: str, url: str, token: str) -> None:
     """Raise :class:`CheckpointLockedError` unless the lock at ``path`` still holds ``token`` (one small read)."""
     current = _read(files, path)
     if current is None:
@@ -270,7 +267,7 @@ def check(files: LocalFiles | RemoteFiles, path: str, url: str, token: str) -> N
         )
 
 
-def release(files: LocalFiles | RemoteFiles, path: str, url: str, token: str | None) -> None:
+def release(files: Files, path: str, url: str, token: str | None) -> None:
     """Remove the lock holding ``token``; ``token=None`` removes any lock. A lock of another token is left alone."""
     current = _read(files, path)
     if current is None:
@@ -283,7 +280,7 @@ def release(files: LocalFiles | RemoteFiles, path: str, url: str, token: str | N
     files.remove(path, sync_folder=False)
 
 
-def read(files: LocalFiles | RemoteFiles, path: str) -> dict[str, Any] | None:
+def read(files: Files, path: str) -> dict[str, Any] | None:
     """The holder record at ``path``, ``None`` if unlocked, ``{"unreadable": reason}`` if damaged."""
     current = _read(files, path)
     return None if current is None else parse(current)

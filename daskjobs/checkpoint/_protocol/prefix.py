@@ -1,6 +1,6 @@
 """A checkpoint prefix: where it is (a local directory or an fsspec URL), and who may write to it.
 
-:class:`Prefix` resolves the location once, gives access to its files (:mod:`.._storage.files`) and
+:class:`Prefix` resolves the location once, gives access to its files (the storage protocol, :mod:`.._storage.base`) and
 holds the writer lock (:mod:`.lock`); :class:`~.store.CheckpointStore` adds what is stored.
 """
 
@@ -17,8 +17,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ...errors import CheckpointFormatError, CheckpointLockedError, CheckpointWriteError
 from .._format.entries import MAX_JSON_BYTES
-from .._storage.files import LocalFiles, UnsafeFileError
-from .._storage.remote import RemoteFiles, files_for
+from .._storage.base import Files, UnsafeFileError
+from .._storage.remote import files_for
 from . import lock as _lock
 from .lock import LOCK_NAME
 
@@ -70,7 +70,7 @@ class Prefix:
             self._fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
         return self._fs
 
-    def _files(self) -> LocalFiles | RemoteFiles:
+    def _files(self) -> Files:
         return files_for(self.fs, self.fsync)
 
     def _path(self, *parts: str) -> str:

@@ -8,16 +8,16 @@ Layout under a prefix (a local directory or an fsspec URL)::
     __daskjobs__/lock.json                       the writer lock
 
 An epoch exists only once its commit record does. Node names cannot start with ``__``, so
-nothing of daskjobs' own can collide with a node's group. File access goes through
-:mod:`.._storage.files` (plain ``os`` calls on local disks, fsspec elsewhere); the Zarr side lives in
-:mod:`.._storage.zarr_groups`.
+nothing of daskjobs' own can collide with a node's group. File access goes through the storage
+protocol (:mod:`.._storage.base`: plain ``os`` calls on local disks, fsspec elsewhere); the Zarr
+side lives in :mod:`.._storage.zarr_groups`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -34,8 +34,8 @@ from ...errors import (
 from .._format.entries import SAVE_ID_RE, check_epoch
 from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY, committed_entry
-from .._storage.cleanup import Tree, clear_for_write, staged_group, take_over_group
-from .._storage.files import LocalFiles
+from .._storage.base import LocalTree, local_tree
+from .._storage.cleanup import Tree, clear_for_write, staged_group, staging_name, take_over_group
 from .._storage.reader import GroupReader, read_group, read_group_entry, read_manifest
 from .._storage.zarr_groups import COMPRESSIONS, Location, describe_group, write_group
 from .commits import Commits, RetiredEpoch
@@ -50,7 +50,7 @@ class GroupFlush:
     :class:`CheckpointWriteError` naming node and epoch."""
 
     store: CheckpointStore
-    files: LocalFiles
+    files: LocalTree
     node: str
     epoch: int
 
@@ -197,7 +197,7 @@ class CheckpointStore(Commits):
     @property
     def defers_flush(self) -> bool:
         """Whether :meth:`write_node_unsynced` leaves a flush to its caller (local disk, fsync on)."""
-        return self.fsync and isinstance(self._files(), LocalFiles)
+        return self._files().defers_flush
 
     def write_node_unsynced(
         self,
@@ -277,21 +277,23 @@ class CheckpointStore(Commits):
             compression=self.compression,
             previous=previous,
             sync=sync,
-            over=None if retired is None else self._take_over(node, retired, where.path),
+            over=None if retired is None else self._take_over(node, retired, where),
         )
-        if sync or not self.defers_flush:
+        if sync or not local_tree(where.files) or not where.files.defers_flush:
             return entry, None
         return entry, GroupFlush(self, where.files, node, epoch)
 
-    def _take_over(self, node: str, retired: RetiredEpoch, group: str) -> tuple[str, dict[str, Any]] | None:
-        """Rename ``node``'s group of the ``retired`` epoch to a staging folder of ``group`` and return
-        both with its blobs (see :func:`~.._storage.cleanup.take_over_group`); else delete it (a failure
-        is a warning, as retention's) and return ``None``."""
-        old, staging = self._path(f"{node}.{retired.epoch}"), f"{group}.tmp-{uuid.uuid4().hex}"
-        try:
-            blobs = take_over_group(Tree(self.fs), old, staging, node, retired.epoch, retired.entries.get(node))
-        except OSError:  # unreadable: deleting it says why
-            blobs = None
+    def _take_over(self, node: str, retired: RetiredEpoch, where: Location) -> tuple[str, dict[str, Any]] | None:
+        """Rename ``node``'s group of the ``retired`` epoch to a staging folder of the group at ``where``
+        and return both with its blobs (see :func:`~.._storage.cleanup.take_over_group`), where the
+        files can be written over in place; else delete it (a failure is a warning, as retention's)
+        and return ``None``."""
+        old, staging = self._path(f"{node}.{retired.epoch}"), staging_name(where.path)
+        blobs = None
+        if local_tree(where.files):
+            with contextlib.suppress(OSError):  # unreadable: deleting it says why
+                entry = retired.entries.get(node)
+                blobs = take_over_group(Tree(self.fs), where.files, old, staging, node, retired.epoch, entry)
         if blobs is not None:
             return staging, blobs
         try:
@@ -306,7 +308,7 @@ class CheckpointStore(Commits):
             )
         return None
 
-    def _flush_group(self, files: LocalFiles, node: str, epoch: int, *, whole_tree: bool = False) -> None:
+    def _flush_group(self, files: LocalTree, node: str, epoch: int, *, whole_tree: bool = False) -> None:
         """fsync what ``files`` wrote of ``node``'s group of ``epoch`` (``whole_tree``: every file and
         folder of the group, whoever wrote it); a failure is a :class:`CheckpointWriteError`."""
         try:
@@ -341,13 +343,11 @@ class CheckpointStore(Commits):
             The flush failed.
         """
         where = self._group(node, epoch)
-        staged = (
-            None
-            if self.has_group(node, epoch)
-            else staged_group(Tree(self.fs), self._root, node, epoch, entry.get("save_id"))
-        )
-        if staged is not None:  # written whole, its worker died before the flush renamed it
-            os.rename(staged, where.path)
+        files = where.files
+        if local_tree(files) and not self.has_group(node, epoch):
+            staged = staged_group(Tree(self.fs), self._root, node, epoch, entry.get("save_id"))
+            if staged is not None:  # written whole, its worker died before the flush put it in place
+                files.publish(staged)
         stored = self.read_node_entry(node, epoch)
         ref = entry.get(MANIFEST_KEY)
         if (
@@ -360,8 +360,8 @@ class CheckpointStore(Commits):
                 f"{entry.get('save_id')} the node reported"
             )
         read_group(where, node, check_epoch(epoch), stored)
-        if self.defers_flush:
-            self._flush_group(where.files, node, epoch, whole_tree=True)
+        if local_tree(files) and files.defers_flush:
+            self._flush_group(files, node, epoch, whole_tree=True)
         return stored
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Bytes on a disk or an object store: one node's group written, made durable, read and deleted.
 
-Local files with fsync (:mod:`.files`, :mod:`.durable`), any fsspec filesystem (:mod:`.remote`),
+The storage protocol, its capabilities and optional parts (:mod:`.base`), implemented for local
+files with fsync (:mod:`.files`, :mod:`.durable`) and any other fsspec filesystem (:mod:`.remote`);
 a node's group as a Zarr v3 group (:mod:`.zarr_groups`, the only module of daskjobs that imports
 ``zarr``), read back verified (:mod:`.reader`), and deleting only what daskjobs provably wrote
 (:mod:`.cleanup`).

@@ -1,12 +1,25 @@
 """Deleting checkpoint files: only what daskjobs provably wrote.
 
-A node group ``<node>.<epoch>/`` is daskjobs' own only if it is a real directory (never a
-symlink) whose ``zarr.json`` is a Zarr v3 group carrying ``attributes["daskjobs"]`` with that
-node and epoch — the marker every save writes first. A folder that merely looks like
-``<name>.<number>`` (``mydata.2024``) carries no such marker and is never touched. A save that
-writes over a retired group (:func:`take_over_group`) does so in a staging folder
-``<node>.<epoch>.tmp-<32 hex>``: it is daskjobs' own only if its ``zarr.json`` is that node's
-marker (of the retired epoch, or of the new one once its manifest is written).
+Two things prove a folder daskjobs' own, each made atomically before anything a crash could tear:
+
+* **A staging folder's name.** On a local disk every group is written in a staging folder
+  ``<node>.<epoch>.tmp-<16 hex><16 hex>`` — made fresh, or a retired group of the node renamed
+  there to be written over (:func:`take_over_group`) — and renamed to ``<node>.<epoch>`` once
+  all of it is durable. The name carries a check that only daskjobs makes (:func:`staging_name`,
+  :func:`named_by_us`), and it appears with its folder, in one ``mkdir`` or ``rename``: whatever
+  a crash or a power loss tore inside, the folder is provably ours.
+* **A marker**: a group's ``zarr.json`` that is a Zarr v3 group carrying ``attributes["daskjobs"]``
+  with that node and epoch. On object stores it is written first, before anything else of the
+  group; on a local disk a group appears under its name only with its manifest — its marker —
+  durable. A retired group written over keeps its ``zarr.json`` (its epoch's manifest) as it
+  was until the new manifest, written as a new file beside it (``zarr.json.tmp-<32 hex>``), is
+  durable and renamed over it (:class:`~.durable.Staged`): a retired group that a crash left
+  under its old name (the rename to the staging folder undone) still holds a whole marker, and a
+  group whose rename into place became durable before the rename of its manifest holds the
+  manifest beside its marker, where it proves the group ours too.
+
+A folder that merely looks like ``<name>.<number>`` (``mydata.2024``) or like a staging folder,
+without the check or a marker, is never touched.
 
 Inside an owned group only these are deleted: in each blob folder (a valid blob name) its
 ``zarr.json``, its chunk files (``c.<i>.<j>…``; for a committed group exactly the chunks its
@@ -25,9 +38,11 @@ import math
 import os
 import re
 import stat
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
@@ -38,17 +53,21 @@ from .._format.chunks import chunk_key
 from .._format.entries import RESERVED_BLOB_NAMES, loads
 from .._format.manifests import ENTRY_KEY, reference
 from .._format.records import MANIFEST_KEY
-from .files import read_regular
+from .base import LocalTree, Staged
+from .local_reads import read_regular
 
 logger = logging.getLogger("daskjobs")
 
 GROUP_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})")
 """A node group's folder name: ``<node>.<epoch>`` with a canonical epoch."""
-STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-[0-9a-f]{32}")
-"""A staging folder: a retired group of the node being written over as its group of the epoch named."""
+STAGING_RE = re.compile(r"(.+)\.(0|[1-9][0-9]{0,11})\.tmp-([0-9a-f]{16})([0-9a-f]{16})")
+"""A staging folder: a node's group of the epoch named being written (on a local disk), fresh or
+over a retired group of the node; its name is daskjobs' own if it carries its check (see :func:`staging_name`)."""
 TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
 """daskjobs' own temp files: ``<name>.tmp-<32 hex digits>``."""
 _CHUNK_RE = re.compile(r"c((?:\.(?:0|[1-9][0-9]*))*)")
+_MANIFEST_RE = re.compile(r"zarr\.json\.tmp-[0-9a-f]{32}")
+"""A group's manifest written beside its marker, not yet renamed over it (see :class:`~.durable.Staged`)."""
 _MARKER_LIMIT = 64 << 20
 _META = "zarr.json"
 
@@ -150,11 +169,35 @@ class Tree:
 
 def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, Any] | None:
     """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch`` (``None``: any epoch), or
-    ``None`` if it is not ours; it names the group's ``zarr.json`` (its manifest, once the save
-    finished) under ``"manifest"``."""
+    ``None`` if it is not ours; it names the document it was read from (the group's ``zarr.json``,
+    its manifest once the save finished) under ``"manifest"``."""
+    found = _find_marker(tree, group, node, epoch)
+    return None if found is None else found[1]
+
+
+def _find_marker(tree: Tree, group: str, node: str, epoch: int | None) -> tuple[str, dict[str, Any]] | None:
+    """``(file name, marker)`` of :func:`marker`: ``zarr.json``, else a manifest beside it
+    (:data:`_MANIFEST_RE`, a local group written over a retired one, not yet put in place)."""
     if not tree.objects and tree.kind(group) != DIR:
         return None
-    data = tree.read_small(f"{group}/{_META}")
+    found = _read_marker(tree, f"{group}/{_META}", node, epoch)
+    if found is not None:
+        return _META, found
+    if tree.objects:
+        return None
+    for name, kind in sorted(tree.entries(group).items()):
+        found = (
+            _read_marker(tree, f"{group}/{name}", node, epoch)
+            if kind == FILE and _MANIFEST_RE.fullmatch(name)
+            else None
+        )
+        if found is not None:
+            return name, found
+    return None
+
+
+def _read_marker(tree: Tree, path: str, node: str, epoch: int | None) -> dict[str, Any] | None:
+    data = tree.read_small(path)
     if data is None or len(data) > _MARKER_LIMIT:
         return None
     try:
@@ -174,6 +217,26 @@ def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, An
     ):
         return {**found, MANIFEST_KEY: reference(data)}
     return None
+
+
+def staging_name(group: str) -> str:
+    """A new staging folder of the group at ``group`` (``<node>.<epoch>``): ``<group>.tmp-<16 hex><16 hex>``,
+    a random number and its check (see :func:`named_by_us`)."""
+    number = uuid.uuid4().hex[:16]
+    return f"{group}.tmp-{number}{_check(os.path.basename(group), number)}"
+
+
+def named_by_us(name: str) -> bool:
+    """Whether the folder name ``name`` is a staging folder named by :func:`staging_name`: its check
+    is the XXH3-64 of daskjobs' own text with its group's name and number, which no name made
+    by anyone else carries but by a chance of 2**-64. The name is made atomically with the folder
+    (``mkdir``, ``rename``), so it proves the folder daskjobs' own whatever a crash did to its files."""
+    match = STAGING_RE.fullmatch(name)
+    return match is not None and match.group(4) == _check(f"{match.group(1)}.{match.group(2)}", match.group(3))
+
+
+def _check(group: str, number: str) -> str:
+    return xxhash.xxh3_64_hexdigest(f"daskjobs staging folder {group} {number}".encode())
 
 
 def _valid(name: str, what: str) -> bool:
@@ -260,20 +323,21 @@ def _remove_own_files(tree: Tree, group: str, blobs: Mapping[str, Any] | None) -
 
 
 def take_over_group(
-    tree: Tree, group: str, target: str, node: str, epoch: int, entry: Mapping[str, Any] | None
+    tree: Tree, files: LocalTree, group: str, target: str, node: str, epoch: int, entry: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
     """Rename ``node``'s retired group of ``epoch`` at ``group`` to ``target`` (a staging folder of a
     new group, see :data:`STAGING_RE`) to be written over; return the blobs it holds (from its
     manifest), or ``None`` and touch nothing.
 
-    Only a local group that holds exactly what its manifest lists is taken: the manifest named by
+    Only a group that holds exactly what its manifest lists is taken: the manifest named by
     ``entry`` (what the commit record held of the group: the entry, or the summary naming the
     manifest), every blob folder with exactly its ``zarr.json`` and its chunk grid, all regular
     files. Anything else (a user's file, a symlink, a temp file, a manifest that does not match)
     leaves it to :func:`remove_group`. Writing over a retired group costs the file system no new
-    files and no deletions: on small groups, most of a save's cost (see :mod:`.zarr_groups`).
+    files and no deletions but the manifest's: on small groups, most of a save's cost (see
+    :mod:`.zarr_groups`).
     """
-    if tree.objects or entry is None or not STAGING_RE.fullmatch(os.path.basename(target)):
+    if entry is None or not STAGING_RE.fullmatch(os.path.basename(target)):
         return None
     found = marker(tree, group, node, epoch)
     if found is None or found[MANIFEST_KEY] != entry.get(MANIFEST_KEY) or not isinstance(found.get("blobs"), dict):
@@ -290,20 +354,29 @@ def take_over_group(
         if tree.entries(f"{group}/{name}") != dict.fromkeys([_META, *keys], FILE):
             return None
     try:
-        os.rename(group, target)
+        files.rename(group, target)
     except OSError:
         return None
     return blobs
 
 
-def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> str | None:
+def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> Staged | None:
     """The staging folder under ``root`` holding ``node``'s save ``save_id`` of ``epoch``, written
-    whole (its manifest in place) but not yet renamed to the group's name; ``None`` if there is none."""
+    whole (its manifest written) but not yet put in place, and where it goes; ``None`` if there is none."""
     for name, _node, staged in group_folders(tree, root, {node}, STAGING_RE):
-        found = marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
-        if found is not None and found.get("save_id") == save_id and "blobs" in found:
-            return f"{root}/{name}"
+        found = _find_marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
+        if found is not None and found[1].get("save_id") == save_id and "blobs" in found[1]:
+            manifest = None if found[0] == _META else f"{root}/{name}/{found[0]}"
+            return Staged(f"{root}/{name}", f"{root}/{node}.{epoch}", manifest)
     return None
+
+
+def remove_staging(path: str) -> None:
+    """Delete, as far as possible, daskjobs' files of the local staging folder at ``path`` (a save
+    that failed while writing it) and the folder once empty; nothing if its name is not daskjobs'."""
+    if named_by_us(os.path.basename(path)):
+        with contextlib.suppress(OSError):
+            _remove_own_files(Tree(LocalFileSystem()), path, None)
 
 
 def clear_for_write(tree: Tree, group: str, url: str, node: str, epoch: int) -> None:
@@ -369,7 +442,7 @@ def remove_debris(tree: Tree, root: str, committed: set[int], nodes: set[str] | 
         if epoch not in committed and remove_group(tree, f"{root}/{name}", node, epoch):
             removed.append(name)
     for name, node, _epoch in group_folders(tree, root, nodes, STAGING_RE):
-        if marker(tree, f"{root}/{name}", node, None) is not None:
+        if named_by_us(name) or marker(tree, f"{root}/{name}", node, None) is not None:
             _remove_own_files(tree, f"{root}/{name}", None)
             removed.append(name)
     for where in (own, f"{own}/commits"):

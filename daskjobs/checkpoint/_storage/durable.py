@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple, TypeVar
 
@@ -155,13 +156,33 @@ def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
     list(_fsync_pool().map(fsync_path, paths))
 
 
-Rename = tuple[str, str] | None
-"""A folder to rename once a request's paths are durable (``(path, target)``), or ``None``."""
+@dataclass(frozen=True)
+class Staged:
+    """A group written in a staging folder, put in place once all of it is durable.
+
+    ``folder`` is renamed to ``target``; first, ``manifest`` (the group's manifest, written as a new
+    file beside the marker it replaces) is renamed over ``folder/zarr.json``. The marker is thus
+    never written in place: whatever a crash tears, the folder's ``zarr.json`` is a whole
+    document daskjobs wrote (see :mod:`.cleanup`). ``manifest=None``: ``zarr.json`` already is
+    the manifest.
+    """
+
+    folder: str
+    target: str
+    manifest: str | None = None
+
+    def publish(self) -> list[str]:
+        """Do the renames; return the folders whose entries changed (to be synced)."""
+        if self.manifest is not None:
+            os.replace(self.manifest, f"{self.folder}/zarr.json")
+        os.rename(self.folder, self.target)
+        parent = os.path.dirname(self.target)
+        return [parent] if self.manifest is None else [self.target, parent]
 
 
 class _Request(NamedTuple):
     paths: list[str]
-    rename: Rename
+    staged: Staged | None
     future: Future[None]
 
 
@@ -188,10 +209,10 @@ class _Syncer:
         with self._wake:
             self._wake.notify()
 
-    def request(self, paths: list[str], rename: Rename = None) -> Future[None]:
+    def request(self, paths: list[str], staged: Staged | None = None) -> Future[None]:
         future: Future[None] = Future()
         with self._wake:
-            self._pending.append(_Request(paths, rename, future))
+            self._pending.append(_Request(paths, staged, future))
             if len(self._pending) in (1, self._expected):  # the others join the batch it gathers
                 self._wake.notify()
         return future
@@ -237,55 +258,54 @@ class _Syncer:
                     os.lstat(path)
             sync_paths(union, many=len(requests) > 1)
         except BaseException:
-            for paths, rename, future in requests:
+            for paths, staged, future in requests:
                 try:
                     sync_paths(paths)
-                    rename_durably(rename)
+                    publish_durably(staged)
                 except BaseException as exc:
                     future.set_exception(exc)
                 else:
                     future.set_result(None)
             return
-        renamed = []
-        for _paths, rename, future in requests:
+        published: list[Future[None]] = []
+        folders: list[str] = []
+        for _paths, staged, future in requests:
             try:
-                rename_durably(rename, sync=False)
+                folders.extend(staged.publish() if staged is not None else [])
             except OSError as exc:
                 future.set_exception(exc)
             else:
-                renamed.append((rename, future))
-        folders = list(dict.fromkeys(os.path.dirname(r[1]) for r, _ in renamed if r is not None))
+                published.append(future)
         try:
             if folders:
-                sync_paths(folders)
+                sync_paths(list(dict.fromkeys(folders)))
         except OSError as exc:
-            for _, future in renamed:
+            for future in published:
                 future.set_exception(exc)
             return
-        for _, future in renamed:
+        for future in published:
             future.set_result(None)
 
 
-def rename_durably(rename: Rename, sync: bool = True) -> None:
-    """Do ``rename`` (``None``: nothing), then (``sync``) make its folder durable."""
-    if rename is None:
-        return
-    os.rename(*rename)
-    if sync:
-        sync_paths([os.path.dirname(rename[1])])
+def publish_durably(staged: Staged | None) -> None:
+    """Put ``staged`` in place (``None``: nothing), and make that durable."""
+    if staged is not None:
+        sync_paths(staged.publish())
 
 
-def sync_soon(paths: Sequence[str], rename: Rename = None) -> Future[None]:
+def sync_soon(paths: Sequence[str], staged: Staged | None = None) -> Future[None]:
     """Make ``paths`` (of one filesystem) durable in this process's next batch of syncs (see
-    :class:`_Syncer`), then do ``rename`` and make it durable; the future fails with the
-    ``OSError`` of the sync or rename."""
+    :class:`_Syncer`), then put ``staged`` in place and make that durable; the future fails with
+    the ``OSError`` of the sync or rename."""
     global _syncer
-    if not paths and rename is None:
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+    if not paths:
+        if staged is None:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        paths = [os.path.dirname(staged.target)]
     with _pool_lock:
         if _syncer is None or _syncer.pid != os.getpid():
             _syncer = _Syncer()
         syncer = _syncer
-    return syncer.request(list(paths) or [os.path.dirname(rename[1])], rename)
+    return syncer.request(list(paths), staged)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,8 +25,7 @@ from .._format.chunks import chunk_count, chunk_key, chunk_spans, empty_aligned,
 from .._format.entries import MAX_JSON_BYTES, loads, validate_node_entry
 from .._format.manifests import ENTRY_KEY, check_manifest, is_summary, reference
 from .._format.records import MANIFEST_KEY
-from .files import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError, read_chunk_file
-from .remote import RemoteFiles
+from .base import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError
 from .zarr_groups import COMPRESSIONS, Location, decode, expected_metadata
 
 _KNOWN_TYPES = frozenset(
@@ -40,17 +37,11 @@ _KNOWN_TYPES = frozenset(
 _KNOWN_CODECS = frozenset(["bytes", "crc32c", "transpose", "sharding_indexed", *COMPRESSIONS])
 """The codecs of the Zarr v3 specification: an array's ``zarr.json`` naming one of them that its
 commit record does not is corrupt (it disagrees with the record); any other codec is unknown."""
-_PARALLEL_FROM = 32 << 20
-"""Local reads of at least this many bytes run chunk by chunk in a thread pool."""
 _META_LIMIT = 1 << 20
 _TRUSTED_BYTES = 64 << 20
 """Memory one read allocates on the commit record's word alone. Beyond it, the chunk files of the
 largest blobs are checked first (one ``lstat`` each; one listing per blob on object stores): a
 record claiming more bytes than the files hold is refused before anything is allocated."""
-_THREADS = max(1, min(4, os.cpu_count() or 1))
-"""Reader threads, one per core: copying from the page cache releases the GIL, so while one thread
-hashes a block (from the cache, see :data:`~.files._READ_BLOCK`) another copies the next
-(measured on 2 cores: 0.77x the time of one thread reading 1 GiB into huge-page-aligned arrays)."""
 
 
 def _value(kind: str, array: np.ndarray, label: str) -> Any:
@@ -397,14 +388,8 @@ class GroupReader:
         return found
 
     def _read_chunks(self, reads: list[ChunkRead]) -> list[ChunkResult | UnsafeFileError]:
-        files = self.where.files
         try:
-            if isinstance(files, RemoteFiles):
-                return list(files.read_chunks(reads))
-            if _THREADS > 1 and len(reads) > 1 and sum(r[2] for r in reads) >= _PARALLEL_FROM:
-                with ThreadPoolExecutor(_THREADS, thread_name_prefix="daskjobs-read") as pool:
-                    return list(pool.map(_read_local, reads))
-            return [_read_local(r) for r in reads]
+            return self.where.files.read_chunks(reads)
         except OSError as exc:
             raise CheckpointError(f"{self.context}: reading {self.where.url} failed: {exc}") from exc
 
@@ -460,13 +445,6 @@ def _entry_difference(stored: Mapping[str, Any], committed: Mapping[str, Any], n
         return f"the node's group describes it as {type(mine).__name__}, not as the commit record does"
     fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     return f"{', '.join(fields)} in the node's group differ from the commit record"
-
-
-def _read_local(read: ChunkRead) -> ChunkResult | UnsafeFileError:
-    try:
-        return read_chunk_file(*read)
-    except UnsafeFileError as exc:
-        return exc
 
 
 def _explain_metadata(label: str, data: bytes | OSError, expected: bytes) -> None:

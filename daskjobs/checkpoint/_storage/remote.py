@@ -1,6 +1,7 @@
-"""File access for checkpoint groups on any fsspec filesystem (object stores): the interface of
-:class:`~.files.LocalFiles`, where a PUT is atomic and durable when it returns and nothing is a
-directory or a symlink.
+"""Checkpoint files on any other fsspec filesystem (object stores, ``memory://``): :class:`RemoteFiles`,
+the :class:`~.base.QueuedFiles` backend of the storage protocol (:mod:`.base`), where a PUT is atomic
+and durable when it returns, objects are never modified in place, and nothing is a directory or a
+symlink.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem, sync
 from fsspec.implementations.local import LocalFileSystem
 
-from .files import ChunkRead, ChunkResult, LocalFiles, SizeProblem
+from .base import ChunkRead, ChunkResult, Files, SizeProblem, UnsafeFileError
+from .files import LocalFiles
 
 _BATCH_BYTES = 256 << 20
 """Remote writes and reads are batched (and run concurrently by async filesystems) up to this size."""
@@ -56,21 +58,19 @@ def copy_many(fs: AbstractFileSystem, pairs: list[tuple[str, str]]) -> list[Base
 
 
 class RemoteFiles:
-    """Files on an fsspec filesystem (object store, ``memory://`` …); writes are batched until :meth:`flush`."""
+    """Files on an fsspec filesystem (object store, ``memory://`` …); writes are queued until
+    :meth:`settle` or :meth:`flush`, and then done together (concurrently where the filesystem is async)."""
+
+    supports_overwrite = False
+    queues_writes = True
+    defers_flush = False
 
     def __init__(self, fs: AbstractFileSystem) -> None:
         self._fs = fs
         self._pending: dict[str, bytes] = {}
         self._pending_bytes = 0
-        self._copies: dict[str, tuple[str, tuple[Any, ...], int]] = {}
-        self._rewritten = 0
-
-    def clear(self, path: str) -> None:
-        """Remove every object under ``path``."""
-        self._fs.invalidate_cache(path)
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.rm(path, recursive=True)
-        self._fs.invalidate_cache(path)
+        self._copies: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        self._rewritten: list[str] = []
 
     def mkdir(self, path: str, parents: bool = False, within: str | None = None) -> None:
         """Nothing to do: objects need no directories."""
@@ -85,35 +85,39 @@ class RemoteFiles:
         self._pending[path] = data
         self._pending_bytes += len(data)
         if self._pending_bytes >= _BATCH_BYTES:
-            self.flush()
+            self._send()
 
-    def track_tree(self, path: str) -> None:
-        """Nothing to do: object stores have no fsync."""
+    def reuse(self, source: str, target: str, parts: Sequence[Any], sealed: int | None = None) -> bool:
+        """Queue a server-side copy of ``source`` to ``target`` (no download), made by :meth:`settle`
+        with the others at once; if it fails there, ``parts`` (the bytes ``target`` must hold) are
+        written instead. Objects are never modified in place: ``sealed`` is not needed."""
+        self._copies[target] = (source, tuple(parts))
+        self._pending.pop(target, None)
+        return True
 
-    def flush_pending(self) -> None:
-        """Upload the queued objects now."""
-        self.flush()
+    def settle(self) -> list[str]:
+        """Make the queued server-side copies, then upload the queued objects (a copy that failed
+        among them, from the bytes it was given); return the targets of the copies that failed
+        since the last call."""
+        self._send()
+        rewritten, self._rewritten = self._rewritten, []
+        return rewritten
 
     def flush(self) -> None:
-        """Make the queued server-side copies, then upload the queued objects (a copy that failed
-        among them, from the bytes it was given)."""
+        """Do the queued writes (:meth:`settle`): an object is durable once its PUT returned."""
+        self._send()
+
+    def _send(self) -> None:
         if self._copies:
             copies, self._copies = self._copies, {}
-            pairs = [(source, target) for target, (source, _, _) in copies.items()]
+            pairs = [(source, target) for target, (source, _) in copies.items()]
             for (_, target), failed in zip(pairs, copy_many(self._fs, pairs), strict=True):
                 if failed is not None:
-                    _, parts, counted = copies[target]
-                    self._pending[target] = b"".join(memoryview(part).cast("B") for part in parts)
-                    self._rewritten += counted
+                    self._pending[target] = b"".join(memoryview(part).cast("B") for part in copies[target][1])
+                    self._rewritten.append(target)
         if self._pending:
             self._fs.pipe(self._pending)
         self._pending, self._pending_bytes = {}, 0
-
-    def take_rewritten(self) -> int:
-        """The ``counted`` bytes of the copies queued by :meth:`reuse` that failed and were written instead,
-        since the last call."""
-        rewritten, self._rewritten = self._rewritten, 0
-        return rewritten
 
     def read_small(self, paths: Sequence[str], limit: int) -> list[bytes | OSError]:
         """Read the first ``limit + 1`` bytes of each object (range requests); errors are returned."""
@@ -127,25 +131,6 @@ class RemoteFiles:
     def sealed_at(self, group: str) -> int | None:
         """``None``: objects are replaced whole, never modified in place (see :meth:`LocalFiles.reuse`)."""
         return None
-
-    def reuse(
-        self,
-        source: str,
-        target: str,
-        size: int,
-        sealed: int | None = None,
-        parts: Sequence[Any] = (),
-        counted: int = 0,
-    ) -> bool:
-        """Queue a server-side copy of ``source`` to ``target`` (no download), made by :meth:`flush`
-        with the others at once; if it fails there, ``parts`` (the bytes ``target`` must hold) are
-        written instead and ``counted`` (what the caller counts as reused) goes to :meth:`take_rewritten`.
-        ``False`` (nothing queued) without ``parts``."""
-        if not parts:
-            return False
-        self._copies[target] = (source, tuple(parts), counted)
-        self._pending.pop(target, None)
-        return True
 
     def replace(self, path: str, data: bytes, sync_folder: bool = True, sync_file: bool = True) -> None:
         """Create or replace an object with one PUT (atomic on object stores; no rename anywhere)."""
@@ -200,15 +185,9 @@ class RemoteFiles:
                 problems.append(None if actual in (size, None) else f"has {actual} bytes, expected {size}")
         return problems
 
-    def list_tree(self, path: str) -> set[str]:
-        """Paths of the objects under ``path``, relative to it."""
-        self._fs.invalidate_cache(path)
-        root = path.rstrip("/") + "/"
-        return {found[len(root) :] for found in self._fs.find(path) if found.startswith(root)}
-
-    def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult]:
-        """Fetch chunks with bounded range requests in concurrent batches; see :data:`ChunkResult`."""
-        results: list[ChunkResult] = []
+    def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult | UnsafeFileError]:
+        """Fetch chunks with bounded range requests in concurrent batches; see :data:`~.base.ChunkResult`."""
+        results: list[ChunkResult | UnsafeFileError] = []
         start = 0
         while start < len(chunks):
             end, budget = start, 0
@@ -239,6 +218,6 @@ class RemoteFiles:
         return results
 
 
-def files_for(fs: AbstractFileSystem, fsync: bool) -> LocalFiles | RemoteFiles:
-    """The backend for ``fs``."""
+def files_for(fs: AbstractFileSystem, fsync: bool) -> Files:
+    """The backend of the storage protocol for ``fs``."""
     return LocalFiles(fsync) if isinstance(fs, LocalFileSystem) else RemoteFiles(fs)

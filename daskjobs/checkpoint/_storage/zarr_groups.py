@@ -8,13 +8,18 @@ Layout of ``<prefix>/<node>.<epoch>/``::
                          (``<blob>/dim_<i>``: xarray opens the group as a Dataset of every blob)
     <blob>/c.<i>.0.0     chunk i along axis 0 ("default" chunk keys with "." separators)
 
-The group's ``zarr.json`` is written first with ``{"node", "epoch", "save_id", "state": "writing"}``
-(the marker that says daskjobs owns the folder) and rewritten last with the full entry. On a
-local disk, a save may instead write over a retired group of the same node, renamed to a staging
-folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in place, new
-ones created, stale ones removed, the manifest written over the old one last, and the folder is
-renamed to the group's name once all of it is durable (the flush): a group appears under its
-name only complete and durable, and a staging folder is debris until then.
+The group's ``zarr.json`` is its manifest: the node's entry, written last. On a local disk the
+group is written in a staging folder ``<node>.<epoch>.tmp-<16 hex><16 hex>`` whose name proves
+it daskjobs' own (see :mod:`.cleanup`), and renamed to ``<node>.<epoch>`` once all of it is
+durable (the flush): a group appears under its name only complete and durable, a staging folder
+is debris until then. A save may write over a retired group of the same node instead, renamed
+to its staging folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in
+place, new ones created, stale ones removed, the manifest written last as a new file beside the
+retired group's ``zarr.json``, and renamed over it once durable, just before the folder (see
+:class:`~.durable.Staged`): the retired group's marker is never written in place. On object
+stores, where nothing is renamed, ``zarr.json`` is written first with ``{"node", "epoch",
+"save_id", "state": "writing"}`` (the marker that says daskjobs owns the group) and replaced last
+by the manifest.
 
 Uncompressed arrays (the default) are written by this module itself: metadata bytes from
 :mod:`.._format.chunks` and chunk files straight from the array's buffer. Compressed arrays are encoded
@@ -35,6 +40,7 @@ import functools
 import os
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,8 +64,8 @@ from .._format.chunks import (
 from .._format.entries import check_blob_name, storage_dtype
 from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
-from .files import LocalFiles
-from .remote import RemoteFiles
+from .base import Files, LocalTree, Staged, local_tree, queued
+from .cleanup import remove_staging, staging_name
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 
@@ -86,7 +92,7 @@ class Location:
     """Where one node group lives: its path on ``files``, its URL, and the prefix folder that
     must exist for it to be written (never created again once it vanished)."""
 
-    files: LocalFiles | RemoteFiles
+    files: Files
     path: str
     url: str
     anchor: str | None = None
@@ -236,30 +242,37 @@ def write_group(
     reuse_from = _reusable(previous, node, epoch)
     old = where.sibling(f"{node}.{previous['epoch']}") if reuse_from else ""
     sealed = files.sealed_at(old) if reuse_from else None
+    copied: dict[str, int] = {}
+    """Reused chunk files (a queued copy on object stores) → the bytes counted as reused."""
 
     def write(item: tuple[str, tuple[str, np.ndarray]]) -> tuple[str, dict[str, Any], int, int]:
         name, (kind, array) = item
         before = (reuse_from.get(name), f"{old}/{name}", sealed)
         there = over is not None and name in over[1]
-        return name, *_write_blob(files, f"{path}/{name}", name, kind, array, compression, before, there)
+        return name, *_write_blob(files, f"{path}/{name}", name, kind, array, compression, before, copied, there)
 
-    path = where.path if over is None else over[0]
+    if over is not None:
+        path = over[0]
+    elif local_tree(files):  # in a staging folder, put in place once durable (see the module)
+        path = staging_name(where.path)
+    else:
+        path = where.path
     try:
-        if over is not None and isinstance(files, LocalFiles):
-            files.changed(path)  # renamed from the retired group: its parent's fsync comes with the flush
-        else:
-            files.mkdir(where.path, parents=True, within=where.anchor)
+        if over is None:
+            files.mkdir(path, parents=True, within=where.anchor)
+        if not local_tree(files):  # the marker first, alone: what follows is recognisably ours
             marker = {"node": node, "epoch": epoch, "save_id": save_id, "state": "writing"}
-            files.put_atomic(f"{where.path}/zarr.json", group_document(marker))
-        files.flush_pending()
+            files.put_atomic(f"{path}/zarr.json", group_document(marker))
+            if queued(files):
+                files.settle()
         total = sum(array.nbytes for _, array in stored.values())
-        if isinstance(files, LocalFiles) and len(stored) > 1 and total >= _THREADS_FROM:
+        if not files.queues_writes and len(stored) > 1 and total >= _THREADS_FROM:
             with ThreadPoolExecutor(min(_THREADS, len(stored)), thread_name_prefix="daskjobs-write") as pool:
                 results = list(pool.map(write, stored.items()))
         else:
             results = list(map(write, stored.items()))
-        files.flush_pending()  # object stores: the queued copies and chunks, before the entry counts them
-        rewritten = files.take_rewritten()  # copies that failed there and were written instead
+        # queued writes: the copies and chunks, before the entry counts them (a failed copy is written)
+        rewritten = sum(copied.get(target, 0) for target in files.settle()) if queued(files) else 0
         entry = {
             "node": node,
             "epoch": epoch,
@@ -271,18 +284,22 @@ def write_group(
             "seconds": time.perf_counter() - started,
         }
         manifest = group_document(entry)
-        if over is not None and isinstance(files, LocalFiles):
-            _drop_stale(files, path, over[1], entry["blobs"])
-            files.overwrite(f"{path}/zarr.json", manifest)
-            files.rename_when_durable(path, where.path)
+        if local_tree(files):
+            beside = None if over is None else f"{path}/zarr.json.tmp-{uuid.uuid4().hex}"  # never over the marker
+            if over is not None:
+                _drop_stale(files, path, over[1], entry["blobs"])
+            files.put(beside or f"{path}/zarr.json", manifest)
+            files.publish_when_durable(Staged(path, where.path, beside))
         else:
             files.put_atomic(f"{path}/zarr.json", manifest)
         entry[MANIFEST_KEY] = reference(manifest)
-        if sync or not isinstance(files, LocalFiles):
+        if sync or not files.defers_flush:
             files.flush()
     except CheckpointError:
         raise
     except OSError as exc:
+        if path != where.path:  # this attempt's staging folder (a full disk wants its space back)
+            remove_staging(path)
         raise CheckpointWriteError(
             f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
         ) from exc
@@ -387,7 +404,7 @@ def describe_group(
     }
 
 
-def _drop_stale(files: LocalFiles, path: str, over: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
+def _drop_stale(files: LocalTree, path: str, over: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
     """Remove what the retired group written over held and the new one does not: blobs it no longer
     has (their metadata, chunks and folder) and chunks past a blob's new chunk grid."""
     for name, meta in over.items():
@@ -406,46 +423,46 @@ def _drop_stale(files: LocalFiles, path: str, over: Mapping[str, Any], blobs: Ma
 
 
 def _write_blob(
-    files: LocalFiles | RemoteFiles,
+    files: Files,
     path: str,
     name: str,
     kind: str,
     array: np.ndarray,
     codec: str | None,
     reusable: tuple[Mapping[str, Any] | None, str, int | None],
+    copied: dict[str, int],
     there: bool = False,
 ) -> tuple[dict[str, Any], int, int]:
     """Write blob ``name``'s array metadata and chunk files; return its blob entry, bytes written and bytes reused.
 
     ``reusable``: the previous epoch's blob entry (``None``: nothing to reuse), the array's path
-    there, and when that group got its entry (see :meth:`~.files.LocalFiles.reuse`). ``there``:
-    the blob's folder is already there, in a retired group written over (local disks only): its
-    files are written over (see :meth:`~.files.LocalFiles.overwrite`).
+    there, and when that group got its entry (see :meth:`~.base.Files.reuse`); ``copied`` gets
+    each reused chunk file and the bytes it counts. ``there``: the blob's folder is already there,
+    in a retired group written over (a :class:`~.base.LocalTree` only): its files are written over
+    (see :meth:`~.base.LocalTree.overwrite`).
     """
     before, old_path, sealed = reusable
     meta, spans, stored = _layout(name, kind, array, codec)
     same = before is not None and _same_layout(before, meta, len(spans))
     put, reuse = files.put, files.reuse
-    if there and isinstance(files, LocalFiles):
+    if there and local_tree(files):
         put, reuse = files.overwrite, files.reuse_over
     else:
         files.mkdir(path)
     metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``named`` too
     named = same and before.get("dimension_names") == meta["dimension_names"]  # a group of format 4 names none
-    if not (named and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", len(metadata), sealed, (metadata,))):
+    if not (named and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", (metadata,), sealed)):
         put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
     for index, (start, stop, _pad) in enumerate(spans):
         parts = stored[index]
         key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
-        if (
-            same
-            and before["hashes"][index] == hashes[-1]
-            and reuse(f"{old_path}/{key}", f"{path}/{key}", sum(map(len, parts)), sealed, parts, stop - start)
-        ):
+        target = f"{path}/{key}"
+        if same and before["hashes"][index] == hashes[-1] and reuse(f"{old_path}/{key}", target, parts, sealed):
+            copied[target] = stop - start
             reused += stop - start
             continue
-        put(f"{path}/{key}", *parts)
+        put(target, *parts)
         written += stop - start
     return _finish_meta(meta, hashes, codec, stored), written, reused
