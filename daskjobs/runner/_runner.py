@@ -18,7 +18,7 @@ from ._checks import check_can_stop, resume_epoch, stop_condition_values
 from ._history import EpochRecord, history_frame, history_html, plot_history, settle_bytes
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._progress import EpochProgress, known_total
-from ._recovery import Departures, Recovery, check_recoverable, load_epoch, restore, with_last_commit
+from ._recovery import Departures, Recovery, check_recoverable, load_epoch, rebalance, restore, with_last_commit
 from ._saving import EpochSaver, load_now, overrides, save_now
 from ._writer import end_saves, holding_lock, prepare_manager
 
@@ -307,6 +307,7 @@ class JobRunner:
             self._stop_if_interrupted(manager, session)
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
+                rebalance(session, self._saver)
                 epoch += 1
         bar.complete()
         if self._saver is not None:
