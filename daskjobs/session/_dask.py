@@ -41,6 +41,18 @@ def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
 
 
+def _register_plugin(client: Client) -> None:
+    """Register the workspace plugin on every worker, now and to come. A worker that leaves while
+    it is told fails the call; the scheduler has the plugin then, so the next call returns at once."""
+    for attempt in range(3):
+        try:
+            client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
+            return
+        except OSError:  # CommClosedError: a worker left (an adaptive cluster scaling down)
+            if attempt == 2 or client.status != "running":
+                raise
+
+
 _EDGE_SHARE = 1 / 1024
 """The part of a node's resources one Dask task of a run with dataflow edges asks for."""
 
@@ -103,7 +115,7 @@ class DaskSession(Session):
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         try:
-            client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
+            _register_plugin(client)
             # While this future is held, the scheduler keeps the one task group all of the
             # session's keys map to, so each run does not leave a new group behind in its spans.
             self._anchor = client.submit(_keep_group, key=f"daskjobs-{self.session_id}-anchor", pure=False)
