@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_worker_without_nodes_is_a_pool_worker(capsys):
     its extra resources; it runs daskjobs' preload, so a group signal closes it gracefully."""
     assert main(["worker", "tcp://127.0.0.1:8786", "--resources", "GPU=1", "--dry-run"]) == 0
     command = shlex.split(capsys.readouterr().out)
-    options = {option: value for option, value in zip(command, command[1:], strict=False) if option.startswith("--")}
+    options = {option: value for option, value in itertools.pairwise(command) if option.startswith("--")}
     assert "--name" not in options
     assert options["--resources"] == "GPU=1"
     assert options["--preload"] == "daskjobs.session._worker_process"

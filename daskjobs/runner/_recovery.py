@@ -7,6 +7,8 @@ nodes (:func:`rebalance`)."""
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -208,3 +210,15 @@ def rebalance(session: Session, saver: EpochSaver | None) -> None:
     move = getattr(session, "rebalance", None)
     if move is not None:
         move(before=None if saver is None else partial(saver.flush, session))
+
+
+def placement_of(session: Session) -> Callable[[], dict[str, str]]:
+    """A function giving ``session``'s current placement (node -> worker address; empty for a session
+    without one, or once the session is gone), for the runner's repr."""
+    ref = weakref.ref(session)
+
+    def placement() -> dict[str, str]:
+        current = ref()
+        return dict(getattr(current, "placement", {}) or {}) if current is not None else {}
+
+    return placement

@@ -3,7 +3,11 @@ plain ``dask worker`` processes run the job with no set-up; workers killed for g
 to the others; workers that join take nodes at an epoch boundary; a worker SIGTERMed and restarted
 by its supervisor within half a second is a planned departure; ``timeout`` forwarding the group's
 SIGTERM to the driver is one graceful stop; an adaptive ``LocalCluster`` scales down under the job.
-Every case ends with the checkpoint equal, bit for bit, to an uninterrupted run's."""
+Every case ends with the checkpoint equal, bit for bit, to an uninterrupted run's.
+
+The default test run keeps the notebook ``Client()``, two of three workers killed and the supervised
+SIGTERM of a pinned worker (see ``DEFAULT_CASES`` in ``conftest.py``); the fast in-process cases of
+``tests/test_elastic.py`` cover joining, retiring and the rest there. ``-m matrix`` runs all of them."""
 
 from __future__ import annotations
 
@@ -100,6 +104,7 @@ def test_a_notebook_client_runs_the_job_with_no_set_up(job_dir, tmp_path, refere
     assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
 
 
+@pytest.mark.matrix
 def test_plain_dask_workers_serve_a_job_file_run_from_the_command_line(job_dir, elsewhere, pool, reference):
     """``dask worker ADDRESS`` processes without any resource, and ``daskjobs run --scheduler``: the nodes
     are placed on them (one INFO line with ``-v``), the run equals an uninterrupted one."""
@@ -226,6 +231,7 @@ def test_a_worker_restarted_within_half_a_second_after_a_group_sigterm_is_a_depa
     assert "not counted against max_failures" in departures[0]
 
 
+@pytest.mark.matrix
 def test_timeout_forwarding_the_group_sigterm_is_one_graceful_stop(job_dir, elsewhere, pool, reference, tmp_path):
     """``timeout -s TERM`` wraps ``daskjobs run`` on plain pool workers and the whole group gets SIGTERM:
     the driver gets it twice (from the group and from ``timeout``), which is one request: the running
@@ -286,6 +292,7 @@ ADAPTIVE = textwrap.dedent(
 )
 
 
+@pytest.mark.matrix
 def test_an_adaptive_local_cluster_scaling_down_under_the_job(job_dir, tmp_path, reference):
     """``cluster.adapt(minimum=1, maximum=1)`` on a LocalCluster of three pool workers, turned on while
     the job runs, scales it down to one worker: the nodes of the workers retired move to the one left,
