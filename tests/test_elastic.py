@@ -6,10 +6,12 @@ that join take nodes with their workspaces; every run ends equal to an uninterru
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import dask.config
 import numpy as np
@@ -313,3 +315,74 @@ def test_a_survey_sees_who_gave_each_resource():
         (address,) = survey.live()
         assert survey.held(address) == {"n0": "given"}
         assert survey.owners(address, "n0") == {session.session_id}
+
+
+JOB_FILE = textwrap.dedent(
+    """
+    import numpy as np
+    import daskjobs as dj
+
+    def init(ws):
+        ws["x"] = np.arange(3.0)
+
+    def step(ws):
+        ws["x"] = ws["x"] * 2 + ws.epoch
+
+    with dj.Job(name="cli") as job:
+        for name in ("a", "b", "c"):
+            with dj.Node(name):
+                with job.init_group:
+                    dj.Task(init)
+                dj.Task(step)
+        dj.epoch_limiter(job, 3)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--workers", "0"], "--workers 0: a pool needs at least one worker (N >= 1)"),
+        (["--workers", "2", "--local"], "--workers starts a local pool cluster: it cannot be combined with --local"),
+        (
+            ["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"],
+            "--workers starts a local pool cluster: it cannot be combined with --scheduler",
+        ),
+    ],
+    ids=["zero", "local", "scheduler"],
+)
+def test_workers_option_usage_errors(tmp_path, capsys, options, message):
+    """``--workers N`` with N < 1, ``--local`` or ``--scheduler`` is a usage error (exit 2, one line)
+    before anything is loaded or started."""
+    from daskjobs.cli import main
+
+    code = main(["run", str(tmp_path / "missing.py:job"), *options])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"daskjobs run: error: {message}"]
+
+
+def test_run_on_a_local_pool_of_workers(tmp_path):
+    """``daskjobs run FILE:job --workers 2`` runs three nodes on a local pool of two worker processes
+    and commits what a LocalSession computes."""
+    (tmp_path / "job.py").write_text(JOB_FILE)
+    root = str(Path(dj.__file__).resolve().parents[1])
+    command = [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--workers", "2", "--no-progress"]
+    result = subprocess.run(
+        [*command, "--checkpoint", "ckpt"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "starting a local Dask cluster of 2 pool worker processes"
+    view = dj.open_checkpoint(str(tmp_path / "ckpt"))
+    assert view.epoch == 3
+    expected = np.arange(3.0)
+    for epoch in (1, 2, 3):
+        expected = expected * 2 + epoch
+    for node in ("a", "b", "c"):
+        assert view[node]["x"].tobytes() == expected.tobytes()

@@ -26,7 +26,7 @@ from ._client import connect, dashboard_link, gather_within, send_at_once, when_
 from ._elastic import Placer
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
 from ._placement import WorkerTable, node_resource
-from ._plugin import PLUGIN_NAME, OnWorker, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
+from ._plugin import OnWorker, WorkerStates, call_on_node, drop_session, register_workspaces, wait_for_steps
 from ._worker_process import quiet_compute_failures
 
 T = TypeVar("T")
@@ -39,18 +39,6 @@ _WATCH_INTERVAL = 1.0
 
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
-
-
-def _register_plugin(client: Client) -> None:
-    """Register the workspace plugin on every worker, now and to come. A worker that leaves while
-    it is told fails the call; the scheduler has the plugin then, so the next call returns at once."""
-    for attempt in range(3):
-        try:
-            client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
-            return
-        except OSError:  # CommClosedError: a worker left (an adaptive cluster scaling down)
-            if attempt == 2 or client.status != "running":
-                raise
 
 
 _EDGE_SHARE = 1 / 1024
@@ -115,7 +103,7 @@ class DaskSession(Session):
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         try:
-            _register_plugin(client)
+            register_workspaces(client)
             # While this future is held, the scheduler keeps the one task group all of the
             # session's keys map to, so each run does not leave a new group behind in its spans.
             self._anchor = client.submit(_keep_group, key=f"daskjobs-{self.session_id}-anchor", pure=False)
@@ -350,8 +338,13 @@ class DaskSession(Session):
         self._placer.unchecked(names, resources or {})
         self._placer.place(names, 0)
 
-    def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:
-        """Wait until each node has a worker again (e.g. after a worker restart), and place it.
+    def wait_for_nodes(
+        self,
+        nodes: Iterable[object] | None = None,
+        timeout: float | None = None,
+        resources: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        """Wait until each node has a worker (e.g. while workers start, or after a restart), and place it.
 
         A pinned node waits for its own worker; a pool node goes to any fitting pool worker (it
         waits only while there is none).
@@ -362,6 +355,8 @@ class DaskSession(Session):
             The nodes to wait for; default: every node this session has used.
         timeout : float, optional
             Seconds to wait; default: the Dask config value ``daskjobs.placement-timeout`` (10 s).
+        resources : mapping, optional
+            Node -> extra resources its worker must provide, as for :meth:`check_nodes`.
 
         Raises
         ------
@@ -375,7 +370,7 @@ class DaskSession(Session):
         """
         self._check_open()
         names = self._names(nodes)
-        self._placer.unchecked(names, {})
+        self._placer.unchecked(names, resources or {})
         self._placer.place(names, config_timeout("placement-timeout") if timeout is None else timeout)
 
     def rebalance(self, before: Callable[[], object] | None = None) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed import Client, Future
 
-from .._config import config_choice
+from .._config import config_choice, config_timeout
 from ..errors import NodePlacementError
 from ._placement import (
     Assignment,
@@ -109,17 +109,31 @@ class Placer:
         ]
         given: dict[str, dict[str, list[str]]] = {}
         if holders:
-            answers = self._client.run(given_resources, workers=holders, on_error="return")
+            answers = self._run(given_resources, holders)
             given = {addr: found for addr, found in answers.items() if isinstance(found, dict) and found}
+            # A worker that did not answer is leaving: it is left out, not taken for a pinned one.
+            table = {a: info for a, info in table.items() if a not in holders or isinstance(answers.get(a), dict)}
         others = sorted(
             {s for found in given.values() for sessions in found.values() for s in sessions} - {self._session}
         )
         open_sessions = {self._session}
         if others:
             anchors = {f"daskjobs-{s}-anchor": s for s in others}
-            states = self._client.sync(self._client.scheduler.get_task_status, keys=list(anchors))
+            client = self._client
+            timeout = config_timeout("connect-timeout")
+            states = client.sync(client.scheduler.get_task_status, keys=list(anchors), callback_timeout=timeout)
             open_sessions |= {anchors[key] for key, state in states.items() if state is not None}
         return Survey(table, given, frozenset(open_sessions))
+
+    def _run(self, function: Callable[..., Any], workers: list[str], *args: Any) -> dict[str, Any]:
+        """``client.run`` of ``function`` on ``workers``: address -> result, or the error of a worker that
+        could not be reached (it left), within ``daskjobs.connect-timeout``."""
+        try:
+            return self._client.run(
+                function, *args, workers=workers, on_error="return", callback_timeout=config_timeout("connect-timeout")
+            )
+        except OSError as exc:  # the scheduler refused the whole call (a worker of ``workers`` left)
+            return dict.fromkeys(workers, exc)
 
     def gone(self, table: WorkerTable) -> set[str]:
         """The pool nodes whose worker is no longer in ``table``: their workspaces are gone."""
@@ -205,10 +219,7 @@ class Placer:
         that could not be told, with their errors."""
         if not changes:
             return {}
-        try:
-            answers = self._client.run(set_node_resources, dict(changes), workers=list(changes), on_error="return")
-        except OSError as exc:  # a worker of ``changes`` left: the scheduler refuses the whole call
-            return dict.fromkeys(changes, exc)
+        answers = self._run(set_node_resources, list(changes), dict(changes))
         failed = {addr: answer for addr, answer in answers.items() if isinstance(answer, BaseException)}
         failed.update({addr: LookupError("no answer") for addr in changes if addr not in answers})
         return failed
@@ -304,8 +315,7 @@ class Placer:
                 take.setdefault(source, {})[node_resource(node)] = (survey.threads(source) if owners else 0, owners)
         self._tell(take)
         for node, source in old.items():
-            with contextlib.suppress(Exception):
-                self._client.run(drop_node, self._session, node, workers=[source], on_error="ignore")
+            self._run(drop_node, [source], self._session, node)
         logger.info(
             "DaskSession %s: moved node(s) %s with their workspaces to workers that joined; placement now %s",
             self._session,

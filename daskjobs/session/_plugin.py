@@ -106,6 +106,18 @@ class WorkspacePlugin(WorkerPlugin):
                 del self._states[key]
 
 
+def register_workspaces(client: Client) -> None:
+    """Register the workspace plugin on every worker, now and to come. A worker that leaves while
+    it is told fails the call; the scheduler has the plugin then, so the next call returns at once."""
+    for attempt in range(3):
+        try:
+            client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
+            return
+        except OSError:  # CommClosedError: a worker left (an adaptive cluster scaling down)
+            if attempt == 2 or client.status != "running":
+                raise
+
+
 def leave_through_nanny() -> None:
     """In a worker process behind a nanny, on its main thread: ignore SIGINT and SIGTERM. A signal
     to the whole process group (``scancel``, ``kill -TERM -PGID``, Ctrl-C) reaches the nanny too,
