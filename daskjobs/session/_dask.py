@@ -33,8 +33,9 @@ T = TypeVar("T")
 
 logger = logging.getLogger("daskjobs")
 
-_WATCH_INTERVAL = 1.0
-"""Seconds between checks, while a run is in flight, that its nodes still have workers."""
+_WATCH_INTERVAL = 0.5
+"""Seconds between checks, while a run is in flight, that its nodes still have workers (a pool
+node whose worker left is placed again at once: the check is most of the time a loss takes)."""
 
 
 def _keep_group() -> None:
