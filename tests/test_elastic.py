@@ -386,3 +386,34 @@ def test_run_on_a_local_pool_of_workers(tmp_path):
         expected = expected * 2 + epoch
     for node in ("a", "b", "c"):
         assert view[node]["x"].tobytes() == expected.tobytes()
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # two pool clusters and four runs (about 10-20 s): the elastic modes' own tests cover the rest
+def test_check_proves_a_job_exact_when_its_pool_shrinks_and_grows():
+    """``check_resume(modes=("shrink", "grow"))`` runs the job on local pools it starts: two workers,
+    one killed for good mid-epoch (the run restores every node on the other), and one worker that a
+    second joins (nodes move onto it); both runs equal reference A."""
+    report = dj.testing.check_resume(lambda: define_job(4, ("n0", "n1")), modes=("shrink", "grow"), interrupt_at=[2])
+    assert report.ok, str(report)
+    runs = {run.name: run for run in report.runs}
+    assert sorted(runs) == ["A", "B", "grow@2", "shrink@2"]
+    assert runs["shrink@2"].resumed_from in (2, 3)
+    assert runs["shrink@2"].describe().startswith("the worker of node 'n0' killed for good in epoch 3")
+    assert runs["grow@2"].describe() == "a worker joined after epoch 2: nodes moved onto it with their workspaces"
+
+
+@pytest.mark.parametrize("mode", ["shrink", "grow"])
+def test_elastic_check_modes_start_their_own_pools(mode, capsys):
+    """``daskjobs check --mode shrink|grow --scheduler ADDRESS`` is a usage error (exit 2, one line),
+    and ``check_resume`` refuses a session for them."""
+    from daskjobs.cli import main
+
+    code = main(["check", "missing.py:job", "--mode", mode, "--scheduler", "tcp://127.0.0.1:1"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"daskjobs check: error: --mode {mode} runs on local pool clusters that the check starts: "
+        "it cannot be combined with --scheduler"
+    )
+    with pool(1) as cluster, pytest.raises(dj.errors.JobDefinitionError, match="leave session= out"):
+        dj.testing.check_resume(define_job, modes=mode, session=cluster)
