@@ -386,6 +386,11 @@ class DaskSession(Session):
         -------
         dict
             Node -> the address of its new worker, for the nodes that moved.
+
+        Examples
+        --------
+        >>> session.rebalance()  # doctest: +SKIP
+        {'trainer_1': 'tcp://127.0.0.1:40811'}
         """
         self._check_client()
         moves = self._placer.moves()

@@ -39,7 +39,6 @@ from ._placement import (
 from ._plugin import (
     JOINED_TOPIC,
     WorkerStates,
-    drop_node,
     export_node,
     given_resources,
     install_node,
@@ -313,9 +312,7 @@ class Placer:
             if source in live:
                 owners = sorted(survey.owners(source, node) - {self._session})
                 take.setdefault(source, {})[node_resource(node)] = (survey.threads(source) if owners else 0, owners)
-        self._tell(take)
-        for node, source in old.items():
-            self._run(drop_node, [source], self._session, node)
+        self._tell(take)  # the old workers forget the nodes' workspaces too
         logger.info(
             "DaskSession %s: moved node(s) %s with their workspaces to workers that joined; placement now %s",
             self._session,

@@ -37,7 +37,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .._execution.node_run import NodeState
 from .._model.values import Value, copy_value
 from ..errors import NodeLostError, NodePlacementError, TaskFailedError, picklable_cause
-from ._placement import node_resource
+from ._placement import node_resource, resource_node
 
 T = TypeVar("T")
 
@@ -193,10 +193,14 @@ def given_resources(dask_worker: Worker) -> dict[str, list[str]]:
 async def set_node_resources(changes: dict[str, dict[str, tuple[float, list[str]]]], dask_worker: Worker) -> None:
     """``client.run`` target: give this worker (its entry of ``changes``, by address) node resources
     and record the sessions that gave them: resource -> (amount, sessions); amount 0 takes it back.
-    The scheduler knows the new resources when this returns."""
+    A session that no longer holds a node's resource here (it closed, its driver died, or the node
+    moved away) no longer has the node's workspace here either. The scheduler knows the new
+    resources when this returns."""
     mine = changes.get(dask_worker.contact_address) or changes.get(dask_worker.address) or {}
     plugin = _plugin(dask_worker)
     for resource, (_, sessions) in mine.items():
+        for left in plugin.given.get(resource, set()) - set(sessions):
+            plugin.drop_node(left, resource_node(resource) or resource)
         if sessions:
             plugin.given[resource] = set(sessions)
         else:
@@ -216,13 +220,6 @@ def install_node(states: WorkerStates, node: str, blobs: dict[str, Value]) -> st
     state = _serving(node).fresh_node_state(states.session, node)
     state.replace_blobs({name: copy_value(value, name) for name, value in blobs.items()})
     return state.token
-
-
-def drop_node(session: str, node: str, dask_worker: Worker) -> None:
-    """``client.run`` target: forget ``session``'s workspace of ``node`` here (it moved away)."""
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if isinstance(plugin, WorkspacePlugin):
-        plugin.drop_node(session, node)
 
 
 def drop_session(session: str, dask_worker: Worker) -> None:
