@@ -175,14 +175,14 @@ class Placer:
             done = assign(survey, nodes, self.demands, current, self._session)
             if not done.problems:
                 failed = self._apply(survey, done, nodes)
-                if not failed:
-                    break
-                # The survey was out of date (a worker left while it was given a node): look again.
+                # A worker that could not be told left since the survey: look again if it was to serve.
                 done.problems = {
                     n: f"its worker at {a} could not be given the node ({failed[a]!r})"
                     for n, a in done.placement.items()
                     if a in failed
                 }
+                if not done.problems:
+                    break
             if time.monotonic() >= deadline:
                 waited = f" (waited {timeout:g} s)" if timeout else ""
                 raise placement_error(done.problems, survey, self.demands, waited)

@@ -148,9 +148,10 @@ class Survey:
         return set(self.given.get(address, {}).get(node_resource(node), ())) & self.open_sessions
 
     def pool(self) -> list[str]:
-        """Addresses of the live workers without pinned nodes, in name order."""
+        """Addresses of the live workers without pinned nodes that take work (not retiring), in name order."""
         live = self.live()
-        pool = [addr for addr in live if "pinned" not in self.held(addr).values()]
+        taking = [addr for addr, info in live.items() if info.get("status", "running") != "closing_gracefully"]
+        pool = [addr for addr in taking if "pinned" not in self.held(addr).values()]
         return sorted(pool, key=lambda addr: (str(live[addr].get("name", addr)), addr))
 
     def fits(self, address: str, needs: Mapping[str, float]) -> bool:
