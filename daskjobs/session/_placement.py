@@ -311,42 +311,6 @@ def describe_workers(workers: WorkerTable, given: Mapping[str, Mapping[str, Sequ
     return "\n".join(lines) or "  (no workers)"
 
 
-def placement_problems(workers: WorkerTable, nodes: Iterable[str], resources: Demands) -> dict[str, str]:
-    """Node -> why it cannot be placed, for each node of ``nodes`` that cannot (every node resource
-    of the table counted as pinned: no session places anything)."""
-    return assign(Survey(workers), list(nodes), resources, {}, "").problems
-
-
-def check_nodes(workers: WorkerTable, nodes: Iterable[str], resources: Demands | None = None) -> None:
-    """Raise :class:`~daskjobs.errors.NodePlacementError` unless every node has a pinned worker, or a
-    pool worker that fits it.
-
-    Parameters
-    ----------
-    workers : mapping
-        The scheduler's worker table, ``client.scheduler_info()["workers"]``.
-    nodes : iterable of str
-        Node names to check.
-    resources : mapping, optional
-        Node -> extra resources its worker must provide, e.g. ``{"trainer": {"GPU": 1}}``.
-
-    Examples
-    --------
-    >>> import daskjobs as dj
-    >>> workers = {"tcp://127.0.0.1:1": {"name": "ps", "resources": {dj.node_resource("ps"): 2}}}
-    >>> check_nodes(workers, ["ps"])
-    >>> try:
-    ...     check_nodes(workers, ["ps", "trainer"])
-    ... except dj.errors.NodePlacementError as exc:
-    ...     print(exc.nodes)
-    ['trainer']
-    """
-    resources = resources or {}
-    problems = placement_problems(workers, nodes, resources)
-    if problems:
-        raise placement_error(problems, Survey(workers), resources, "")
-
-
 def placement_error(problems: Mapping[str, str], survey: Survey, demands: Demands, waited: str) -> NodePlacementError:
     """The error for the nodes of ``problems`` (node -> why), listing their demands and the workers."""
     details = []
