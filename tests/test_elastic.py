@@ -417,3 +417,35 @@ def test_elastic_check_modes_start_their_own_pools(mode, capsys):
     )
     with pool(1) as cluster, pytest.raises(dj.errors.JobDefinitionError, match="leave session= out"):
         dj.testing.check_resume(define_job, modes=mode, session=cluster)
+
+
+def test_a_node_whose_demand_no_remaining_worker_meets_waits_then_names_it(tmp_path):
+    """The only worker with a GPU is lost: node ``g`` (``GPU=1``) waits ``daskjobs.recovery-timeout``
+    for a fitting worker like a pinned node, then NodePlacementError names it and its demand."""
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False}}
+    options = {"nthreads": 1, "host": "127.0.0.1"}
+    workers = {
+        "cpu": {"cls": Worker, "options": options},
+        "gpu": {"cls": Worker, "options": {**options, "resources": {"GPU": 1}}},
+    }
+    settings = {"daskjobs.recovery-timeout": "1s"}
+    with (
+        dask.config.set(settings),
+        SpecCluster(workers=workers, scheduler=scheduler) as cluster,
+        Client(cluster) as client,
+        dj.DaskSession(client) as session,
+    ):
+
+        def lose_the_gpu(record) -> None:
+            if record.epoch == 2:
+                cluster.sync(cluster.workers["gpu"].close, reason="crashed")
+
+        manager = dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt"))
+        runner = dj.JobRunner(define_job(nodes=("n0", "g"), gpu="g"), manager, progress=False, on_epoch=lose_the_gpu)
+        with pytest.raises(NodePlacementError) as info:
+            runner.train(session)
+    assert info.value.nodes == ["g"]
+    assert "node 'g' (needs GPU=1): no worker provides 'daskjobs-node-g', and no pool worker has GPU=1" in str(
+        info.value
+    )
+    assert "daskjobs.recovery-timeout (1 s)" in str(info.value)
