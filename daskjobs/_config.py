@@ -30,7 +30,11 @@ TIMEOUTS = {
 """Waits: key -> default (a number of seconds, or a string such as ``"10s"`` or ``"2 minutes"``)."""
 COUNTS = {"max-departures": 10}
 """Counts: key -> default (an integer, at least 0)."""
-dask.config.update_defaults({"daskjobs": {**TIMEOUTS, **COUNTS}})
+CHOICES = {"rebalance": ("on-join", "never")}
+"""Choices: key -> the values it takes, its default first."""
+dask.config.update_defaults(
+    {"daskjobs": {**TIMEOUTS, **COUNTS, **{name: values[0] for name, values in CHOICES.items()}}}
+)
 
 
 def config_timeout(name: str) -> float:
@@ -79,6 +83,27 @@ def config_count(name: str) -> int:
     return count
 
 
+def config_choice(name: str) -> str:
+    """The ``daskjobs.<name>`` setting from the Dask config, one of the values :data:`CHOICES` lists.
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> from daskjobs._config import config_choice
+    >>> config_choice("rebalance")
+    'on-join'
+    >>> with dask.config.set({"daskjobs.rebalance": "never"}):
+    ...     config_choice("rebalance")
+    'never'
+    """
+    values = CHOICES[name]
+    value = dask.config.get(f"daskjobs.{name}", default=values[0])
+    if value not in values:
+        allowed = " or ".join(repr(v) for v in values)
+        raise ConfigError(f"daskjobs.{name} is {value!r}: it must be {allowed} (default {values[0]!r})")
+    return str(value)
+
+
 def check_config() -> None:
     """Read every ``daskjobs.*`` setting once: a bad value raises :class:`~daskjobs.errors.ConfigError`
     before a run starts, not when a recovery first needs it."""
@@ -86,3 +111,5 @@ def check_config() -> None:
         config_timeout(name)
     for name in COUNTS:
         config_count(name)
+    for name in CHOICES:
+        config_choice(name)

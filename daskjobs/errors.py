@@ -15,7 +15,7 @@ The tree::
     ├── TaskFailedError(RuntimeError)         user code raised; the cause is chained
     │   ├── TaskValueError(ValueError)        ... on a daskjobs ValueError (e.g. a reader source invalid on its node)
     │   └── TaskTypeError(TypeError)          ... on a daskjobs TypeError (e.g. a blob value no checkpoint holds)
-    ├── NodePlacementError(RuntimeError)      a node has no worker, or more than one
+    ├── NodePlacementError(RuntimeError)      a node has no fitting worker, or several pinned
     ├── NodeLostError(RuntimeError)           a node's worker died and could not be recovered
     ├── SessionLostError(ConnectionError)     the Dask scheduler went away, refused or did not answer
     ├── SchedulerAddressError(ValueError)     a scheduler address that does not parse
@@ -244,10 +244,12 @@ class _NodesError(DaskJobsError, RuntimeError):
 
 
 class NodePlacementError(_NodesError):
-    """A node has no worker that provides its resource, or more than one.
+    """A node cannot be placed: no pinned worker and no pool worker that meets its demands (e.g.
+    ``GPU=1``), more than one worker pinned to it, or no worker left on the cluster at all.
 
-    Start one worker per node (``daskjobs worker SCHEDULER --node NAME``) or use
-    :func:`daskjobs.node_cluster`. ``nodes`` lists the nodes that cannot be placed.
+    Add a worker without node resources (``dask worker SCHEDULER``, ``daskjobs worker SCHEDULER``:
+    daskjobs places nodes on it) with the resources the node needs, or one pinned to the node
+    (``daskjobs worker SCHEDULER --node NAME``). ``nodes`` lists the nodes that cannot be placed.
     """
 
 

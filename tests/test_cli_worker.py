@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import subprocess
 import sys
@@ -65,7 +66,21 @@ def test_worker_dry_run_shows_the_dask_worker_command(capsys):
     assert options["--resources"] == f"{dj.node_resource('ps')}=3,{dj.node_resource('trainer')}=3,GPU=1"
     assert options["--host"] == "127.0.0.1"
     assert options["--dashboard-address"] == "127.0.0.1:0"
+    assert options["--preload"] == "daskjobs.session._worker_process"
     assert "--no-dashboard" in command
+
+
+def test_worker_without_nodes_is_a_pool_worker(capsys):
+    """Without --node the worker provides no node resource (sessions place nodes on it) and keeps
+    its extra resources; it runs daskjobs' preload, so a group signal closes it gracefully."""
+    assert main(["worker", "tcp://127.0.0.1:8786", "--resources", "GPU=1", "--dry-run"]) == 0
+    command = shlex.split(capsys.readouterr().out)
+    options = {option: value for option, value in itertools.pairwise(command) if option.startswith("--")}
+    assert "--name" not in options
+    assert options["--resources"] == "GPU=1"
+    assert options["--preload"] == "daskjobs.session._worker_process"
+    assert main(["worker", "tcp://127.0.0.1:8786", "--dry-run"]) == 0
+    assert "--resources" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -76,7 +91,7 @@ def test_worker_dry_run_shows_the_dask_worker_command(capsys):
         (["--node", "a", "--node", "__x"], "invalid node name '__x'"),
         (["--node", "a", "--nthreads", "0"], "expected a positive integer"),
         (["--node", "a", "--resources", "GPU"], "expected NAME=AMOUNT"),
-        ([], "--node"),
+        (["--nthreads", "-1"], "expected a positive integer"),
     ],
 )
 def test_worker_rejects_bad_arguments(args, message, capsys):

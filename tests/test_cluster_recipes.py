@@ -114,8 +114,20 @@ def check_placement(address: str, logs: Path) -> None:
         assert all(bool(session.fetch("placed", node=node)) for node in NODES)
 
 
-def run_job_on(address: str, tmp_path: Path) -> None:
-    """``daskjobs run --scheduler`` trains the job on those workers and commits its epochs."""
+def wait_for_workers(address: str, count: int, logs: Path) -> None:
+    """Wait until ``count`` workers are connected to the scheduler at ``address``."""
+    from distributed import Client
+
+    with Client(address, timeout=30, set_as_default=False) as client:
+        deadline = time.monotonic() + 60
+        while len(client.scheduler_info(n_workers=-1)["workers"]) < count:
+            assert time.monotonic() < deadline, "\n".join(p.read_text() for p in logs.glob("*.log"))
+            time.sleep(0.2)
+
+
+def run_job_on(address: str, tmp_path: Path, pinned: bool = True) -> None:
+    """``daskjobs run --scheduler`` trains the job on those workers and commits its epochs (on pinned
+    workers, each node on the worker named after it)."""
     (tmp_path / "recipe_job.py").write_text(JOB)
     prefix = tmp_path / "ckpt"
     argv = [sys.executable, "-m", "daskjobs", "run", "recipe_job.py:make", "--scheduler", address]
@@ -128,7 +140,8 @@ def run_job_on(address: str, tmp_path: Path) -> None:
     assert lines[-1] == f"job 'recipe': last epoch 3, committed under {prefix}; ran epochs 1-3"
     view = dj.open_checkpoint(str(prefix))
     assert view.epoch == 3
-    assert all(bool(view[node]["placed"]) for node in NODES)
+    assert all(bool(view[node]["placed"]) == pinned for node in NODES)
+    assert all(int(view[node]["epochs"]) == 3 for node in NODES)
 
 
 @pytest.fixture
@@ -168,6 +181,55 @@ def test_jobqueue_workers_run_locally_are_placed_and_run_a_job(jobqueue_cluster,
     with processes(commands, tmp_path):
         check_placement(jobqueue_cluster.scheduler_address, tmp_path)
         run_job_on(jobqueue_cluster.scheduler_address, tmp_path)
+
+
+def test_jobqueue_pool_workers_run_locally_run_a_job(jobqueue_cluster, tmp_path):
+    """The pool recipe's plain SLURM job scripts (no node resources), their worker commands run here:
+    ``daskjobs run --scheduler`` places the nodes on them and trains the job."""
+    recipe = load_recipe("jobqueue_pool.py")
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    options = {**recipe.WORKER_OPTIONS, "scheduler_options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    with jobqueue.SLURMCluster(**options) as cluster:
+        script = cluster.job_cls(cluster.scheduler_address, name="pool-0", **cluster.new_spec["options"]).job_script()
+        argv = shlex.split(script.strip().splitlines()[-1])
+        assert "--resources" not in argv
+        worker = [*argv, "--host", "127.0.0.1", "--local-directory", str(tmp_path / "workers")]
+        with processes([worker], tmp_path):
+            wait_for_workers(cluster.scheduler_address, 1, tmp_path)
+            run_job_on(cluster.scheduler_address, tmp_path, pinned=False)
+
+
+def start_scheduler(tmp_path: Path) -> tuple[list[str], Path]:
+    """The command of a ``dask scheduler`` on 127.0.0.1 and the file it writes its address to."""
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
+    return [*scheduler, "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)], scheduler_file
+
+
+def scheduler_address(scheduler_file: Path) -> str:
+    deadline = time.monotonic() + 30
+    while not (scheduler_file.exists() and scheduler_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the scheduler did not start"
+        time.sleep(0.05)
+    return yaml.safe_load(scheduler_file.read_text())["address"]
+
+
+def test_kubernetes_pool_worker_commands_run_locally_run_a_job(tmp_path):
+    """The pool manifest's worker containers, pointed at a local scheduler (one process per replica),
+    are pool workers: ``daskjobs run --scheduler`` places the nodes on them and trains the job."""
+    documents = list(yaml.safe_load_all((RECIPES / "kubernetes-pool.yaml").read_text()))
+    (pool,) = [doc for doc in documents if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "daskjobs-pool"]
+    (container,) = pool["spec"]["template"]["spec"]["containers"]
+    argv = [*container["command"], *container["args"]]
+    assert argv[:3] == ["daskjobs", "worker", "tcp://daskjobs-scheduler:8786"]
+    assert "--node" not in argv
+    scheduler, scheduler_file = start_scheduler(tmp_path)
+    with processes([scheduler], tmp_path):
+        address = scheduler_address(scheduler_file)
+        worker = [sys.executable, "-m", "daskjobs", "worker", address, *argv[3:], "--host", "127.0.0.1"]
+        with processes([worker] * 2, tmp_path):
+            wait_for_workers(address, 2, tmp_path)
+            run_job_on(address, tmp_path, pinned=False)
 
 
 def test_kubernetes_worker_commands_run_locally_are_placed(tmp_path):

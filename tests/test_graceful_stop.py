@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
             if epoch == 2:
                 for _ in range(2):
                     os.kill(os.getpid(), int(sys.argv[6]))
-                    time.sleep(0.1)
+                    time.sleep(0.6)  # apart by more than half a second: two requests, not one
 
     def main():
         with dj.Cluster(), dj.Job(name="graceful") as job:
@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent(
                     struck.append(True)
                     for _ in range(2):
                         os.kill(os.getpid(), int(sys.argv[6]))
-                        time.sleep(0.1)
+                        time.sleep(0.6)
                 return write_record(record, **options)
 
             manager.store.commit = commit
@@ -112,9 +112,9 @@ SCRIPT = textwrap.dedent(
 
 
 def run_and_signal(
-    tmp_path: Path, kind: str, signals: list[int], sleep: float, nodes: str = "a,b"
+    tmp_path: Path, kind: str, signals: list[int], sleep: float, nodes: str = "a,b", gap: float = 0.6
 ) -> tuple[int, str, str, float]:
-    """Start the script, wait for epoch 2 to start, send ``signals`` 0.3 s apart; return
+    """Start the script, wait for epoch 2 to start, send ``signals`` ``gap`` s apart; return
     (return code, stdout, stderr, seconds from the last signal to the exit). Kind ``"commit"``
     signals itself (twice ``signals[0]``) from inside the commit of epoch 2 instead."""
     script = tmp_path / "train.py"
@@ -138,7 +138,7 @@ def run_and_signal(
         time.sleep(0.2)
         for number, sig in enumerate(signals if kind not in ("commit", "cluster-commit") else []):
             if number:
-                time.sleep(0.3)
+                time.sleep(gap)
             child.send_signal(sig)
         signalled = time.monotonic()
         out, err = child.communicate(timeout=60)
@@ -181,6 +181,18 @@ def test_one_signal_commits_the_running_epoch_then_stops(tmp_path, kind, sig):
     assert err.count("Traceback") == 0, err
     assert len(err.splitlines()) <= 10, err
     assert dj.open_checkpoint(str(tmp_path / "ckpt")).verify() > 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_same_signal_again_within_half_a_second_is_one_request(tmp_path, sig):
+    """A signal the process gets twice 0.1 s apart (a wrapper in its process group, GNU ``timeout`` or
+    ``srun``, forwarding the signal the whole group got) stops gracefully: epoch 2 is committed."""
+    code, out, err, _ = run_and_signal(tmp_path, "local", [sig, sig], sleep=1.5, gap=0.1)
+    assert code == EXPECTED[sig][0], (out, err)
+    assert committed(tmp_path) == [0, 1, 2]
+    assert "epoch 2 is committed" in err, err
+    assert "abandoned" not in err, err
+    assert lock_released(tmp_path)
 
 
 @pytest.mark.parametrize(("kind", "sig"), CASES)

@@ -49,11 +49,13 @@ def add_check_parser(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("stop", "kill", "lose-node"),
+        choices=("stop", "kill", "lose-node", "shrink", "grow"),
         action="append",
         help="stop: graceful stop, then a new process resumes; kill: the driver SIGKILLed mid-epoch, then a new "
-        "process resumes; lose-node: a node's worker killed mid-epoch, the run recovers (clusters only). "
-        "Repeatable; default: stop and kill",
+        "process resumes; lose-node: a node's worker killed mid-epoch, the run recovers (clusters only); "
+        "shrink: on a local pool of two workers, one SIGKILLed for good mid-epoch, the run goes on on the "
+        "other; grow: on a local pool of one worker, a second joins and nodes move onto it (shrink and grow "
+        "start their own pools: not with --scheduler). Repeatable; default: stop and kill",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -76,6 +78,12 @@ def check_job(args: argparse.Namespace) -> int:
     modes = tuple(dict.fromkeys(args.mode or _DEFAULT_MODES))
     if "lose-node" in modes and args.local:
         raise UsageError("--mode lose-node kills a node's worker: it needs a cluster, not --local")
+    elastic = [mode for mode in modes if mode in ("shrink", "grow")]
+    if elastic and args.scheduler:
+        raise UsageError(
+            f"--mode {' / '.join(elastic)} runs on local pool clusters that the check starts: "
+            "it cannot be combined with --scheduler"
+        )
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     job = load_target(args.target)  # a TARGET that is no job is a usage error, before any run starts

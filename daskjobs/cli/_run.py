@@ -44,7 +44,8 @@ def add_run_parser(subparsers: Subparsers) -> None:
         description=(
             "Run a daskjobs Job. TARGET is package.module:name or path/to/file.py:name, naming a Job or a "
             "callable that returns one. By default the job runs on a local Dask cluster with one worker per "
-            "node; with --checkpoint it saves every epoch and a re-run resumes from the latest commit."
+            "node (--workers N: a local pool of N workers that the nodes are spread over); with --checkpoint it "
+            "saves every epoch and a re-run resumes from the latest commit."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="package.module:name or path/to/file.py:name")
@@ -76,10 +77,21 @@ def add_run_parser(subparsers: Subparsers) -> None:
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
-        "--scheduler", metavar="ADDRESS", help="run on this Dask scheduler (its workers serve the nodes)"
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run on this Dask scheduler: its pool workers (plain `dask worker`s) get the nodes, pinned ones "
+        "(`daskjobs worker --node NAME`) keep theirs",
     )
     where.add_argument("--local", action="store_true", help="run in this process (LocalSession), no cluster")
-    parser.add_argument("--nthreads", type=positive_int, default=2, help="threads per node of the local cluster")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run on a local pool cluster of N worker processes (any N >= 1: the nodes are spread over them)",
+    )
+    parser.add_argument(
+        "--nthreads", type=positive_int, default=2, help="threads per worker of the local cluster (default 2)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_verbose(parser)
     parser.set_defaults(handler=run_job)
@@ -106,6 +118,7 @@ def run_job(args: argparse.Namespace) -> int:
     if needs_prefix and not args.checkpoint:
         verb = "needs" if len(needs_prefix) == 1 else "need"
         raise UsageError(f"{', '.join(needs_prefix)} {verb} a checkpoint prefix: add --checkpoint PREFIX")
+    _check_workers(args)
     job = load_target(args.target)
     if not job.stop_conditions and args.max_epochs is None:
         raise CommandFailed(
@@ -148,6 +161,17 @@ def _epoch_printer(committed: bool) -> Callable[[EpochRecord], None]:
     return lambda record: say(epoch_line(record, committed=committed))
 
 
+def _check_workers(args: argparse.Namespace) -> None:
+    """``--workers N``: at least 1, and a local cluster of its own (not with --scheduler or --local)."""
+    if args.workers is None:
+        return
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: a pool needs at least one worker (N >= 1)")
+    for flag, given in (("--scheduler", args.scheduler), ("--local", args.local)):
+        if given:
+            raise UsageError(f"--workers starts a local pool cluster: it cannot be combined with {flag}")
+
+
 def _check_resumable(store: Any, epoch: int) -> None:
     """A usage error unless ``epoch`` is committed under the store's prefix (nothing is created)."""
     committed = store.committed_epochs()
@@ -158,8 +182,9 @@ def _check_resumable(store: Any, epoch: int) -> None:
 
 @contextlib.contextmanager
 def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
-    """The session ``run`` asked for: in-process, on a scheduler, or on a new ``node_cluster``."""
+    """The session ``run`` asked for: in-process, on a scheduler, on a new pool cluster or ``node_cluster``."""
     from ..session import DaskSession, LocalSession, node_cluster
+    from ..session._pool import pool_cluster
 
     if args.local:
         with LocalSession() as session:
@@ -171,11 +196,17 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
             raise UsageError(f"--scheduler {args.scheduler}: {exc}") from None
         except OSError as exc:
             raise CommandFailed(
-                f"{exc} Start it with `dask scheduler`, and one `daskjobs worker {args.scheduler} --node NAME` "
-                "per node of the job."
+                f"{exc} Start it with `dask scheduler`, and workers with `dask worker {args.scheduler}` (or "
+                f"`daskjobs worker {args.scheduler}`)."
             ) from None
         with connected as session:
             _print_dashboard(getattr(session.client, "dashboard_link", None))
+            yield session
+    elif args.workers is not None:
+        plural = "es" if args.workers > 1 else ""
+        say(f"starting a local Dask cluster of {args.workers} pool worker process{plural}")
+        with pool_cluster(args.workers, nthreads=args.nthreads) as cluster, DaskSession(cluster) as session:
+            _print_dashboard(cluster.dashboard_link)
             yield session
     else:
         nodes = job.nodes()

@@ -1,4 +1,11 @@
-"""``daskjobs worker``: a ``dask worker`` that serves one or more daskjobs nodes."""
+"""``daskjobs worker``: a ``dask worker`` for daskjobs, in the pool or pinned to nodes.
+
+Without ``--node`` it is a pool worker: sessions place nodes on it at run time. With ``--node`` it
+serves those nodes (pinned). Either way it runs daskjobs' worker preload
+(:mod:`daskjobs.session._worker_process`): its worker process ignores SIGINT and SIGTERM, so that
+a signal to the whole process group (``scancel``, systemd, ``kill -TERM -PGID``) reaches the nanny,
+which closes the worker gracefully: a planned departure, not a failure.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from dask.utils import parse_timedelta
 
 from .._model.values import validate_name
 from ..errors import JobDefinitionError
+from ..session import _worker_process
 from ..session._placement import worker_resources
 from ._common import OK, Subparsers, UsageError, positive_int
 
@@ -48,11 +56,14 @@ def add_worker_parser(subparsers: Subparsers) -> None:
     """Register ``daskjobs worker``."""
     parser = subparsers.add_parser(
         "worker",
-        help="start a Dask worker that serves one or more daskjobs nodes",
+        help="start a Dask worker for daskjobs: a pool worker, or one pinned to --node NAME",
         description=(
-            "Start a Dask worker (behind a nanny that restarts it if it dies) that serves the given nodes: "
-            "it provides each node's placement resource and is named after the node(s). Start exactly one "
-            "such worker per node. Runs `python -m distributed.cli.dask_worker` in place of this process."
+            "Start a Dask worker (behind a nanny that restarts it if it dies). Without --node it is a pool "
+            "worker: jobs place their nodes on the pool's workers themselves, and move them when workers "
+            "leave or join. With --node it serves the given nodes (pinned): it provides each node's placement "
+            "resource and is named after the node(s); start exactly one such worker per pinned node. SIGTERM "
+            "or SIGINT to its whole process group closes it gracefully, which a running job takes as a planned "
+            "departure. Runs `python -m distributed.cli.dask_worker` in place of this process."
         ),
     )
     parser.add_argument("scheduler", metavar="SCHEDULER_ADDRESS", help="e.g. tcp://127.0.0.1:8786 or tls://host:8786")
@@ -61,9 +72,9 @@ def add_worker_parser(subparsers: Subparsers) -> None:
         dest="nodes",
         type=_node_name,
         action="append",
-        required=True,
+        default=[],
         metavar="NAME",
-        help="a node to serve (repeatable)",
+        help="a node to serve, pinned to this worker (repeatable; none: a pool worker)",
     )
     parser.add_argument(
         "--nthreads", type=positive_int, default=2, help="threads, and concurrent tasks per node (default 2)"
@@ -98,12 +109,15 @@ def add_worker_parser(subparsers: Subparsers) -> None:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    """The ``dask worker`` command line that serves ``args.nodes``."""
+    """The ``dask worker`` command line that serves ``args.nodes`` (none: a pool worker)."""
     resources = worker_resources(args.nodes, args.nthreads, args.resources)
     argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.scheduler]
-    argv += ["--name", "+".join(args.nodes), "--nthreads", str(args.nthreads), "--nworkers", "1"]
-    argv += ["--resources", ",".join(f"{name}={amount:g}" for name, amount in resources.items())]
-    argv += ["--no-dashboard"]
+    if args.nodes:
+        argv += ["--name", "+".join(args.nodes)]
+    argv += ["--nthreads", str(args.nthreads), "--nworkers", "1"]
+    if resources:
+        argv += ["--resources", ",".join(f"{name}={amount:g}" for name, amount in resources.items())]
+    argv += ["--preload", _worker_process.__name__, "--no-dashboard"]
     if args.host:
         argv += ["--host", args.host, "--dashboard-address", f"{args.host}:0"]
     if args.local_directory:

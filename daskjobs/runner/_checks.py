@@ -83,7 +83,6 @@ def check_placement(session: Any, job: Any) -> None:
         return
     nodes = job.nodes()
     try:
-        wait(nodes, timeout=config_timeout("preflight-timeout"))
-        session.check_nodes(nodes, job.node_resources())
+        wait(nodes, timeout=config_timeout("preflight-timeout"), resources=job.node_resources())
     except NodePlacementError as exc:
         raise NodePlacementError(f"job {job.name!r} cannot start, nothing ran: {exc}", exc.nodes) from None

@@ -1,11 +1,14 @@
 """Graceful stop of a run on SIGINT/SIGTERM: the first signal asks to stop after the running
-epoch, a second one abandons it at once (SPEC §1.8)."""
+epoch, a second one abandons it at once (SPEC §1.8). The same signal again within
+:data:`SAME_REQUEST` seconds is the same request: a wrapper in the process group (GNU ``timeout``,
+``srun``) forwards a signal the whole group already got (SPEC §4)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -15,6 +18,8 @@ from ..errors import CheckpointError, JobInterruptedError
 logger = logging.getLogger("daskjobs")
 
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+SAME_REQUEST = 0.5
+"""Seconds within which the first signal, arriving again, is one request delivered twice."""
 
 
 def interruption(
@@ -86,17 +91,22 @@ class GracefulStop:
     """Context manager installing SIGINT/SIGTERM handlers on the main thread (nowhere else).
 
     The first signal sets :attr:`requested`; the runner checks it after each committed epoch.
-    A second one raises :class:`AbandonedRun` at once, wherever the main thread is. The previous
-    handlers are restored on exit.
+    A second one raises :class:`AbandonedRun` at once, wherever the main thread is, unless it is
+    the first signal arriving again within :data:`SAME_REQUEST` seconds (one request delivered
+    twice). The previous handlers are restored on exit.
     """
 
     def __init__(self) -> None:
         self.requested: int | None = None
+        self._at = 0.0
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.requested is not None and signum == self.requested and now - self._at < SAME_REQUEST:
+            return
         if self.requested is None:
-            self.requested = signum
+            self.requested, self._at = signum, now
             logger.warning(
                 "%s received: the job stops once the running epoch is done (and committed, with checkpoints); "
                 "send it again to abandon that epoch",

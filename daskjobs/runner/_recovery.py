@@ -1,11 +1,16 @@
 """Recovering a run from a lost node: whether one more recovery is allowed (planned departures do
-not count), waiting for every node, restoring all of them from the last commit (or emptying their
-workspaces for init to run again), and what a lost session says about resuming."""
+not count), waiting for every node (a pool node is placed on the workers that remain), restoring
+all of them from the last commit (or emptying their workspaces for init to run again), and what a
+lost session says about resuming; and, at an epoch boundary, letting workers that joined take
+nodes (:func:`rebalance`)."""
 
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._config import config_count, config_timeout
@@ -19,6 +24,7 @@ if TYPE_CHECKING:
     from .._model.job import Job
     from ..checkpoint import MultiNodeCheckpointManager
     from ..session import Session
+    from ._saving import EpochSaver
 
 logger = logging.getLogger("daskjobs")
 
@@ -199,3 +205,25 @@ def load_epoch(
         logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)
         return epoch, True
     return epoch + 1, False
+
+
+def rebalance(session: Session, saver: EpochSaver | None) -> None:
+    """At an epoch boundary: let workers that joined the cluster take nodes when that evens the
+    spread (a session that places nodes on a pool decides, see ``DaskSession.rebalance``). The
+    epochs run so far are committed first when a node moves: it moves with its workspace, so
+    nothing is rolled back and no epoch runs again."""
+    move = getattr(session, "rebalance", None)
+    if move is not None:
+        move(before=None if saver is None else partial(saver.flush, session))
+
+
+def placement_of(session: Session) -> Callable[[], dict[str, str]]:
+    """A function giving ``session``'s current placement (node -> worker address; empty for a session
+    without one, or once the session is gone), for the runner's repr."""
+    ref = weakref.ref(session)
+
+    def placement() -> dict[str, str]:
+        current = ref()
+        return dict(getattr(current, "placement", {}) or {}) if current is not None else {}
+
+    return placement

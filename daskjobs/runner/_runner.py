@@ -18,7 +18,16 @@ from ._checks import check_can_stop, check_placement, resume_epoch, stop_conditi
 from ._history import EpochRecord, history_frame, history_html, plot_history, settle_bytes
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._progress import EpochProgress, known_total
-from ._recovery import Departures, Recovery, check_recoverable, load_epoch, restore, with_last_commit
+from ._recovery import (
+    Departures,
+    Recovery,
+    check_recoverable,
+    load_epoch,
+    placement_of,
+    rebalance,
+    restore,
+    with_last_commit,
+)
 from ._saving import EpochSaver, load_now, overrides, save_now
 from ._writer import end_saves, holding_lock, prepare_manager
 
@@ -125,6 +134,8 @@ class JobRunner:
         self._bytes_pending: list[int] = []
         self.dashboard_link: str | None = None
         """The Dask dashboard of the last session trained on, when it has one."""
+        self._placement: Callable[[], dict[str, str]] = dict
+        """The current placement (node -> worker) of the last session trained on, for the repr."""
         self._signals = GracefulStop()
         self._saver: EpochSaver | None = None
         self._resume: int | None = None
@@ -152,6 +163,7 @@ class JobRunner:
                 manager, self.job, self.resume_from_epoch, warn_unwritable=self.on_save_error == "warn"
             )
         own, session = not isinstance(session, Session), as_session(session)
+        self._placement = placement_of(session)
         session.start_job_run(self.job.name)
         self.history = []
         self._bytes_pending = []
@@ -309,6 +321,7 @@ class JobRunner:
             self._stop_if_interrupted(manager, session)
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
+                rebalance(session, self._saver)
                 epoch += 1
         bar.complete()
         if self._saver is not None:
@@ -481,7 +494,9 @@ class JobRunner:
 
     def __repr__(self) -> str:
         last = self.history[-1].epoch if self.history else None
-        return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last})"
+        placement = self._placement()
+        where = f", placement={placement}" if placement else ""
+        return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last}{where})"
 
     def _repr_html_(self) -> str:
         where = self.checkpoint_manager.store.url if self.checkpoint_manager is not None else "no checkpoints"

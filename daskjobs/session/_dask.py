@@ -23,17 +23,19 @@ from .._model.values import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
+from ._elastic import Placer
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
-from ._placement import WorkerTable, check_nodes, node_resource, served_nodes, wait_for_placement
-from ._plugin import PLUGIN_NAME, OnWorker, WorkerStates, WorkspacePlugin, call_on_node, drop_session, wait_for_steps
+from ._placement import WorkerTable, node_resource
+from ._plugin import OnWorker, WorkerStates, call_on_node, drop_session, register_workspaces, wait_for_steps
 from ._worker_process import quiet_compute_failures
 
 T = TypeVar("T")
 
 logger = logging.getLogger("daskjobs")
 
-_WATCH_INTERVAL = 1.0
-"""Seconds between checks, while a run is in flight, that its nodes still have workers."""
+_WATCH_INTERVAL = 0.5
+"""Seconds between checks, while a run is in flight, that its nodes still have workers (a pool
+node whose worker left is placed again at once: the check is most of the time a loss takes)."""
 
 
 def _keep_group() -> None:
@@ -99,17 +101,14 @@ class DaskSession(Session):
         self._client, self._owns_client = client, owned
         self._address = client.scheduler.address
         self._states = WorkerStates(self.session_id)
-        self._node_resources: dict[str, dict[str, float]] = {}
-        self._placed: dict[str, frozenset[str]] = {}
-        self._serving: dict[str, str] = {}
-        """Node -> the address of the worker the last placement check found serving it."""
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         try:
-            client.register_plugin(WorkspacePlugin(), name=PLUGIN_NAME)
+            register_workspaces(client)
             # While this future is held, the scheduler keeps the one task group all of the
             # session's keys map to, so each run does not leave a new group behind in its spans.
             self._anchor = client.submit(_keep_group, key=f"daskjobs-{self.session_id}-anchor", pure=False)
+            self._placer = Placer(client, self.session_id, self._workers)
         except BaseException:
             if owned:
                 client.close()
@@ -213,15 +212,16 @@ class DaskSession(Session):
     def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
         # Only placed nodes can hold an open run; the others failed placement or lost their worker.
         for node in graph.nodes():
-            if node in self._placed:
+            if node in self._placer.placement:
                 with contextlib.suppress(Exception):
                     self._call_on_node(node, abandon_node_run, run_key)
 
     def _known_nodes(self) -> list[str]:
-        return sorted(served_nodes(self._workers()))
+        return self._placer.known_nodes()
 
     def _shutdown(self) -> None:
         try:
+            self._placer.release(config_timeout("connect-timeout"))
             self._anchor.release()
             if self._client.status == "running":
                 self._client.run(drop_session, self.session_id, on_error="ignore")
@@ -289,34 +289,46 @@ class DaskSession(Session):
                 time.sleep(0.1)
 
     def _preflight(self, nodes: Iterable[str], resources: Mapping[str, Mapping[str, float]]) -> None:
-        """Check placement of nodes not yet checked (or needing resources not yet checked)."""
-        unchecked = []
-        for node in nodes:
-            needs = dict(resources.get(node, {}))
-            self._node_resources.setdefault(node, {}).update(needs)
-            if node not in self._placed or not set(needs) <= self._placed[node]:
-                unchecked.append(node)
+        """Place the nodes not placed yet (or needing resources not yet checked)."""
+        unchecked = self._placer.unchecked(nodes, resources)
         if unchecked:
-            self._wait_placed(unchecked, config_timeout("preflight-timeout"))
+            self._placer.place(unchecked, config_timeout("preflight-timeout"))
 
-    def _wait_placed(self, nodes: list[str], timeout: float) -> None:
-        served = served_nodes(wait_for_placement(self._workers, nodes, self._node_resources, timeout))
-        for node in nodes:
-            self._placed[node] = frozenset(self._node_resources.get(node, {}))
-            self._serving[node] = served[node][0]
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node -> the address of the worker serving it, for the nodes this session placed (empty
+        before the first run). Logged at INFO (logger ``daskjobs``) whenever it changes.
+
+        Examples
+        --------
+        >>> session.placement  # doctest: +SKIP
+        {'ps': 'tcp://127.0.0.1:40211', 'trainer': 'tcp://127.0.0.1:40211'}
+        """
+        return dict(self._placer.placement)
 
     def check_nodes(
         self, nodes: Iterable[object] | None = None, resources: Mapping[str, Mapping[str, float]] | None = None
     ) -> None:
-        """Raise NodePlacementError now unless each node has exactly one suitable worker.
+        """Place the nodes now, or raise NodePlacementError at once.
+
+        A node with a pinned worker (one started with its resource) must have exactly one, with
+        the node's extra resources; any other node goes to a pool worker that has them (a worker
+        without node resources), which is given the node's resource now (see :attr:`placement`).
+        The runner calls this for the whole job before anything runs, so that its nodes are
+        spread over the pool together.
 
         Parameters
         ----------
         nodes : iterable of str or Node, optional
-            The nodes to check; default: every node this session has used.
+            The nodes to place; default: every node this session has used.
         resources : mapping, optional
             Node -> extra resources its worker must provide, besides those the session's
             groups already asked for (e.g. ``{"trainer": {"GPU": 1}}``).
+
+        Raises
+        ------
+        NodePlacementError
+            Naming the nodes that cannot be placed, their demands and the workers.
 
         Examples
         --------
@@ -324,11 +336,19 @@ class DaskSession(Session):
         """
         self._check_open()
         names = self._names(nodes)
-        needs = {n: {**self._node_resources.get(n, {}), **(resources or {}).get(n, {})} for n in names}
-        check_nodes(self._workers(), names, needs)
+        self._placer.unchecked(names, resources or {})
+        self._placer.place(names, 0)
 
-    def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:
-        """Wait until each node has exactly one suitable worker again (e.g. after a worker restart).
+    def wait_for_nodes(
+        self,
+        nodes: Iterable[object] | None = None,
+        timeout: float | None = None,
+        resources: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        """Wait until each node has a worker (e.g. while workers start, or after a restart), and place it.
+
+        A pinned node waits for its own worker; a pool node goes to any fitting pool worker (it
+        waits only while there is none).
 
         Parameters
         ----------
@@ -336,12 +356,14 @@ class DaskSession(Session):
             The nodes to wait for; default: every node this session has used.
         timeout : float, optional
             Seconds to wait; default: the Dask config value ``daskjobs.placement-timeout`` (10 s).
+        resources : mapping, optional
+            Node -> extra resources its worker must provide, as for :meth:`check_nodes`.
 
         Raises
         ------
         NodePlacementError
-            If some node still has no worker, several, or one lacking the node's extra
-            resources when the time is up; the message lists the available workers.
+            If some node still has no worker, several pinned ones, or none with the node's
+            extra resources when the time is up; the message lists the available workers.
 
         Examples
         --------
@@ -349,12 +371,38 @@ class DaskSession(Session):
         """
         self._check_open()
         names = self._names(nodes)
-        for name in names:
-            self._node_resources.setdefault(name, {})
-        self._wait_placed(names, config_timeout("placement-timeout") if timeout is None else timeout)
+        self._placer.unchecked(names, resources or {})
+        self._placer.place(names, config_timeout("placement-timeout") if timeout is None else timeout)
+
+    def rebalance(self, before: Callable[[], object] | None = None) -> dict[str, str]:
+        """Move nodes to workers that joined since the last look, when that evens the spread.
+
+        The runner calls it at each epoch boundary. ``daskjobs.rebalance`` ``"never"`` (Dask
+        config) turns it off. A node moves with its workspace, sent from its old worker to the
+        new one; ``before()`` is called first when anything moves (the runner commits the epoch's
+        checkpoint there).
+
+        Returns
+        -------
+        dict
+            Node -> the address of its new worker, for the nodes that moved.
+
+        Examples
+        --------
+        >>> session.rebalance()  # doctest: +SKIP
+        {'trainer_1': 'tcp://127.0.0.1:40811'}
+        """
+        self._check_client()
+        moves = self._placer.moves()
+        if moves:
+            if before is not None:
+                before()
+            tokens = self._placer.move(moves, self._states, self._tokens, self._settle_and_gather)
+            self._tokens.update(tokens)
+        return moves
 
     def _names(self, nodes: Iterable[object] | None) -> list[str]:
-        return list(self._node_resources) if nodes is None else [validate_name(str(n), "node") for n in nodes]
+        return list(self._placer.demands) if nodes is None else [validate_name(str(n), "node") for n in nodes]
 
     # -- waiting and errors ---------------------------------------------------------------
     def _settle_and_gather(self, futures: dict[str, Future], node_of: dict[str, str], keys: list[str]) -> list[Any]:
@@ -367,7 +415,7 @@ class DaskSession(Session):
         leave no keys on the scheduler.
         """
         every = list(futures.values())
-        watchdog = Watchdog(self._workers, self._client.cancel, every, node_of)
+        watchdog = Watchdog(self._workers, self._client.cancel, every, node_of, self._placer.gone)
         tb = None
         self._partial = {}
         try:
@@ -399,12 +447,9 @@ class DaskSession(Session):
             # session unless the client reconnects within daskjobs.connect-timeout.
             self._await_reconnect()
         if isinstance(error, DISTRIBUTED_FAILURES):
-            error = lost_node_error(error, node_of)
-            self._unplace(error.nodes)
-            raise with_departure(self._client, self._serving, error) from None
+            raise self._lost(lost_node_error(error, node_of)) from None
         if isinstance(error, NodeLostError):
-            self._unplace(error.nodes)
-            error = with_departure(self._client, self._serving, error)
+            error = self._lost(error)
         raise error.with_traceback(tb)
 
     def _gather_watched(self, futures: list[Future], watchdog: Watchdog) -> list[Any] | NodeLostError:
@@ -426,13 +471,20 @@ class DaskSession(Session):
                 return lost
         return None
 
-    def _unplace(self, nodes: Iterable[str]) -> None:
-        for node in nodes:
-            self._placed.pop(node, None)
+    def _lost(self, error: NodeLostError) -> NodeLostError:
+        """``error`` told with why the nodes' worker left (see :func:`with_departure`); the nodes are
+        placed again before they next run."""
+        incarnations = {n: self._tokens[n].partition("-")[0] for n in error.nodes if n in self._tokens}
+        error = with_departure(self._client, self._placer.placement, error, incarnations)
+        self._placer.forget(error.nodes)
+        return error
 
     def __repr__(self) -> str:
         state = "open" if self.is_open() else "closed"
-        return f"DaskSession({state}, id={self.session_id}, scheduler={self._address}, dashboard={self._dashboard})"
+        return (
+            f"DaskSession({state}, id={self.session_id}, scheduler={self._address}, dashboard={self._dashboard}, "
+            f"placement={{{self._placer.describe()}}})"
+        )
 
     def _repr_html_(self) -> str:
         state = "open" if self.is_open() else "closed"
@@ -443,6 +495,7 @@ class DaskSession(Session):
             ("id", html.escape(self.session_id)),
             ("scheduler", html.escape(self._address)),
             ("dashboard", dashboard),
+            ("placement", html.escape(self._placer.describe() or "none yet")),
         ]
         cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
         return f"<div><strong>DaskSession</strong><table>{cells}</table></div>"

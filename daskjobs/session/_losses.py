@@ -26,6 +26,7 @@ from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerErro
 from .._config import config_timeout
 from ..errors import NodeLostError
 from ._placement import WorkerTable, served_nodes
+from ._plugin import INCARNATION
 
 RECOVERY_HINT = (
     "Its workspace is gone: wait for the node's worker to return (session.wait_for_nodes) and restore "
@@ -37,7 +38,12 @@ DISTRIBUTED_FAILURES = (KilledWorker, NoValidWorkerError, NoWorkerError, Cancell
 
 
 class Watchdog:
-    """Notices nodes that stay without a worker while some of a run's futures are pending."""
+    """Notices nodes that stay without a worker while some of a run's futures are pending.
+
+    ``gone(table)`` names the nodes whose workspace is certainly gone: pool nodes whose worker
+    left the table (they are lost at once, to be placed on the remaining workers); other nodes
+    may wait ``daskjobs.placement-timeout`` for their worker.
+    """
 
     def __init__(
         self,
@@ -45,20 +51,29 @@ class Watchdog:
         cancel: Callable[[list[Future]], Any],
         futures: list[Future],
         node_of: dict[str, str],
+        gone: Callable[[WorkerTable], Iterable[str]] = lambda table: (),
     ) -> None:
         self.workers, self.cancel, self.futures, self.node_of = workers, cancel, futures, node_of
+        self.gone = gone
         self.missing_since: dict[str, float] = {}
 
     def check(self) -> NodeLostError | None:
-        """Cancel the run and return the error once a node had no worker for ``daskjobs.placement-timeout``."""
+        """Cancel the run and return the error once a node had no worker for ``daskjobs.placement-timeout``
+        (or at once, for a node whose worker left for good)."""
         tolerance = config_timeout("placement-timeout")
-        served = served_nodes(self.workers())
+        table = self.workers()
+        served = served_nodes(table)
         now = time.monotonic()
-        for node in {self.node_of[f.key] for f in self.futures if not f.done()}:
+        pending = {self.node_of[f.key] for f in self.futures if not f.done()}
+        for node in pending:
             if node in served:
                 self.missing_since.pop(node, None)
             else:
                 self.missing_since.setdefault(node, now)
+        left = sorted(set(self.gone(table)) & pending)
+        if left:
+            self.cancel(self.futures)
+            return NodeLostError(f"the worker of node(s) {left} left the cluster while running. {RECOVERY_HINT}", left)
         lost = sorted(n for n, since in self.missing_since.items() if now - since >= tolerance)
         if not lost:
             return None
@@ -79,18 +94,24 @@ def lost_node_error(exc: BaseException, node_of: dict[str, str]) -> NodeLostErro
     return NodeLostError(f"{what}. {RECOVERY_HINT}", nodes)
 
 
-def with_departure(client: Client, serving: Mapping[str, str], error: NodeLostError) -> NodeLostError:
-    """``error``, telling why its nodes' worker (``serving``: node -> worker address) left when the
+def with_departure(
+    client: Client, where: Mapping[str, str], error: NodeLostError, incarnations: Mapping[str, str] | None = None
+) -> NodeLostError:
+    """``error``, telling why its nodes' worker (``where``: node -> worker address) left when the
     scheduler's log shows it left on purpose (:func:`departure`): the runner then recovers without
-    counting a failure."""
-    for address in sorted({serving[n] for n in error.nodes if n in serving}):
+    counting a failure. ``incarnations`` (node -> the incarnation of the workspace plugin its
+    workspace lived in) picks the worker's stay at that address that the node lost, also when a
+    new worker took the address since."""
+    incarnations = incarnations or {}
+    for node in sorted(n for n in error.nodes if n in where):
+        address = where[node]
         try:
             events = client.sync(
                 client.scheduler.events, topic=address, callback_timeout=config_timeout("connect-timeout")
             )
         except Exception:  # the log is an explanation, not a necessity
             continue
-        why = departure(events)
+        why = departure(events, incarnations.get(node))
         if why is not None:
             message = f"{error.message} (the worker at {address} left on purpose: {why})"
             error.message, error.departure, error.args = message, why, (message, error.nodes, why)
@@ -111,11 +132,13 @@ _REASONS = {
 """The reasons a worker gives for closing (Dask's ``closing-worker`` event) that mean it left on purpose."""
 
 
-def departure(events: Iterable[tuple[float, Mapping[str, Any]]]) -> str | None:
+def departure(events: Iterable[tuple[float, Mapping[str, Any]]], incarnation: str | None = None) -> str | None:
     """Why the worker that logged ``events`` (the scheduler's log of its address, oldest first) left on
     purpose, or ``None`` if it did not (it died, was killed or lost its connection).
 
-    Only its latest stay counts: an address used again by a new worker starts afresh.
+    A new worker may take the address of one that left: each stay starts at its ``add-worker``. The
+    stay judged is the one in which the workspace plugin of ``incarnation`` started; without it (or
+    when the log does not name it), the latest.
 
     Examples
     --------
@@ -123,13 +146,30 @@ def departure(events: Iterable[tuple[float, Mapping[str, Any]]]) -> str | None:
     'it was sent SIGTERM (a preemption or spot notice)'
     >>> departure([(0, {"action": "add-worker"}), (1, {"action": "remove-worker", "expected": False})]) is None
     True
+    >>> restarted = [(0, {"action": "add-worker"}), (1, {"action": "daskjobs-incarnation", "incarnation": "x"}),
+    ...              (2, {"action": "closing-worker", "reason": "signal-15"}), (3, {"action": "remove-worker"}),
+    ...              (4, {"action": "add-worker"})]
+    >>> departure(restarted, "x")
+    'it was sent SIGTERM (a preemption or spot notice)'
     """
-    reason, expected, stimulus = None, False, ""
+    stays: list[list[Mapping[str, Any]]] = [[]]
     for _, message in events:
+        if message.get("action") == "add-worker":
+            stays.append([])
+        stays[-1].append(message)
+    named = [stay for stay in stays if incarnation is not None and _started(stay, incarnation)]
+    return _why_left(named[-1] if named else stays[-1])
+
+
+def _started(stay: list[Mapping[str, Any]], incarnation: str) -> bool:
+    return any(m.get("action") == INCARNATION and m.get("incarnation") == incarnation for m in stay)
+
+
+def _why_left(stay: list[Mapping[str, Any]]) -> str | None:
+    reason, expected, stimulus = None, False, ""
+    for message in stay:
         action = message.get("action")
-        if action == "add-worker":
-            reason, expected, stimulus = None, False, ""
-        elif action == "closing-worker":
+        if action == "closing-worker":
             reason = message.get("reason")
         elif action == "remove-worker":
             expected, stimulus = bool(message.get("expected")), str(message.get("stimulus_id", ""))

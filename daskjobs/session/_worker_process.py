@@ -6,7 +6,9 @@ turns the signal into a graceful stop) and every worker process of the ``node_cl
 started. A worker process that took the signal would die, and the job would lose its nodes instead
 of committing the running epoch. Those workers belong to the driver, which closes them when it is
 done, so they ignore SIGINT and SIGTERM (:func:`dask_setup`); SIGKILL still works, and a worker
-process exits as soon as its driver does (Dask ties it to its parent).
+process exits as soon as its nanny does (Dask ties it to its parent). The same holds for the
+worker process of a ``daskjobs worker`` (or a ``dask worker`` with this preload): its nanny closes
+it gracefully on the group's signal, a planned departure for a running job.
 
 Logs: a step that fails is reported once, by daskjobs, as a
 :class:`~daskjobs.errors.TaskFailedError` naming job, group, node, task and epoch; Dask's own
@@ -18,7 +20,9 @@ runner recovers): the ERRORs Dask logs for the same loss are dropped — the sch
 marked as failed because 1 workers died" and "Couldn't gather keys" of daskjobs' tasks (in this
 process, where a ``node_cluster`` runs its scheduler), and a worker's "Worker stream died during
 communication" or "failed during get data" with the traceback of the peer it lost while fetching
-data from it or sending data to it (in worker processes daskjobs starts).
+data from it or sending data to it (in worker processes daskjobs starts). On a cluster that
+shrinks, the scheduler's "broadcast to ... failed" about a worker that left while a call to every
+worker reached it is dropped too (the caller handles the worker's absence).
 """
 
 from __future__ import annotations
@@ -69,6 +73,26 @@ class _DropPeerLoss(logging.Filter):
         return record.levelno != logging.ERROR or not str(record.msg).startswith(_PEER_LOST)
 
 
+class _DropBroadcastToLeftWorker(logging.Filter):
+    """Drops the scheduler's ERROR about a message to a worker that left while it was sent (its
+    connection closed or refused): on a cluster that shrinks, daskjobs' calls to every worker (the
+    workspace plugin's registration, placement) meet such workers, and the caller handles it; and
+    asyncio's "Future exception was never retrieved" of the same broadcast."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        message = str(record.msg)
+        if message.startswith("broadcast to ") and any(kind in message for kind in _LEFT):
+            return False
+        cause = record.exc_info[1] if record.exc_info else None
+        return not (message.startswith("Future exception was never retrieved") and "Scheduler Broadcast" in str(cause))
+
+
+_LEFT = ("CommClosedError", "StreamClosedError", "ConnectionRefusedError", "ConnectionResetError")
+"""How a message to a worker that left fails."""
+
+
 def _add_filter(name: str, kind: type[logging.Filter]) -> None:
     logger = logging.getLogger(name)
     if not any(isinstance(f, kind) for f in logger.filters):
@@ -80,14 +104,22 @@ def quiet_compute_failures() -> None:
     worker, daskjobs reports itself (in this process; idempotent)."""
     for name in ("distributed.worker", "distributed.scheduler"):
         _add_filter(name, _DropDaskjobsComputeFailures)
+    for name in ("distributed.scheduler", "asyncio"):
+        _add_filter(name, _DropBroadcastToLeftWorker)
 
 
 def dask_setup(worker: Any) -> None:
-    """In a worker process daskjobs started: ignore SIGINT and SIGTERM (the driver stops the job
-    gracefully and then closes this worker) and keep daskjobs' task failures, and the loss of a
-    peer worker (a node daskjobs reports lost), out of the logs. Dask calls it on the process's
-    main thread."""
-    if threading.current_thread() is threading.main_thread():
+    """In a worker process behind a nanny (``node_cluster``, ``daskjobs worker``, ``dask worker
+    --preload daskjobs.session._worker_process``): ignore SIGINT and SIGTERM, and keep daskjobs' task
+    failures, and the loss of a peer worker (a node daskjobs reports lost), out of the logs. Dask
+    calls it on the process's main thread.
+
+    A signal to the whole process group reaches the nanny too: a ``node_cluster``'s nanny lives in
+    the driver, which stops the job gracefully and then closes this worker; the nanny of a ``dask
+    worker`` command closes it gracefully, with the signal as the reason the scheduler logs, so a
+    running job takes it as a planned departure (a worker process killed by the signal would be a
+    failure)."""
+    if getattr(worker, "nanny", None) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     quiet_compute_failures()

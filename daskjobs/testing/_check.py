@@ -20,6 +20,7 @@ from ..errors import DefinitionTypeError, JobDefinitionError
 from ..runner._targets import load_job
 from ..session import DaskSession, LocalSession, Session
 from ._compare import compare_runs, ordering
+from ._elastic import ELASTIC_MODES, elastic_pool
 from ._executors import Children, InProcess
 from ._report import CheckedRun, Divergence, ResumeReport
 from ._runs import Action, Outcome, quiet_interruptions
@@ -27,7 +28,7 @@ from ._steps import first_step
 
 logger = logging.getLogger("daskjobs")
 
-MODES = ("stop", "kill", "lose-node")
+MODES = ("stop", "kill", "lose-node", *ELASTIC_MODES)
 DEFAULT_TIMEOUT = 600.0
 """Seconds each run (each process of a run) may take when ``timeout`` is not given."""
 
@@ -70,7 +71,11 @@ def check_resume(
         then a new runner (a new process, for a string target) resumes. ``"kill"``: the driver
         process SIGKILLed in the middle of epoch ``k + 1`` after epoch ``k`` is committed, then
         a new process resumes (string targets only). ``"lose-node"``: a node's worker killed in
-        the middle of epoch ``k + 1``; the runner recovers (clusters only).
+        the middle of epoch ``k + 1``; the runner recovers (clusters only). ``"shrink"``: on a
+        local pool cluster of two workers that the check starts, the worker of a node SIGKILLed
+        without replacement in the middle of epoch ``k + 1``; the run goes on on the other.
+        ``"grow"``: on a local pool cluster of one worker, a second joins after epoch ``k``; nodes
+        move onto it with their workspaces. (Not with a ``session``: they need pools of their own.)
     session : Session, distributed.Client, cluster or str, optional
         ``None`` or a :class:`~daskjobs.LocalSession`: every run on a new ``LocalSession``. A
         :class:`~daskjobs.DaskSession`, a Client, a cluster or a scheduler address: every run on
@@ -99,7 +104,8 @@ def check_resume(
     ------
     JobDefinitionError, DefinitionTypeError
         Invalid arguments (an unknown mode, ``"kill"`` without a string target, ``"lose-node"``
-        without a cluster, an interruption point not before A's last epoch).
+        without a cluster, ``"shrink"`` or ``"grow"`` with one, an interruption point not before
+        A's last epoch).
     ResumeCheckError
         A run failed or missed its deadline; the message names the run.
 
@@ -136,6 +142,11 @@ def check_resume(
     if not isinstance(target, str | Job) and not callable(target):
         raise DefinitionTypeError(
             f"check_resume needs a Job, a callable returning one, or 'path/file.py:name', got {target!r:.80}"
+        )
+    elastic = [m for m in chosen if m in ELASTIC_MODES]
+    if elastic and session is not None and not isinstance(session, LocalSession):
+        raise JobDefinitionError(
+            f"mode(s) {elastic} run on local pool clusters of their own, which the check starts: leave session= out"
         )
     with _cluster(session) as client, _scratch() as root, quiet_interruptions():
         if "lose-node" in chosen and client is None:
@@ -199,7 +210,12 @@ class _Check:
 
     def _run(self, name: str, action: Action, folder: str, *, fresh: bool = False) -> _Planned:
         prefix = str(self.root / folder)
-        outcome = self.executor.run(name, prefix, action, fresh=fresh)
+        if action.kind in ELASTIC_MODES:
+            assert action.at is not None
+            with elastic_pool(action.kind, action.at, prefix) as client:
+                outcome = self.executor.run(name, prefix, action, client=client)
+        else:
+            outcome = self.executor.run(name, prefix, action, fresh=fresh)
         logger.info("check: run %s (%s) took %.1f s", name, action.kind, outcome.seconds)
         return _Planned(name, action, prefix, outcome, seconds=outcome.seconds)
 
@@ -227,10 +243,10 @@ class _Check:
         interrupted: list[_Planned] = []
         for i, at in enumerate(points):
             for mode in modes:
-                node = nodes[i % len(nodes)] if mode == "lose-node" else None
+                node = nodes[i % len(nodes)] if mode in ("lose-node", "shrink") else None
                 run = self._run(f"{mode}@{at}", Action(mode, at, node), f"{mode}-at-{at}")  # type: ignore[arg-type]
                 interrupted.append(run)
-                if mode == "lose-node":
+                if mode in ("lose-node", *ELASTIC_MODES):
                     run.resumed_from = run.outcome.recovered_from
                     self._finished(run, reference)
                 elif run.outcome.interrupted or run.outcome.last is None:

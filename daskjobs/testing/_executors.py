@@ -36,8 +36,9 @@ class InProcess:
     def __init__(self, make_job: Callable[[], Job], client: Any, timeout: float, max_epochs: int | None) -> None:
         self.make_job, self.client, self.timeout, self.max_epochs = make_job, client, timeout, max_epochs
 
-    def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False) -> Outcome:
-        """Carry out ``action`` as run ``name`` against ``prefix`` (``fresh`` changes nothing here).
+    def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False, client: Any = None) -> Outcome:
+        """Carry out ``action`` as run ``name`` against ``prefix`` (``fresh`` changes nothing here),
+        on the cluster of ``client`` when given.
 
         Raises
         ------
@@ -45,8 +46,9 @@ class InProcess:
             The run failed, or did not finish within the deadline.
         """
         job = self.make_job()
+        client = client or self.client
         with (
-            LocalSession() if self.client is None else DaskSession(self.client) as session,
+            LocalSession() if client is None else DaskSession(client) as session,
             _deadline(self.timeout) as watch,
         ):
             try:
@@ -142,8 +144,9 @@ class Children:
             env["PYTHONHASHSEED"] = "random"
         return Zygote(env, self.folder / f"zygote-{self._count:03d}.log", self.target)
 
-    def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False) -> Outcome:
-        """Carry out ``action`` as run ``name`` against ``prefix`` in a new process.
+    def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False, client: Any = None) -> Outcome:
+        """Carry out ``action`` as run ``name`` against ``prefix`` in a new process (on the cluster of
+        ``client`` when given).
 
         Raises
         ------
@@ -152,12 +155,13 @@ class Children:
         """
         self._count += 1
         stem = self.folder / f"{self._count:03d}"
+        client = client or self.client
         spec = {
             "target": self.target,
             "prefix": prefix,
             "action": asdict(action),
             "max_epochs": self.max_epochs,
-            "address": None if self.client is None else self.client.scheduler.address,
+            "address": None if client is None else client.scheduler.address,
             "result": f"{stem}.result.json",
         }
         Path(f"{stem}.json").write_text(json.dumps(spec))
@@ -183,8 +187,8 @@ class Children:
             )
         result = _result(stem)
         if action.kind == "kill" and code == -signal.SIGKILL:
-            if self.client is not None:  # its steps may still run on the workers: let them end first
-                wait_for_steps(self.client, "daskjobs-", self.timeout)
+            if client is not None:  # its steps may still run on the workers: let them end first
+                wait_for_steps(client, "daskjobs-", self.timeout)
             return Outcome(None, True, seconds=seconds)
         if code == 0 and result and "outcome" in result:
             return Outcome(**{**result["outcome"], "seconds": seconds})

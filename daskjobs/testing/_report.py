@@ -145,9 +145,9 @@ class CheckedRun:
     Attributes
     ----------
     name : str
-        ``"A"``, ``"B"``, ``"stop@k"``, ``"kill@k"`` or ``"lose-node@k"``.
+        ``"A"``, ``"B"``, ``"stop@k"``, ``"kill@k"``, ``"lose-node@k"``, ``"shrink@k"`` or ``"grow@k"``.
     mode : str or None
-        ``"stop"``, ``"kill"`` or ``"lose-node"``; ``None`` for the references.
+        ``"stop"``, ``"kill"``, ``"lose-node"``, ``"shrink"`` or ``"grow"``; ``None`` for the references.
     interrupt_at : int or None
         The epoch after whose commit the run was interrupted.
     resumed_from : int or None
@@ -160,7 +160,7 @@ class CheckedRun:
     divergences : int
         How many divergences from A it has.
     node : str or None
-        The node whose worker a ``"lose-node"`` run killed.
+        The node whose worker a ``"lose-node"`` or ``"shrink"`` run killed.
     """
 
     name: str
@@ -176,8 +176,10 @@ class CheckedRun:
         """What happened to the run, e.g. ``killed in epoch 4, resumed from 3``."""
         if self.mode is None:
             return "reference" if self.name == "A" else "reference, run again"
-        if self.resumed_from is None and self.mode == "lose-node":
+        if self.resumed_from is None and self.mode in ("lose-node", "shrink"):
             return f"node {self.node!r} killed in epoch {self.interrupt_at + 1}, but the run saw no loss"
+        if self.resumed_from is None and self.mode == "grow":
+            return f"a worker joined after epoch {self.interrupt_at}, but no node moved onto it"
         if self.resumed_from is None:
             last = self.epochs[-1] if self.epochs else None
             return f"not interrupted: the job ended at epoch {last}, before epoch {self.interrupt_at}"
@@ -185,6 +187,13 @@ class CheckedRun:
             return f"stopped after epoch {self.interrupt_at}, resumed from {self.resumed_from}"
         if self.mode == "kill":
             return f"driver killed in epoch {self.interrupt_at + 1}, resumed from {self.resumed_from}"
+        if self.mode == "shrink":
+            return (
+                f"the worker of node {self.node!r} killed for good in epoch {self.interrupt_at + 1}, the other "
+                f"worker restored every node from {self.resumed_from}"
+            )
+        if self.mode == "grow":
+            return f"a worker joined after epoch {self.interrupt_at}: nodes moved onto it with their workspaces"
         return f"node {self.node!r} lost in epoch {self.interrupt_at + 1}, restored from {self.resumed_from}"
 
     def line(self, divergences: list[Divergence]) -> str:

@@ -28,7 +28,7 @@ from ..session import Session, node_resource
 
 logger = logging.getLogger("daskjobs")
 
-ActionKind = Literal["run", "stop", "kill", "lose-node"]
+ActionKind = Literal["run", "stop", "kill", "lose-node", "shrink", "grow"]
 
 _NOTED = {
     "daskjobs": ("interrupted by SIGTERM: stopped after the running epoch", "node lost; restoring all nodes from"),
@@ -47,7 +47,10 @@ class Action:
     ``"stop"`` stops gracefully right after epoch :attr:`at` is committed. ``"kill"`` commits
     epoch :attr:`at`, then SIGKILLs its own process in the middle of epoch ``at + 1``.
     ``"lose-node"`` commits epoch :attr:`at`, then kills :attr:`node`'s worker in the middle of
-    epoch ``at + 1`` and recovers (``max_failures >= 1``), to the end.
+    epoch ``at + 1`` and recovers (``max_failures >= 1``), to the end. ``"shrink"`` is the same on a
+    pool, the worker killed without replacement (the run goes on on the workers left); ``"grow"``
+    commits epoch :attr:`at`, then waits for a worker to join the pool (see :mod:`._elastic`), which
+    takes nodes at the next epoch boundary.
     """
 
     kind: ActionKind = "run"
@@ -87,7 +90,7 @@ def perform(
     """
     started = time.perf_counter()
     manager = MultiNodeCheckpointManager(prefix)
-    failures = 3 if action.kind == "lose-node" else 0
+    failures = 3 if action.kind in ("lose-node", "shrink") else 0
     runner = InterruptingRunner(job, manager, action, max_epochs=max_epochs, max_failures=failures)
     if watch is not None:
         watch(runner)
@@ -99,7 +102,9 @@ def perform(
                 raise
             return Outcome(None, True, seconds=time.perf_counter() - started)
     recovered = next((r.epoch - 1 for r in runner.history if r.recoveries), None)
-    interrupted = action.kind == "lose-node" and recovered is not None
+    if action.kind == "grow":  # went on from epoch `at`, nothing restored, once nodes spread onto the new worker
+        recovered = action.at if runner.joined and len(set(getattr(session, "placement", {}).values())) > 1 else None
+    interrupted = action.kind in ("lose-node", "shrink", "grow") and recovered is not None
     return Outcome(last, interrupted, recovered, time.perf_counter() - started)
 
 
@@ -117,10 +122,18 @@ class InterruptingRunner(JobRunner):
         super().__init__(job, manager, progress=False, **kwargs)
         self.action = action
         self.stopped = False
-        self._armed = action.kind in ("kill", "lose-node")
+        self.joined = False
+        self._armed = action.kind in ("kill", "lose-node", "shrink")
 
     def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
         action, saver = self.action, self._saver
+        if action.kind == "grow" and epoch == action.at and saver is not None and not self.joined:
+            record = super()._run_epoch(session, epoch, failures)
+            saver.flush(session)  # epoch `at` is committed: the pool grows now (see ._elastic)
+            client = session.client  # type: ignore[attr-defined]
+            client.wait_for_workers(len(client.scheduler_info(n_workers=-1)["workers"]) + 1, timeout=_KILL_WAIT)
+            self.joined = True
+            return record
         if not self._armed or epoch != action.at + 1 or saver is None:
             record = super()._run_epoch(session, epoch, failures)
             if action.kind == "stop" and epoch == action.at:
@@ -132,7 +145,7 @@ class InterruptingRunner(JobRunner):
         if action.kind == "kill":  # in this process: steps running in its threads die with it
             strike, delay = _kill_self, 0.5 * statistics.median(r.seconds for r in self.history)
         else:  # on the cluster: the epoch's tasks are submitted when meanwhile() is called
-            strike, delay = _node_killer(session, action.node), 0.0
+            strike, delay = _node_killer(session, action.node, replace=action.kind == "lose-node"), 0.0
         timer = threading.Timer(delay, strike)
         timer.daemon = True
         original = saver.meanwhile
@@ -164,9 +177,16 @@ async def _kill_worker() -> None:
     _kill_self()
 
 
-def _node_killer(session: Session, node: str | None) -> Callable[[], None]:
+def _no_restart(dask_worker: Any) -> None:
+    """Run on a worker's nanny (``client.run(..., nanny=True)``): it starts no new worker process
+    when this one dies."""
+    dask_worker.close_gracefully(reason="daskjobs-check-shrink")
+
+
+def _node_killer(session: Session, node: str | None, *, replace: bool = True) -> Callable[[], None]:
     """What kills ``node``'s worker process at once: a SIGKILL from here when the worker runs on
-    this machine (its pid asked for now), else through ``client.run``."""
+    this machine (its pid asked for now), else through ``client.run``. Without ``replace`` its
+    nanny is told first not to start a new one."""
     client = getattr(session, "client", None)
     if client is None or node is None:
         raise ValueError("a node loss needs a session on a Dask cluster")
@@ -179,6 +199,8 @@ def _node_killer(session: Session, node: str | None) -> Callable[[], None]:
     local = workers[address].get("host") in ("127.0.0.1", "localhost", "::1", socket.gethostname())
 
     def strike() -> None:
+        if not replace:
+            client.run(_no_restart, workers=[address], nanny=True)
         if local:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -92,6 +92,9 @@ DEFAULT_CASES = {
         "lifetime-sync",
         "sigterm-sync",
     },
+    "test_workers_killed_for_good_leave_the_job_running_on_the_others": {"two-of-three"},
+    "test_workers_that_join_take_nodes_at_an_epoch_boundary": set(),
+    "test_a_worker_restarted_within_half_a_second_after_a_group_sigterm_is_a_departure": {"pinned"},
 }
 """The representative cases of the bigger matrices that the default test run keeps: every session
 kind, signal, save mode and kind of departure at least once. The others are marked ``matrix``

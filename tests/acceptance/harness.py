@@ -77,6 +77,7 @@ class ExternalCluster:
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.processes: list[subprocess.Popen] = []
         self.workers: dict[str, subprocess.Popen] = {}
+        self.pool: list[subprocess.Popen] = []
         port = self.address.rpartition(":")[2]
         scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", port]
         self._start([*scheduler, "--no-dashboard"], "scheduler")
@@ -96,6 +97,23 @@ class ExternalCluster:
         argv = [sys.executable, "-m", "daskjobs", "worker", self.address, "--node", node, "--nthreads", "2", *options]
         self.workers[node] = process = self._start(argv, f"worker-{node}")
         return process
+
+    def start_pool_worker(self, *options: str, plain: bool = True) -> subprocess.Popen:
+        """A pool worker (its process group is its own): a plain ``dask worker ADDRESS`` without any
+        resource, or (``plain=False``) ``daskjobs worker ADDRESS``."""
+        if plain:
+            argv = [sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--no-dashboard"]
+        else:
+            argv = [sys.executable, "-m", "daskjobs", "worker", self.address]
+        process = self._start([*argv, "--nthreads", "2", *options], "pool-worker")
+        self.pool.append(process)
+        return process
+
+    def wait_for_workers(self, count: int, timeout: float = 60) -> None:
+        """Wait until exactly ``count`` workers are connected."""
+        wait_until(
+            lambda: len(self.client().scheduler_info(n_workers=-1)["workers"]) == count, timeout, f"{count} workers"
+        )
 
     def client(self):
         from distributed import Client
