@@ -12,11 +12,11 @@ from .._config import config_count, config_timeout
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
 from ..errors import NodeLostError, NodePlacementError, SessionLostError
-from ._saving import overrides
 
 if TYPE_CHECKING:
     from .._model.job import Job
     from ..checkpoint import MultiNodeCheckpointManager
+    from ..checkpoint._managers.pipeline import CommitPipeline
     from ..session import Session
 
 logger = logging.getLogger("daskjobs")
@@ -82,16 +82,14 @@ def prepare_restore(
         )
     else:
         logger.warning("node(s) %s lost; restoring all nodes from %s (recovery %d of %d)", lost, start, *failures)
-    wait = getattr(session, "wait_for_nodes", None)
-    if wait is not None:
-        try:
-            wait(nodes, timeout=timeout)
-        except NodePlacementError as exc:
-            raise NodePlacementError(
-                f"{exc}; a recovery waits daskjobs.recovery-timeout ({timeout:g} s) for every node to have a "
-                "worker again: raise it (Dask config) when replacement workers take longer to start",
-                exc.nodes,
-            ) from exc
+    try:
+        session.wait_for_nodes(nodes, timeout=timeout)
+    except NodePlacementError as exc:
+        raise NodePlacementError(
+            f"{exc}; a recovery waits daskjobs.recovery-timeout ({timeout:g} s) for every node to have a "
+            "worker again: raise it (Dask config) when replacement workers take longer to start",
+            exc.nodes,
+        ) from exc
     session.forget_tokens()
     if latest is None:
         session.run(_clear_group(nodes))
@@ -145,18 +143,20 @@ class Recovery:
 def restore(
     session: Session,
     manager: MultiNodeCheckpointManager,
+    pipeline: CommitPipeline,
     job: Job,
     latest: int | None,
     recovery: Recovery,
     max_epochs: int | None,
 ) -> tuple[int, bool] | None:
-    """After a loss: wait for every node of ``job`` and restore all of them from ``latest``, the last
-    epoch the run committed.
+    """After a loss: end the background writes of the nodes that survived and remove what the run left
+    uncommitted (``pipeline``), wait for every node of ``job`` and restore all of them from ``latest``,
+    the last epoch the run committed.
 
     Returns the epoch to run next and whether to stop, or ``None`` when nothing was committed
     yet (init runs again from scratch, on emptied workspaces).
     """
-    manager.discard_pending()
+    pipeline.recover(session, recovery.lost)
     prepare_restore(
         session,
         job.nodes(),
@@ -179,14 +179,10 @@ def load_epoch(
     (a stop condition was true, or ``max_epochs`` is reached).
 
     The commit record is read once: the load and the stop values come from it. A manager whose
-    class overrides ``load`` (Caffe2-style) has its group run instead.
+    class overrides ``load`` (Caffe2-style) has its group run instead (see ``manager.restore``).
     """
-    if overrides(manager, "load"):
-        session.run_group(manager.load(epoch), job=job, attempt=attempt)
-        record = manager.store.read_commit(epoch)
-    else:
-        record = manager.store.read_commit(epoch)
-        manager.restore(session, record, job=job, attempt=attempt)
+    record = manager.store.read_commit(epoch)
+    manager.restore(session, record, job=job, attempt=attempt)
     manager.report_checkpoint_stats("checkpoint_load")
     stopped = [name for name, value in record.get("stop_values", {}).items() if value]
     if stopped or (max_epochs is not None and epoch >= max_epochs):

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +23,16 @@ import numpy as np
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
 from ...errors import CheckpointError, CheckpointLockedError
-from .._format.manifests import is_summary
-from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
-from .._storage.durable import deleting_in_background, in_background
+from .._storage.durable import deleting_in_background
+from .delta import entry_array, remember, reported, reuse_base, snapshot
+from .flushes import FLUSH, UNFLUSHED, flush_later, outcome, reuse_from, settle_flush, small, write_later
 from .fork import ForkedSave, forks
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
     from ..._model.workspace import Workspace
-    from .._protocol.store import CheckpointStore, GroupFlush
+    from .._protocol.store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
 
@@ -42,143 +40,6 @@ ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
 SAVER = "daskjobs.background_save"
 BUFFERS = "daskjobs.snapshot_buffers"
-FLUSH = "daskjobs.pending_flush"
-MANIFEST = "daskjobs.last_manifest"
-"""Node service holding the last entry the node wrote or loaded whole and verified: what its next
-save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
-_REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
-
-
-def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """What a node tells the driver of an entry it wrote: its totals and the reference of its manifest
-    (``None`` for an entry described before its group was written), never its blobs: the driver's
-    work and messages stay the same size whatever a node holds."""
-    ref = entry.get(MANIFEST_KEY)
-    return {**{key: entry[key] for key in _REPORTED}, MANIFEST_KEY: dict(ref) if isinstance(ref, Mapping) else None}
-
-
-def entry_array(entry: dict[str, Any]) -> np.ndarray:
-    """What a node tells the driver of its entry (:func:`reported`) as a uint8 blob, the form in which
-    save tasks return it."""
-    return np.frombuffer(json.dumps(reported(entry)).encode(), dtype=np.uint8).copy()
-
-
-def remember(state: NodeState, entry: Mapping[str, Any] | None) -> None:
-    """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
-    if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
-        state.services[MANIFEST] = dict(entry)
-
-
-def reuse_base(
-    state: NodeState, store: CheckpointStore, node: str, previous: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """The whole entry a save reuses chunks from, given what the driver named (``previous``: the
-    summary of the newest earlier save, or a whole entry of a record before format version 4).
-
-    The node's own last entry (:func:`remember`) when it is that save (same epoch, save id and
-    manifest); else that manifest, read and verified against the summary. A manifest that is
-    missing or does not match is never reused from: the save writes every chunk (a warning names
-    the :class:`~daskjobs.errors.CheckpointCorruptError`).
-    """
-    if previous is None or not is_summary(previous):
-        return None if previous is None else dict(previous)
-    ref = previous.get(MANIFEST_KEY)
-    mine = state.services.get(MANIFEST)
-    if (
-        isinstance(mine, dict)
-        and mine.get("epoch") == previous.get("epoch")
-        and mine.get("save_id") == previous.get("save_id")
-        and (ref is None or mine.get(MANIFEST_KEY) == ref)
-    ):
-        return mine
-    if not isinstance(ref, Mapping):  # described but never reported written: nothing to verify it against
-        return None
-    try:
-        return store.resolve_entry(node, previous["epoch"], previous)
-    except CheckpointError as exc:
-        logger.warning(
-            "node %r does not reuse chunks of epoch %s (delta): %s: %s; every chunk is written",
-            node,
-            previous.get("epoch"),
-            type(exc).__name__,
-            exc,
-        )
-        return None
-
-
-def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
-    """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
-
-    Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
-    """
-    copies = {}
-    for name, value in blobs.items():
-        if not isinstance(value, np.ndarray):
-            copies[name] = copy_value(value, name)
-            continue
-        buffer = buffers.get(name)
-        if isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype:
-            np.copyto(buffer, value)
-        else:
-            buffer = np.array(value, copy=True, order="C")
-        copies[name] = buffer
-    return copies
-
-
-def _outcome(write: Any) -> dict[str, Any]:
-    """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
-    try:
-        return {"entry": write()}
-    except Exception as exc:
-        return {"error": exc}
-
-
-WRITE_LATER_UP_TO = 1 << 20
-"""A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
-the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
-
-
-@dataclass(frozen=True)
-class PendingFlush:
-    """A node's synchronous save whose fsync (or whole write) runs in the background; ``done``
-    gives the group's entry when the background thread wrote it, else ``None``."""
-
-    save_id: str
-    done: Future[dict[str, Any] | None]
-
-
-def settle_flush(state: NodeState) -> dict[str, Any] | None:
-    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
-    "entry": what the background write returned (:func:`reported`), or None}``. The written entry
-    is remembered for the next save's delta; after a failed flush nothing is."""
-    pending = state.services.pop(FLUSH, None)
-    if not isinstance(pending, PendingFlush):
-        return None
-    try:
-        entry = pending.done.result()
-    except Exception as exc:
-        state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
-        return {"save_id": pending.save_id, "error": exc, "entry": None}
-    remember(state, entry)
-    return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
-
-
-def reuse_from(
-    state: NodeState,
-    store: CheckpointStore,
-    node: str,
-    previous: Mapping[str, Any] | None,
-    flushed: dict[str, Any] | None,
-) -> dict[str, Any] | None:
-    """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
-    ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
-    if flushed is not None and flushed["error"] is not None:
-        return None
-    return reuse_base(state, store, node, previous)
-
-
-def _small(blobs: dict[str, Any]) -> bool:
-    return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
 
 class BackgroundSave:
@@ -307,11 +168,16 @@ class WaitSaveStep:
 
 @dataclass(frozen=True)
 class EndSaveStep:
-    """Ends the node's background save, if one runs, without using it: a forked writer is killed,
-    a writing thread is waited for. What it wrote stays uncommitted debris."""
+    """Ends the node's background writes without using them: a forked writer of an asynchronous
+    save is killed, a writing thread is waited for, and so is a synchronous save's background flush
+    (its outcome, and a save whose flush failed, are dropped). What they wrote stays uncommitted
+    debris, which nothing writes to any more."""
 
     def __call__(self, ws: Workspace) -> None:
-        saver = ws._state.services.pop(SAVER, None)
+        state = ws._state
+        settle_flush(state)
+        state.services.pop(UNFLUSHED, None)
+        saver = state.services.pop(SAVER, None)
         if saver is None:
             return
         pid = getattr(saver, "pid", None)
@@ -383,52 +249,20 @@ class SaveFinish:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
                 return reported(entry)
-            if store.defers_flush and _small(blobs):
-                copies = snapshot(blobs, {})
-                entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-                done: Future[dict[str, Any] | None] = Future()
-                unsynced = functools.partial(
-                    store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
+            if store.defers_flush and small(blobs):
+                described = write_later(
+                    state, store, node, epoch, blobs, save_id=save_id, previous=previous, retired=retired
                 )
-                in_background(functools.partial(_write_there, unsynced, done))
-                state.services[FLUSH] = PendingFlush(save_id, done)
-                return reported(entry)
+                return reported(described)
             entry, flush = store.write_node_unsynced(
                 node, epoch, blobs, save_id=save_id, previous=previous, retired=retired
             )
             if flush is not None:
-                state.services[FLUSH] = PendingFlush(save_id, flush.soon())
+                flush_later(state, save_id, epoch, flush)
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
             return reported(entry)
 
-        outcome = _outcome(write)
-        return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
-
-
-def _write_there(
-    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
-) -> None:
-    """Write a small workspace's copy in the background thread (``unsynced``: its
-    :meth:`~CheckpointStore.write_node_unsynced`); ``done`` gets the written entry once the group is
-    durable (in the next batch of syncs, with the groups of the other nodes this process serves), or
-    the error."""
-    try:
-        entry, flush = unsynced()
-    except BaseException as exc:
-        done.set_exception(exc)
-        return
-    if flush is None:
-        done.set_result(entry)
-        return
-
-    def report(synced: Future[None]) -> None:
-        error = synced.exception()
-        if error is None:
-            done.set_result(entry)
-        else:
-            done.set_exception(error)
-
-    flush.soon().add_done_callback(report)
+        return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
@@ -447,14 +281,6 @@ def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Ma
 
 def idle(ws: Workspace) -> None:
     """A step that does nothing: the task at whose end a node runs a ``finish`` hook alone."""
-
-
-@dataclass(frozen=True)
-class FlushFinish:
-    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
-
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        return {"flushed": settle_flush(state)}
 
 
 @dataclass(frozen=True)
@@ -485,7 +311,7 @@ class AsyncSaveFinish:
         previous = None
         if running is not None:
             if running.save_id == self.previous_id:
-                previous = _outcome(running.result)
+                previous = outcome(running.result)
                 remember(state, previous.get("entry"))
             else:  # a save the driver gave up on: let it end, never two in flight
                 running.join()
@@ -509,7 +335,7 @@ class AsyncSaveFinish:
 
         if previous is not None and previous.get("entry") is not None:
             previous = {"entry": reported(previous["entry"])}
-        return {"previous": previous, "error": _outcome(start).get("error")}
+        return {"previous": previous, "error": outcome(start).get("error")}
 
 
 for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep):

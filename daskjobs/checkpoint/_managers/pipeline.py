@@ -1,0 +1,607 @@
+"""One run's commit pipeline: the epochs it saved and has still to commit, in order.
+
+An epoch saved inside its own graph (the ``finish`` hooks of :meth:`CommitPipeline.plan`) is
+committed while a later epoch runs (:meth:`CommitPipeline.meanwhile`) where the writer allows it
+(``EpochWriter.may_defer_commit``): the nodes write the epoch's groups at the end of its graph and
+fsync them in the background; the next epoch's hooks report them durable, and the epoch after it
+writes the commit record. The fsyncs and the commit then cost the epoch loop nothing. Whatever
+ends the loop waits for the flushes and commits first (:meth:`CommitPipeline.flush`,
+:meth:`CommitPipeline.settle`).
+
+Every save error goes through the run's :class:`SavePolicy` (retries, then ``on_save_error``):
+a save that failed in its hook is saved again as a group of its own, a background flush that
+failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...errors import (
+    CheckpointError,
+    CheckpointLockedError,
+    CheckpointWriteError,
+    NodeLostError,
+    SessionClosedError,
+    SessionLostError,
+)
+from .._format.records import record_bytes
+from .._node.delta import reported
+from .ledger import PendingCommit, write_error
+from .writer import Hook
+
+if TYPE_CHECKING:
+    from ..._model.group import TaskGroup
+    from ...session import Session
+    from .writer import EpochWriter
+
+logger = logging.getLogger("daskjobs")
+
+FATAL = (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedError)
+"""Errors no save retries: the run itself cannot go on as it is."""
+
+
+class SavePolicy(Protocol):
+    """What a run does when a save fails (the runner's ``save_retries`` and ``on_save_error``)."""
+
+    def attempt(self, epoch: int, attempt: Callable[[], object], after_failure: Callable[[], None]) -> bool:
+        """Call ``attempt`` until it returns, retrying failures (not :data:`FATAL` ones), calling
+        ``after_failure`` after each (it raises to stop); ``True`` once it succeeded, ``False`` when
+        the policy gave up with a warning (else it raised ``CheckpointWriteError``)."""
+
+    def give_up(self, epoch: int, error: BaseException | None) -> None:
+        """A save that is not retried failed: raise ``CheckpointWriteError``, or warn, by policy."""
+
+
+class CommitListener(Protocol):
+    """Told of each epoch the pipeline commits (the runner: history bytes, ``epoch_committed`` hooks)."""
+
+    def committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
+        """``epoch`` is committed; its save wrote and reused that many bytes."""
+
+
+class SaveMode(enum.Enum):
+    """How an epoch is saved: inside its own graph, as a group of its own after it, or not at all."""
+
+    IN_GRAPH = "in_graph"
+    OWN_GROUP = "own_group"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph."""
+
+    epoch: int
+    mode: SaveMode
+    hooks: Mapping[str, Hook] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What saving an epoch cost the loop (node-side save seconds plus the driver's part), and the bytes
+    its save wrote and reused (``None`` until an asynchronous save's commit brings them)."""
+
+    seconds: float = 0.0
+    bytes: tuple[int, int] | None = (0, 0)
+
+
+class CommitPipeline:
+    """The epochs one run (or one ``save_checkpoints``) saves through ``writer``, until committed.
+
+    Get it from ``MultiNodeCheckpointManager.writing``, which holds the prefix's lock around it.
+    :attr:`last_committed` is the newest epoch the run committed (or resumed from): what a recovery
+    restores and what a graceful stop reports.
+    """
+
+    def __init__(
+        self,
+        writer: EpochWriter,
+        policy: SavePolicy | None = None,
+        listener: CommitListener | None = None,
+        *,
+        save_group: Callable[[int], TaskGroup] | None = None,
+        nested: bool = False,
+    ) -> None:
+        self.writer, self.ledger = writer, writer.ledger
+        self.policy, self.listener = policy, listener
+        self.save_group = save_group
+        """The manager's ``save`` where its class overrides it: every epoch is then saved by the group
+        it returns, after the epoch ran (as in Caffe2)."""
+        self.nested = nested
+        """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
+        self.last_committed: int | None = None
+        self._waiting: list[PendingCommit] = []
+        self._then: list[tuple[int, Callable[[], object]]] = []
+        self._deferred_error: Exception | None = None
+        self._strays: set[str] = set()
+        """Nodes that may still write in the background for saves this pipeline forgot."""
+        self._unsure = False
+        """A group of this pipeline's saves was interrupted: what its nodes still write is unknown."""
+        self.debris = False
+        """Something this run wrote may be left uncommitted (a save failed, retried or forgotten)."""
+
+    # -- saving an epoch --------------------------------------------------------------------
+    def plan(self, epoch: int, used_nodes: list[str], *, background: bool, last: bool = False) -> SavePlan:
+        """How to save ``epoch``: in the graph of the group that runs it (the epoch group, or the init
+        group for epoch 0) when every checkpointed node runs in it, else as a group of its own after
+        it (see :meth:`save`); not at all when the storage is not accessible or the save cannot start
+        (e.g. ``epoch`` is already committed: a save error, by policy, not retried).
+
+        ``background``: the session lets nodes fsync in the background while the next epoch runs.
+        ``last``: the run is expected to end with this epoch; its nodes then fsync inside the graph,
+        so that ending the run needs no round trip to ask for the flushes (a wrong guess costs time,
+        never safety).
+        """
+        manager = self.writer.manager
+        if self.save_group is not None or not set(manager.nodes()) <= set(used_nodes):
+            return SavePlan(epoch, SaveMode.OWN_GROUP)
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return SavePlan(epoch, SaveMode.SKIP)
+        try:
+            hooks = self.writer.hooks(epoch, flush_later=background and not last)
+        except FATAL:
+            raise
+        except Exception as exc:
+            self._give_up(epoch, exc)
+            return SavePlan(epoch, SaveMode.SKIP)
+        self._unsure = True
+        return SavePlan(epoch, SaveMode.IN_GRAPH, hooks)
+
+    def accept(
+        self,
+        session: Session,
+        plan: SavePlan,
+        finished: Mapping[str, Any],
+        stop_values: Mapping[str, bool],
+        metrics: Mapping[str, float],
+    ) -> Saved:
+        """Take what ``plan``'s hooks returned (``finished``) once its epoch ran, and commit it (now, or
+        while the next epoch runs); a failed save is saved again as a group of its own, a failed
+        background flush of an earlier epoch written again, by policy."""
+        started = time.perf_counter()
+        epoch, self._unsure = plan.epoch, False
+        entries = [r["entry"] for r in finished.values() if r and "entry" in r]
+        node_seconds = max((float(e.get("seconds", 0.0)) for e in entries), default=0.0)
+        failed = self._take_reports(epoch, finished, session)
+        if epoch in failed:
+            self._after_failure()
+            logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
+            again = self.save(session, epoch, stop_values, metrics)
+            return Saved(node_seconds + again.seconds, again.bytes)
+        timings = {"save_seconds": node_seconds + time.perf_counter() - started}
+        written = None
+        if len(entries) == len(finished):
+            written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
+        pending = PendingCommit(epoch, dict(stop_values), dict(metrics), timings)
+        if self.writer.may_defer_commit:
+            self._waiting.append(pending)
+        else:
+            self.commit_ready()
+            self._attempt(epoch, lambda: self._commit(pending))
+        return Saved(node_seconds + time.perf_counter() - started, written)
+
+    def save(
+        self,
+        session: Session,
+        epoch: int,
+        stop_values: Mapping[str, bool],
+        metrics: Mapping[str, float],
+    ) -> Saved:
+        """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
+        saved before committed first."""
+        manager = self.writer.manager
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return Saved()
+        started = time.perf_counter()
+        self.flush(session)
+        make_group = self.save_group or self.writer.save_group
+
+        def save() -> None:
+            with self._writing():
+                session.run_group(make_group(epoch), job=manager._job_name, epoch=epoch)
+            timings = {"save_seconds": time.perf_counter() - started}
+            self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
+
+        self._attempt(epoch, save, give_up=lambda: self._forget(epoch))
+        committed = self.writer.last_commit
+        if manager.async_save or committed is None or committed["epoch"] != epoch:
+            return Saved(time.perf_counter() - started, None)
+        return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
+
+    def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+        """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
+        reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
+        committed, and forget its own save (its files are debris)."""
+        self._unsure = False
+        if finished:
+            self._take_reports(plan.epoch, finished, session)
+        self._forget(plan.epoch)
+
+    def salvage(self, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+        """``plan``'s epoch failed to run: take the flush reports its hooks gave on the nodes that
+        finished (``finished``), so that the epochs before it are still committed when the failed run
+        settles (a node whose hook ran has no flush of them left to report); the epoch itself is not
+        committed. A flush that failed is logged, and its epoch given up: the run's own error is what
+        surfaces."""
+        ledger = self.ledger
+        self._unsure = False
+        self._strays |= {n for n, r in finished.items() if isinstance(r, dict) and r.get("later")}
+        for other, errors in sorted(ledger.note_flushes(finished).items()):
+            self._forget(other)
+            self._waiting = [w for w in self._waiting if w.epoch != other]
+            self._then = [(e, call) for e, call in self._then if e != other]
+            logger.warning("could not write the checkpoint of epoch %d: %s", other, write_error(other, errors))
+        if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
+            ledger.salvaged = {n: (r or {}).get("previous") for n, r in finished.items()}
+        self._forget(plan.epoch)
+
+    def _take_reports(
+        self, epoch: int, finished: Mapping[str, Any], session: Session | None
+    ) -> dict[int, CheckpointWriteError]:
+        """Take what ``epoch``'s save hooks returned: the flushes they report of earlier epochs (a
+        failed one written again through ``session``, by policy), the asynchronous save they waited
+        for (committed now); give up the earlier epochs whose saves failed; return ``epoch``'s own
+        failure, if any."""
+        ledger, manager = self.ledger, self.writer.manager
+        flushes = ledger.note_flushes(finished)
+        failed: dict[int, CheckpointWriteError] = {}
+        missing = sorted(set(manager.nodes()) - set(finished))
+        in_flight = None
+        if missing:
+            ledger.forget(epoch)
+            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
+        elif not manager.async_save:
+            bad = ledger.take(epoch, dict(finished))
+            if bad:
+                failed[epoch] = write_error(epoch, bad)
+        if manager.async_save:
+            in_flight, failure = self._commit_waited(finished)
+            failed.update(failure)
+            starts = {n: r["error"] for n, r in finished.items() if r and r.get("error") is not None}
+            if starts and epoch not in failed:
+                ledger.forget(epoch)
+                failed[epoch] = write_error(epoch, starts)
+        if in_flight is not None:
+            self._call_then(in_flight)
+        for other, error in sorted(failed.items()):
+            if other != epoch:
+                self._settle_waiting(other, error)
+        for other, errors in sorted(flushes.items()):
+            self._write_again(session, other, errors)
+        return {e: error for e, error in failed.items() if e == epoch}
+
+    def _commit_waited(self, finished: Mapping[str, Any]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
+        """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
+        for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
+        pending = self.ledger.take_in_flight()
+        if pending is None:
+            return None, {}
+        bad = self.ledger.take(pending.epoch, {n: (r or {}).get("previous") for n, r in finished.items()})
+        if bad:
+            return None, {pending.epoch: write_error(pending.epoch, bad)}
+        try:
+            self.writer.commit(pending)
+        except CheckpointWriteError as exc:
+            self._forget(pending.epoch)
+            return None, {pending.epoch: exc}
+        self.last_committed = pending.epoch
+        return pending.epoch, {}
+
+    def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, Any]) -> None:
+        """``epoch``'s background flush failed on the nodes of ``errors``: have those nodes write their
+        groups again, durably (a group of its own, through ``session``), by policy; else give it up."""
+        error = write_error(epoch, errors)
+        self.debris = True
+        if session is None:
+            self._forget(epoch)
+            self._settle_waiting(epoch, error)
+            return
+        logger.warning("could not make the checkpoint of epoch %d durable: %s; writing it again", epoch, error)
+        nodes = sorted(errors)
+
+        def write_again() -> None:
+            with self._writing():
+                outcomes = self.writer.run_hooks(session, "checkpoint_resave", self.writer.resave_hooks(epoch, nodes))
+            bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+            if bad:
+                raise write_error(epoch, bad)
+            for node, outcome in outcomes.items():
+                self.ledger.entries[epoch][node] = outcome["entry"]
+                self.ledger.unflushed.get(epoch, set()).discard(node)
+
+        if not self._attempt(epoch, write_again, give_up=lambda: self._forget(epoch)):
+            self._settle_waiting(epoch, None)
+
+    # -- commits ----------------------------------------------------------------------------
+    def meanwhile(self) -> None:
+        """While the next epoch runs: commit the waiting epochs that are durable, then delete the
+        groups of the epochs retention un-committed.
+
+        An error is kept for :meth:`check` (a session's ``meanwhile`` must not raise); an
+        interruption (``KeyboardInterrupt``) goes through at once.
+        """
+        try:
+            self.commit_ready()
+        except Exception as exc:
+            self._deferred_error = exc
+        self.writer.tidy()
+
+    def check(self, epoch: int | None = None) -> None:
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed.
+
+        That error ends the run, which commits nothing after the epoch that failed: the epochs
+        still waiting for their commit and ``epoch`` (whose run just ended) are forgotten, so the
+        way out neither commits them nor asks the nodes for their flushes (a node reports only
+        its newest flush: the others would read as lost with a restarted worker).
+        """
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
+                self._forget(waiting)
+            self._waiting = []
+            raise error
+
+    def commit_ready(self) -> None:
+        """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
+        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
+        while self._waiting and self.ledger.flushed(self._waiting[0].epoch):
+            pending = self._waiting[0]
+            try:
+                self._attempt(pending.epoch, lambda: self._commit(pending), give_up=lambda: self._forget(pending.epoch))
+            except KeyboardInterrupt:
+                # A second signal struck during the commit: unless its record made it, the epoch stays
+                # first in line, so that the way out (settle) commits it before any later epoch.
+                if self._on_disk(pending.epoch):
+                    self._waiting.pop(0)
+                raise
+            except BaseException:
+                self._waiting.pop(0)
+                raise
+            self._waiting.pop(0)
+            self._call_then(pending.epoch)
+
+    def flush(self, session: Session) -> None:
+        """Commit the epochs waiting for their commit (once their nodes report them durable) and
+        the asynchronous save in flight, if any."""
+        self._wait_flushes(session)
+        self.commit_ready()
+        pending = self.ledger.in_flight
+        if pending is not None:
+
+            def commit() -> None:
+                with self._writing():
+                    self.writer.commit_in_flight(session)
+                self.last_committed = pending.epoch
+
+            self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
+            self._call_then(pending.epoch)
+
+    def when_committed(self, call: Callable[[], object]) -> None:
+        """Call ``call`` once the last epoch saved is committed (or given up): now, or after its
+        waiting commit (or the commit of its asynchronous save)."""
+        in_flight = self.ledger.in_flight_epoch()
+        if self._waiting:
+            self._then.append((self._waiting[-1].epoch, call))
+        elif in_flight is not None:
+            self._then.append((in_flight, call))
+        else:
+            call()
+
+    def _commit(self, pending: PendingCommit) -> None:
+        self.writer.ask_commit(pending)
+        if self.ledger.in_flight is None:
+            self.last_committed = pending.epoch
+            self.writer.manager.report_checkpoint_stats("checkpoint_save")
+
+    def _call_then(self, epoch: int) -> None:
+        """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it, after
+        telling the listener of the commits."""
+        record = self.writer.last_commit
+        if self.listener is not None and record is not None and record["epoch"] == epoch:
+            self.listener.committed(epoch, *record_bytes(record)[1:])
+        now = [call for e, call in self._then if e <= epoch]
+        self._then = [(e, call) for e, call in self._then if e > epoch]
+        for call in now:
+            call()
+
+    def _on_disk(self, epoch: int) -> bool:
+        """Whether ``epoch``'s commit record is under the prefix (``False`` if it cannot be listed)."""
+        try:
+            return epoch in self.writer.store.committed_epochs()
+        except Exception:
+            return False
+
+    # -- flushes ----------------------------------------------------------------------------
+    def _wait_flushes(self, session: Session) -> None:
+        """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
+        failed is written again, by policy."""
+        if all(self.ledger.flushed(w.epoch) for w in self._waiting):
+            return
+        nodes = self.writer.manager.nodes()
+        with self._writing():
+            finished = self.writer.run_hooks(session, "checkpoint_flush", self.writer.flush_hooks(nodes))
+        self._strays = set()  # every node waited for its background flush
+        for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
+            self._write_again(session, epoch, errors)
+
+    def _flush_here(self, epoch: int) -> bool:
+        """Make ``epoch``'s groups whose flush no node reported durable from this process (their
+        worker died, see ``CheckpointStore.make_durable``); ``True`` if ``epoch`` is then ready
+        for its commit. Failures are logged."""
+        ledger = self.ledger
+        entries = ledger.entries.get(epoch, {})
+        for node in sorted(ledger.unflushed.get(epoch, ())):
+            try:
+                entries[node] = reported(self.writer.store.make_durable(node, epoch, entries[node]))
+            except (CheckpointError, KeyError) as exc:
+                logger.warning(
+                    "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc
+                )
+                return False
+            ledger.unflushed[epoch].discard(node)
+        return ledger.flushed(epoch)
+
+    # -- the way out ------------------------------------------------------------------------
+    def settle(self, session: Session | None = None) -> bool:
+        """On the way out of a failed run: commit the waiting epochs (they finished), once durable,
+        and, through ``session``, the asynchronous save in flight. The flushes are asked of the
+        nodes through ``session`` (when it still works); a flush no node can report (its worker
+        died) is made from here. A failure is logged, and epochs that cannot be committed are
+        forgotten. ``True`` if an epoch was committed."""
+        before = self.last_committed
+        try:
+            if session is not None:
+                self._wait_flushes(session)
+        except Exception as exc:
+            logger.warning("%s", exc)
+        try:
+            for pending in self._waiting:
+                if not self.ledger.flushed(pending.epoch) and not self._flush_here(pending.epoch):
+                    break
+            self.commit_ready()
+        except Exception as exc:
+            logger.warning("%s", exc)
+        in_flight = self.ledger.in_flight
+        if session is not None and in_flight is not None:  # the asynchronous save of a finished epoch
+            try:
+                with self._writing():
+                    self.writer.commit_in_flight(session)
+                self.last_committed = in_flight.epoch
+            except Exception as exc:
+                logger.warning("could not commit the asynchronous save of epoch %d: %s", in_flight.epoch, exc)
+                self.ledger.discard_in_flight()
+            else:
+                try:  # committed like any other epoch: its on_epoch call, with its bytes
+                    self._call_then(in_flight.epoch)
+                except Exception as exc:
+                    logger.warning("%s", exc)
+        self._strays |= self.ledger.writing_nodes()
+        for pending in self._waiting:
+            self._forget(pending.epoch)
+        self._waiting, self._then = [], []
+        return self.last_committed != before
+
+    def end_writes(self, session: Session, lost: list[str] | tuple[str, ...] = ()) -> None:
+        """Stop the nodes' background writes of saves that will not be committed (a failed run stops
+        its writers before it gives up the lock, a recovery before it restores): forked writers are
+        killed, writing threads and background flushes waited for, on every node that may still
+        write but those ``lost``. Best effort: a failure is a warning."""
+        ledger = self.ledger
+        writers = self._strays | ledger.writing_nodes()
+        if self.writer.manager.async_save:
+            writers |= set(self.writer.manager.nodes())
+        ledger.discard_in_flight()
+        writers -= set(lost)
+        if not writers:
+            self._strays = set()
+            return
+        try:
+            ends = dict.fromkeys(sorted(writers), self.writer.end_hooks())
+            with self._writing():
+                self.writer.run_hooks(session, "checkpoint_end_save", ends)
+        except Exception as exc:
+            logger.warning("could not stop the background checkpoint writes of %s: %s", self.writer.store.url, exc)
+            return
+        self._strays = set()
+
+    def recover(self, session: Session, lost: list[str]) -> None:
+        """After the loss of the nodes ``lost``, once :meth:`settle` committed what it could: end the
+        other nodes' background writes and remove what this run left uncommitted."""
+        self.debris = True
+        self.end_writes(session, lost)
+        self.remove_debris()
+
+    def remove_debris(self) -> None:
+        """Remove what saves that never committed left under the prefix for the job's nodes (of this run
+        or an earlier one): only when nothing of this run may still write there. Failures are logged."""
+        if self._unsure or self._strays or self.ledger.writing_nodes() or self.ledger.in_flight is not None:
+            return
+        try:
+            for leftover in self.writer.store.cleanup_uncommitted(self.writer.manager.nodes()):
+                logger.info("removed uncommitted checkpoint leftover %s", leftover)
+        except Exception as exc:
+            logger.warning("could not remove uncommitted checkpoint leftovers: %s", exc)
+            return
+        self.debris = False
+
+    # -- policy -----------------------------------------------------------------------------
+    def _attempt(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None) -> bool:
+        """``attempt`` through the policy (without one: once, its error raised); ``give_up`` when it failed."""
+        if self.policy is None:
+            attempt()
+            return True
+        try:
+            done = self.policy.attempt(epoch, attempt, self._after_failure)
+        except BaseException as exc:
+            if give_up is not None and not isinstance(exc, KeyboardInterrupt):
+                give_up()
+            self.debris = True
+            raise
+        if not done:
+            self.debris = True
+            if give_up is not None:
+                give_up()
+        return done
+
+    def _give_up(self, epoch: int, error: BaseException) -> None:
+        """A save of ``epoch`` failed for good: raise ``CheckpointWriteError`` or warn, by policy (a lock
+        that provably vanished or changed hands stops the run with ``CheckpointLockedError``)."""
+        self.debris = True
+        self._after_failure()
+        if self.policy is None:
+            raise error
+        self.policy.give_up(epoch, error)
+
+    def _settle_waiting(self, epoch: int, error: BaseException | None) -> None:
+        """Drop ``epoch`` from the waiting commits (its save failed for good, by policy when ``error``
+        is given) and make its :meth:`when_committed` calls."""
+        self._waiting = [w for w in self._waiting if w.epoch != epoch]
+        if error is not None:
+            self._give_up(epoch, error)
+        self._call_then(epoch)
+
+    def _after_failure(self) -> None:
+        """After a failed save: stop with ``CheckpointLockedError`` if the lock (or the whole prefix)
+        provably vanished or changed hands, rather than retry into a prefix that is no longer ours.
+        Storage that cannot be read is a save error (``on_save_error`` decides); the commit's own
+        lock check stays strict."""
+        if self.writer.locked:
+            self.writer.store.check_not_taken()
+
+    def _forget(self, epoch: int) -> None:
+        """Forget the save of ``epoch``, written (maybe in part) but never to be committed."""
+        if epoch in self.ledger.ids:
+            self.debris = True
+        self.ledger.forget(epoch)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a group run of this pipeline's: an interruption leaves what its nodes write unknown."""
+        self._unsure = True
+        try:
+            yield
+        except Exception:
+            self._unsure = False
+            raise
+        self._unsure = False
+
+    def resume_older(self, epoch: int) -> list[int]:
+        """Prepare to resume from committed ``epoch`` while newer epochs are committed: they stay until
+        the first new epoch is committed (see ``Staging``); return them."""
+        return self.writer.staging.resume_older(self.writer.store, epoch)
+
+    def close(self) -> None:
+        """The run ends (the lock is about to be released): delete the groups of the epochs retention
+        un-committed, then what this run left uncommitted, if anything, when nothing writes any more."""
+        self.writer.tidy(final=True)
+        if self.debris:
+            self.remove_debris()
