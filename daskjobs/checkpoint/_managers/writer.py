@@ -16,7 +16,7 @@ from .._node.save_steps import (
     ENTRY_BLOB,
     AsyncSaveFinish,
     AsyncSaveStep,
-    EndSaveStep,
+    EndWrites,
     SaveFinish,
     SaveStep,
     WaitSaveStep,
@@ -120,8 +120,8 @@ class EpochWriter:
         return {n: ResaveFinish(self.store, n, epoch, save_id, entries[n]) for n in nodes}
 
     def end_hooks(self) -> Hook:
-        """What ends a node's background writes without using them (see ``EndSaveStep``)."""
-        return EndSaveStep()
+        """What ends a node's background writes without using them (see ``EndWrites``)."""
+        return EndWrites()
 
     # -- saves ----------------------------------------------------------------------------
     def save_group(self, epoch: int) -> TaskGroup:

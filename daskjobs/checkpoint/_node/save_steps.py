@@ -167,14 +167,13 @@ class WaitSaveStep:
 
 
 @dataclass(frozen=True)
-class EndSaveStep:
-    """Ends the node's background writes without using them: a forked writer of an asynchronous
-    save is killed, a writing thread is waited for, and so is a synchronous save's background flush
-    (its outcome, and a save whose flush failed, are dropped). What they wrote stays uncommitted
-    debris, which nothing writes to any more."""
+class EndWrites:
+    """A ``finish`` hook ending the node's background writes without using them: a forked writer of
+    an asynchronous save is killed, a writing thread is waited for, and so is a synchronous save's
+    background flush (its outcome, and a save whose flush failed, are dropped). What they wrote
+    stays uncommitted debris, which nothing writes to any more."""
 
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
+    def __call__(self, state: NodeState) -> None:
         settle_flush(state)
         state.services.pop(UNFLUSHED, None)
         saver = state.services.pop(SAVER, None)
@@ -338,5 +337,5 @@ class AsyncSaveFinish:
         return {"previous": previous, "error": outcome(start).get("error")}
 
 
-for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep):
+for _step in (AsyncSaveStep, WaitSaveStep, SaveStep):
     setattr(_step, INTERNAL, True)
