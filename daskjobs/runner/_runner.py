@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._config import check_config
-from .._execution.plan import GroupRunFailed
 from .._model.job import Job
-from .._model.metrics import means
 from .._model.values import check_count
 from ..checkpoint._managers.manager import overrides
-from ..checkpoint._managers.pipeline import Saved, SaveMode
 from ..data import epochs_until_finished
 from ..errors import JobDefinitionError, JobInterruptedError, NodeLostError, SessionLostError
 from ..session import Session, as_session
-from ._checks import check_can_stop, resume_epoch, stop_condition_values
+from ._checks import check_can_stop, resume_epoch
+from ._epochs import run_epoch, run_init
 from ._history import EpochRecord, history_frame, history_html, plot_history
 from ._hooks import RunnerHooks
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
@@ -326,7 +323,10 @@ class JobRunner:
         """Run epochs from ``epoch`` until a stop condition or ``max_epochs``; return the last one."""
         while not stop:
             self.hooks.before_epoch(epoch)
-            record = self._run_epoch(session, epoch, failures)
+            last = self._reached_max(epoch) or epoch == self.job.epoch_limit
+            record, pending = run_epoch(session, self.job, self._pipeline, self.hooks, epoch, failures, last=last)
+            if pending:  # an asynchronous save: its bytes come with its commit (see committed)
+                self._bytes_pending.append(epoch)
             self.history.append(record)
             bar.update(record)
             self.hooks.epoch_saved(epoch)
@@ -363,65 +363,6 @@ class JobRunner:
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
 
-    def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
-        """Run one epoch and save it: inside the epoch's graph when possible, else as its own group."""
-        job, pipeline = self.job, self._pipeline
-        started = time.perf_counter()
-        plan = None
-        if pipeline is not None:
-            last = self._reached_max(epoch) or epoch == job.epoch_limit
-            plan = pipeline.plan(epoch, job.epoch_group.used_nodes(), background=session.background_flushes, last=last)
-        hooks = None if plan is None else plan.hooks or None
-
-        hook_errors: list[Exception] = []
-
-        def meanwhile() -> None:  # must not raise: the hook's error is raised once the run ended
-            if pipeline is not None:
-                pipeline.meanwhile()
-            try:
-                self.hooks.epoch_running(epoch)
-            except Exception as exc:
-                hook_errors.append(exc)
-
-        run, error = None, None
-        try:
-            run = session.run_group(
-                job.epoch_group, job=job.name, epoch=epoch, attempt=failures, finish=hooks, meanwhile=meanwhile
-            )
-        except GroupRunFailed as failed:  # only a run with save hooks: they may have reported earlier saves
-            if pipeline is not None and plan is not None:
-                pipeline.salvage(plan, failed.finished)
-            error = failed.error
-        finally:
-            if pipeline is not None:
-                pipeline.check(epoch)
-        if run is None:
-            raise error  # type: ignore[misc]  # set when the run failed
-        if hook_errors:
-            if pipeline is not None and plan is not None and plan.mode is SaveMode.IN_GRAPH:
-                pipeline.drop(session, plan, run.finished)
-            raise hook_errors[0]
-        elapsed = time.perf_counter() - started
-        try:
-            values, metrics = stop_condition_values(self.job.stop_conditions), means(run.metrics)
-        except Exception:
-            if pipeline is not None and plan is not None and plan.mode is SaveMode.IN_GRAPH:
-                pipeline.drop(session, plan, run.finished)
-            raise
-        if pipeline is None or plan is None:
-            saved, (written, reused) = 0.0, (0, 0)
-        else:
-            if plan.mode is SaveMode.OWN_GROUP:
-                result = pipeline.save(session, epoch, values, metrics)
-            elif plan.mode is SaveMode.SKIP:
-                result = Saved()
-            else:
-                result = pipeline.accept(session, plan, run.finished, values, metrics)
-            if result.bytes is None:  # an asynchronous save: its figures come with its commit
-                self._bytes_pending.append(epoch)
-            saved, (written, reused) = result.seconds, result.bytes or (0, 0)
-        return EpochRecord(epoch, elapsed, saved, written, reused, values, metrics, failures)
-
     def _start(
         self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
     ) -> tuple[int, bool]:
@@ -435,7 +376,7 @@ class JobRunner:
             if manager is None or self._pipeline is None:
                 session.run_group(job.init_group, job=job.name, attempt=failures)
             else:
-                self._init(session, manager, self._pipeline, nodes, failures)
+                run_init(session, job, manager, self._pipeline, self.hooks, failures)
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
@@ -456,42 +397,6 @@ class JobRunner:
         if overrides(manager, "init"):
             session.run_group(check, job=job.name, attempt=failures)
         return load_epoch(session, manager, job.name, resume, failures, self.max_epochs)
-
-    def _init(
-        self,
-        session: Session,
-        manager: MultiNodeCheckpointManager,
-        pipeline: CommitPipeline,
-        nodes: list[str],
-        failures: int,
-    ) -> None:
-        """Run the job's init group and save epoch 0 (inside its graph when possible, see
-        :meth:`~daskjobs.checkpoint._managers.pipeline.CommitPipeline.plan`)."""
-        job = self.job
-        plan = pipeline.plan(0, job.init_group.used_nodes(), background=session.background_flushes)
-        if plan.mode is SaveMode.IN_GRAPH:
-            # The driver checked the prefix before anything ran (prepare_manager); on the nodes,
-            # the save's write is the check, so the group manager.init returns is not run (it
-            # registers the nodes) unless a subclass of the manager overrides init().
-            check = manager.init(nodes)
-            if overrides(manager, "init"):
-                session.run_group(check, job=job.name, attempt=failures)
-        run, error = None, None
-        try:
-            run = session.run_group(job.init_group, job=job.name, attempt=failures, finish=plan.hooks or None)
-        except GroupRunFailed as failed:
-            pipeline.salvage(plan, failed.finished)
-            error = failed.error
-        if run is None:
-            raise error  # type: ignore[misc]  # set when the run failed
-        metrics = means(run.metrics)  # what the init group's steps logged: epoch 0's metrics
-        if plan.mode is SaveMode.IN_GRAPH:
-            pipeline.accept(session, plan, run.finished, {}, metrics)
-        else:
-            session.run_group(manager.init(nodes), job=job.name, attempt=failures)
-            if plan.mode is SaveMode.OWN_GROUP:
-                pipeline.save(session, 0, {}, metrics)
-        self.hooks.epoch_saved(0)
 
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job

@@ -190,7 +190,7 @@ def test_a_fault_in_a_workers_background_save_leaves_a_complete_run_and_no_debri
             np.testing.assert_array_equal(view[node]["w"], expected(epoch))
     ours = sorted(p.name for p in prefix.iterdir() if p.name not in ("notes.txt", "mydata.2024", "__daskjobs__"))
     assert ours == sorted([f"{n}.{e}" for n in NODES for e in committed] + [f"a.{VICTIM}.tmp-{'0' * 32}"])
-    assert [p for p in (prefix / "__daskjobs__").rglob("*.tmp-*")] == []
+    assert list((prefix / "__daskjobs__").rglob("*.tmp-*")) == []
     assert {name: (prefix / name).read_bytes() for name in users} == users
     assert commits.committed == list(range(EPOCHS + 1))  # each epoch once, in order, the victim too
     if fault == "worker-killed":  # a lost node: every node restored from the epoch before the victim

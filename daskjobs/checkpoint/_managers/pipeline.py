@@ -15,26 +15,16 @@ failed is written again by the nodes (``ResaveFinish``), a commit record is writ
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ...errors import (
-    CheckpointError,
-    CheckpointLockedError,
-    CheckpointWriteError,
-    NodeLostError,
-    SessionClosedError,
-    SessionLostError,
-)
+from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
-from .._node.delta import reported
 from .ledger import PendingCommit, write_error
-from .writer import Hook
+from .saving import FATAL, CommitListener, Saved, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
@@ -42,54 +32,6 @@ if TYPE_CHECKING:
     from .writer import EpochWriter
 
 logger = logging.getLogger("daskjobs")
-
-FATAL = (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedError)
-"""Errors no save retries: the run itself cannot go on as it is."""
-
-
-class SavePolicy(Protocol):
-    """What a run does when a save fails (the runner's ``save_retries`` and ``on_save_error``)."""
-
-    def attempt(self, epoch: int, attempt: Callable[[], object], after_failure: Callable[[], None]) -> bool:
-        """Call ``attempt`` until it returns, retrying failures (not :data:`FATAL` ones), calling
-        ``after_failure`` after each (it raises to stop); ``True`` once it succeeded, ``False`` when
-        the policy gave up with a warning (else it raised ``CheckpointWriteError``)."""
-
-    def give_up(self, epoch: int, error: BaseException | None) -> None:
-        """A save that is not retried failed: raise ``CheckpointWriteError``, or warn, by policy."""
-
-
-class CommitListener(Protocol):
-    """Told of each epoch the pipeline commits (the runner: history bytes, ``epoch_committed`` hooks)."""
-
-    def committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
-        """``epoch`` is committed; its save wrote and reused that many bytes."""
-
-
-class SaveMode(enum.Enum):
-    """How an epoch is saved: inside its own graph, as a group of its own after it, or not at all."""
-
-    IN_GRAPH = "in_graph"
-    OWN_GROUP = "own_group"
-    SKIP = "skip"
-
-
-@dataclass(frozen=True)
-class SavePlan:
-    """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph."""
-
-    epoch: int
-    mode: SaveMode
-    hooks: Mapping[str, Hook] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What saving an epoch cost the loop (node-side save seconds plus the driver's part), and the bytes
-    its save wrote and reused (``None`` until an asynchronous save's commit brings them)."""
-
-    seconds: float = 0.0
-    bytes: tuple[int, int] | None = (0, 0)
 
 
 class CommitPipeline:
@@ -112,8 +54,7 @@ class CommitPipeline:
         self.writer, self.ledger = writer, writer.ledger
         self.policy, self.listener = policy, listener
         self.save_group = save_group
-        """The manager's ``save`` where its class overrides it: every epoch is then saved by the group
-        it returns, after the epoch ran (as in Caffe2)."""
+        """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
         self.nested = nested
         """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
         self.last_committed: int | None = None
@@ -131,22 +72,19 @@ class CommitPipeline:
     def plan(self, epoch: int, used_nodes: list[str], *, background: bool, last: bool = False) -> SavePlan:
         """How to save ``epoch``: in the graph of the group that runs it (the epoch group, or the init
         group for epoch 0) when every checkpointed node runs in it, else as a group of its own after
-        it (see :meth:`save`); not at all when the storage is not accessible or the save cannot start
-        (e.g. ``epoch`` is already committed: a save error, by policy, not retried).
-
-        ``background``: the session lets nodes fsync in the background while the next epoch runs.
-        ``last``: the run is expected to end with this epoch; its nodes then fsync inside the graph,
-        so that ending the run needs no round trip to ask for the flushes (a wrong guess costs time,
-        never safety).
-        """
+        it (:meth:`save`); not at all when the storage is not accessible or the save cannot start
+        (``epoch`` is already committed, say: a save error, by policy, not retried). ``background``:
+        nodes may fsync while the next epoch runs; ``last``: the run should end with this epoch, its
+        nodes fsync inside the graph (a wrong guess costs time, never safety)."""
         manager = self.writer.manager
-        if self.save_group is not None or not set(manager.nodes()) <= set(used_nodes):
+        nodes = manager.nodes()
+        if self.save_group is not None or not set(nodes) <= set(used_nodes):
             return SavePlan(epoch, SaveMode.OWN_GROUP)
         if not manager.cp_accessible(epoch=None):
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return SavePlan(epoch, SaveMode.SKIP)
         try:
-            hooks = self.writer.hooks(epoch, flush_later=background and not last)
+            hooks = self.writer.hooks(epoch, nodes, flush_later=background and not last)
         except FATAL:
             raise
         except Exception as exc:
@@ -163,9 +101,14 @@ class CommitPipeline:
         stop_values: Mapping[str, bool],
         metrics: Mapping[str, float],
     ) -> Saved:
-        """Take what ``plan``'s hooks returned (``finished``) once its epoch ran, and commit it (now, or
-        while the next epoch runs); a failed save is saved again as a group of its own, a failed
-        background flush of an earlier epoch written again, by policy."""
+        """Save ``plan``'s epoch once it ran: take what its hooks returned (``finished``) and commit it (now,
+        or while the next epoch runs); a failed save is saved again as a group of its own, a failed
+        background flush of an earlier epoch written again, by policy. A plan of its own group saves
+        it now (:meth:`save`); a plan to skip does nothing."""
+        if plan.mode is SaveMode.OWN_GROUP:
+            return self.save(session, plan.epoch, stop_values, metrics)
+        if plan.mode is SaveMode.SKIP:
+            return Saved()
         started = time.perf_counter()
         epoch, self._unsure = plan.epoch, False
         entries = [r["entry"] for r in finished.values() if r and "entry" in r]
@@ -221,17 +164,18 @@ class CommitPipeline:
         """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
         committed, and forget its own save (its files are debris)."""
+        if plan.mode is not SaveMode.IN_GRAPH:
+            return
         self._unsure = False
         if finished:
             self._take_reports(plan.epoch, finished, session)
         self._forget(plan.epoch)
 
     def salvage(self, plan: SavePlan, finished: Mapping[str, Any]) -> None:
-        """``plan``'s epoch failed to run: take the flush reports its hooks gave on the nodes that
-        finished (``finished``), so that the epochs before it are still committed when the failed run
-        settles (a node whose hook ran has no flush of them left to report); the epoch itself is not
-        committed. A flush that failed is logged, and its epoch given up: the run's own error is what
-        surfaces."""
+        """``plan``'s epoch failed to run: take the flush reports the hooks of the nodes that finished gave
+        (``finished``: a node whose hook ran has none left to report), so that the epochs before it are
+        still committed when the failed run settles; not the epoch itself. A failed flush is logged and
+        its epoch given up: the run's own error is what surfaces."""
         ledger = self.ledger
         self._unsure = False
         self._strays |= {n for n, r in finished.items() if isinstance(r, dict) and r.get("later")}
@@ -264,8 +208,11 @@ class CommitPipeline:
             if bad:
                 failed[epoch] = write_error(epoch, bad)
         if manager.async_save:
-            in_flight, failure = self._commit_waited(finished)
+            in_flight, failure = self.writer.commit_waited(finished)
             failed.update(failure)
+            if in_flight is not None:
+                self.last_committed = in_flight
+            self.debris |= bool(failure)
             starts = {n: r["error"] for n, r in finished.items() if r and r.get("error") is not None}
             if starts and epoch not in failed:
                 ledger.forget(epoch)
@@ -278,23 +225,6 @@ class CommitPipeline:
         for other, errors in sorted(flushes.items()):
             self._write_again(session, other, errors)
         return {e: error for e, error in failed.items() if e == epoch}
-
-    def _commit_waited(self, finished: Mapping[str, Any]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
-        """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
-        for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
-        pending = self.ledger.take_in_flight()
-        if pending is None:
-            return None, {}
-        bad = self.ledger.take(pending.epoch, {n: (r or {}).get("previous") for n, r in finished.items()})
-        if bad:
-            return None, {pending.epoch: write_error(pending.epoch, bad)}
-        try:
-            self.writer.commit(pending)
-        except CheckpointWriteError as exc:
-            self._forget(pending.epoch)
-            return None, {pending.epoch: exc}
-        self.last_committed = pending.epoch
-        return pending.epoch, {}
 
     def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, Any]) -> None:
         """``epoch``'s background flush failed on the nodes of ``errors``: have those nodes write their
@@ -323,12 +253,9 @@ class CommitPipeline:
 
     # -- commits ----------------------------------------------------------------------------
     def meanwhile(self) -> None:
-        """While the next epoch runs: commit the waiting epochs that are durable, then delete the
-        groups of the epochs retention un-committed.
-
-        An error is kept for :meth:`check` (a session's ``meanwhile`` must not raise); an
-        interruption (``KeyboardInterrupt``) goes through at once.
-        """
+        """While the next epoch runs: commit the waiting epochs that are durable, then delete the groups
+        of the epochs retention un-committed. An error is kept for :meth:`check` (a session's
+        ``meanwhile`` must not raise); an interruption (``KeyboardInterrupt``) goes through at once."""
         try:
             self.commit_ready()
         except Exception as exc:
@@ -360,7 +287,7 @@ class CommitPipeline:
             except KeyboardInterrupt:
                 # A second signal struck during the commit: unless its record made it, the epoch stays
                 # first in line, so that the way out (settle) commits it before any later epoch.
-                if self._on_disk(pending.epoch):
+                if self.writer.on_disk(pending.epoch):
                     self._waiting.pop(0)
                 raise
             except BaseException:
@@ -413,13 +340,6 @@ class CommitPipeline:
         for call in now:
             call()
 
-    def _on_disk(self, epoch: int) -> bool:
-        """Whether ``epoch``'s commit record is under the prefix (``False`` if it cannot be listed)."""
-        try:
-            return epoch in self.writer.store.committed_epochs()
-        except Exception:
-            return False
-
     # -- flushes ----------------------------------------------------------------------------
     def _wait_flushes(self, session: Session) -> None:
         """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
@@ -432,23 +352,6 @@ class CommitPipeline:
         self._strays = set()  # every node waited for its background flush
         for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
             self._write_again(session, epoch, errors)
-
-    def _flush_here(self, epoch: int) -> bool:
-        """Make ``epoch``'s groups whose flush no node reported durable from this process (their
-        worker died, see ``CheckpointStore.make_durable``); ``True`` if ``epoch`` is then ready
-        for its commit. Failures are logged."""
-        ledger = self.ledger
-        entries = ledger.entries.get(epoch, {})
-        for node in sorted(ledger.unflushed.get(epoch, ())):
-            try:
-                entries[node] = reported(self.writer.store.make_durable(node, epoch, entries[node]))
-            except (CheckpointError, KeyError) as exc:
-                logger.warning(
-                    "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc
-                )
-                return False
-            ledger.unflushed[epoch].discard(node)
-        return ledger.flushed(epoch)
 
     # -- the way out ------------------------------------------------------------------------
     def settle(self, session: Session | None = None) -> bool:
@@ -465,7 +368,7 @@ class CommitPipeline:
             logger.warning("%s", exc)
         try:
             for pending in self._waiting:
-                if not self.ledger.flushed(pending.epoch) and not self._flush_here(pending.epoch):
+                if not self.ledger.flushed(pending.epoch) and not self.writer.flush_here(pending.epoch):
                     break
             self.commit_ready()
         except Exception as exc:
@@ -491,10 +394,9 @@ class CommitPipeline:
         return self.last_committed != before
 
     def end_writes(self, session: Session, lost: list[str] | tuple[str, ...] = ()) -> None:
-        """Stop the nodes' background writes of saves that will not be committed (a failed run stops
-        its writers before it gives up the lock, a recovery before it restores): forked writers are
-        killed, writing threads and background flushes waited for, on every node that may still
-        write but those ``lost``. Best effort: a failure is a warning."""
+        """Stop the background writes of saves that will not be committed, on every node that may still
+        write but those ``lost`` (forked writers killed, threads and flushes waited for): a failed run
+        before it gives up the lock, a recovery before it restores. A failure is a warning."""
         ledger = self.ledger
         writers = self._strays | ledger.writing_nodes()
         if self.writer.manager.async_save:
@@ -518,20 +420,28 @@ class CommitPipeline:
         other nodes' background writes and remove what this run left uncommitted."""
         self.debris = True
         self.end_writes(session, lost)
-        self.remove_debris()
+        self._remove_debris()
 
     def remove_debris(self) -> None:
         """Remove what saves that never committed left under the prefix for the job's nodes (of this run
-        or an earlier one): only when nothing of this run may still write there. Failures are logged."""
+        or an earlier one), when nothing of this run may still write there (a run starts with it).
+
+        Raises
+        ------
+        CheckpointLockedError, CheckpointWriteError
+            As the store's ``cleanup_uncommitted``.
+        """
         if self._unsure or self._strays or self.ledger.writing_nodes() or self.ledger.in_flight is not None:
             return
+        self.writer.remove_debris()
+        self.debris = False
+
+    def _remove_debris(self) -> None:
+        """:meth:`remove_debris`, a failure logged: what is left, the next run removes."""
         try:
-            for leftover in self.writer.store.cleanup_uncommitted(self.writer.manager.nodes()):
-                logger.info("removed uncommitted checkpoint leftover %s", leftover)
+            self.remove_debris()
         except Exception as exc:
             logger.warning("could not remove uncommitted checkpoint leftovers: %s", exc)
-            return
-        self.debris = False
 
     # -- policy -----------------------------------------------------------------------------
     def _attempt(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None) -> bool:
@@ -570,10 +480,9 @@ class CommitPipeline:
         self._call_then(epoch)
 
     def _after_failure(self) -> None:
-        """After a failed save: stop with ``CheckpointLockedError`` if the lock (or the whole prefix)
-        provably vanished or changed hands, rather than retry into a prefix that is no longer ours.
-        Storage that cannot be read is a save error (``on_save_error`` decides); the commit's own
-        lock check stays strict."""
+        """After a failed save: ``CheckpointLockedError`` if the lock (or the prefix) provably vanished or
+        changed hands, rather than retry into a prefix no longer ours (storage that cannot be read is a
+        save error, for the policy; the commit's own lock check stays strict)."""
         if self.writer.locked:
             self.writer.store.check_not_taken()
 
@@ -604,4 +513,4 @@ class CommitPipeline:
         un-committed, then what this run left uncommitted, if anything, when nothing writes any more."""
         self.writer.tidy(final=True)
         if self.debris:
-            self.remove_debris()
+            self._remove_debris()

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..._model.group import TaskGroup
 from ..._model.task import Task, WorkspaceType
-from ...errors import CheckpointError, InvalidStateError
+from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.records import make_commit_record
+from .._node.delta import reported
 from .._node.flushes import FlushFinish, ResaveFinish
 from .._node.save_steps import (
     ENTRY_BLOB,
@@ -26,6 +27,7 @@ from .._node.sharing import unseen_groups
 from .._protocol.retention import Retention, retention_warning
 from .._protocol.staging import Staging
 from .ledger import LastCheckpoint, PendingCommit, SaveLedger, previous_entries, write_error
+from .saving import Hook
 
 if TYPE_CHECKING:
     from ...session import Session
@@ -34,9 +36,6 @@ if TYPE_CHECKING:
     from .metadata import MetadataHandler
 
 logger = logging.getLogger("daskjobs")
-
-Hook = Callable[[Any], Any]
-"""A ``finish`` hook: called with the node's state at the end of its share of a group run."""
 
 
 def node_group(
@@ -145,8 +144,9 @@ class EpochWriter:
             epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
         )
 
-    def hooks(self, epoch: int, *, flush_later: bool = False) -> dict[str, Hook]:
-        """Per node, a hook that saves ``epoch`` at the end of the epoch's own Dask task.
+    def hooks(self, epoch: int, nodes: list[str], *, flush_later: bool = False) -> dict[str, Hook]:
+        """Per node of ``nodes`` (the checkpointed ones), a hook that saves ``epoch`` at the end of the
+        epoch's own Dask task.
 
         With ``async_save`` each hook first waits, on its node, for the save in flight.
         ``flush_later`` (while :attr:`may_defer_commit`, on a local disk): the nodes fsync their
@@ -158,7 +158,6 @@ class EpochWriter:
         in_flight = ledger.in_flight_epoch()
         previous_id = None if in_flight is None else ledger.ids.get(in_flight)
         save_id, store, previous = self.new_save(epoch)
-        nodes = manager.nodes()
         if manager.async_save:
             snapshot, delta = manager.async_snapshot, manager.delta
             return {
@@ -259,6 +258,39 @@ class EpochWriter:
         ledger.in_flight = None
         return pending
 
+    def commit_waited(self, finished: Mapping[str, Any]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
+        """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
+        for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
+        pending = self.ledger.take_in_flight()
+        if pending is None:
+            return None, {}
+        bad = self.ledger.take(pending.epoch, {n: (r or {}).get("previous") for n, r in finished.items()})
+        if bad:
+            return None, {pending.epoch: write_error(pending.epoch, bad)}
+        try:
+            self.commit(pending)
+        except CheckpointWriteError as exc:
+            self.ledger.forget(pending.epoch)
+            return None, {pending.epoch: exc}
+        return pending.epoch, {}
+
+    def flush_here(self, epoch: int) -> bool:
+        """Make ``epoch``'s groups whose flush no node reported durable from this process (their
+        worker died, see ``CheckpointStore.make_durable``); ``True`` if ``epoch`` is then ready
+        for its commit. Failures are logged."""
+        ledger = self.ledger
+        entries = ledger.entries.get(epoch, {})
+        for node in sorted(ledger.unflushed.get(epoch, ())):
+            try:
+                entries[node] = reported(self.store.make_durable(node, epoch, entries[node]))
+            except (CheckpointError, KeyError) as exc:
+                logger.warning(
+                    "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc
+                )
+                return False
+            ledger.unflushed[epoch].discard(node)
+        return ledger.flushed(epoch)
+
     def commit(self, pending: PendingCommit) -> dict[str, Any]:
         """Commit ``pending.epoch``, saved and durable on every node: write its commit record last,
         then apply retention; return the record."""
@@ -291,6 +323,19 @@ class EpochWriter:
         if self.locked:
             store.sync_commits()
         return record
+
+    def on_disk(self, epoch: int) -> bool:
+        """Whether ``epoch``'s commit record is under the prefix (``False`` if it cannot be listed)."""
+        try:
+            return epoch in self.store.committed_epochs()
+        except Exception:
+            return False
+
+    def remove_debris(self) -> None:
+        """Remove what saves that never committed left under the prefix for the manager's nodes (see the
+        store's ``cleanup_uncommitted``); only while nothing writes there."""
+        for leftover in self.store.cleanup_uncommitted(self.manager.nodes()):
+            logger.info("removed uncommitted checkpoint leftover %s", leftover)
 
     def _apply_retention(self, newest: int) -> None:
         """Delete committed epochs that retention does not keep (see ``Retention``)."""

@@ -182,7 +182,7 @@ class ResaveFinish:
     def __call__(self, state: NodeState) -> dict[str, Any]:
         kept = state.services.get(UNFLUSHED)
         mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
-        copies = kept.copies if mine else None
+        copies = kept.copies if isinstance(kept, Unflushed) and mine else None
 
         def write() -> dict[str, Any]:
             blobs = copies if copies is not None else self.store.read_unflushed(self.node, self.epoch, self.entry)
