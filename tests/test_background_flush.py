@@ -20,8 +20,7 @@ import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._managers.ledger import SaveLedger
-from daskjobs.checkpoint._node.flushes import FLUSH, FlushFinish
-from daskjobs.checkpoint._node.save_steps import SaveFinish
+from daskjobs.checkpoint._node.save_steps import FLUSH, FlushFinish, SaveFinish
 from daskjobs.checkpoint._storage import durable as _durable
 from daskjobs.checkpoint._storage.durable import in_background
 from daskjobs.errors import CheckpointWriteError

@@ -105,10 +105,7 @@ def run_saving(
     try:
         return session.run_group(group, job=job.name, finish=finish, **options)
     except GroupRunFailed as failed:  # only a run with save hooks: they may have reported earlier saves
-        if pipeline is not None and plan is not None:
-            pipeline.salvage(plan, failed.finished)
-        error = failed.error
-    finally:
-        if pipeline is not None:
-            pipeline.check(options.get("epoch"))
+        error, finished = failed.error, failed.finished
+    if pipeline is not None and plan is not None:
+        pipeline.salvage(plan, finished)
     raise error

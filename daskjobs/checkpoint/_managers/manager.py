@@ -124,7 +124,6 @@ class MultiNodeCheckpointManager(Loads):
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
         self.retention = Retention(keep_last, keep_every, keep_best, best_metric, best_mode)
-        """The retention policy and what it knows of the committed epochs."""
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)

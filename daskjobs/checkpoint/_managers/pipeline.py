@@ -105,6 +105,7 @@ class CommitPipeline:
         or while the next epoch runs); a failed save is saved again as a group of its own, a failed
         background flush of an earlier epoch written again, by policy. A plan of its own group saves
         it now (:meth:`save`); a plan to skip does nothing."""
+        self.check(plan.epoch)
         if plan.mode is SaveMode.OWN_GROUP:
             return self.save(session, plan.epoch, stop_values, metrics)
         if plan.mode is SaveMode.SKIP:
@@ -164,6 +165,7 @@ class CommitPipeline:
         """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
         committed, and forget its own save (its files are debris)."""
+        self.check(plan.epoch)
         if plan.mode is not SaveMode.IN_GRAPH:
             return
         self._unsure = False
@@ -187,6 +189,7 @@ class CommitPipeline:
         if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
             ledger.salvaged = {n: (r or {}).get("previous") for n, r in finished.items()}
         self._forget(plan.epoch)
+        self.check(plan.epoch)
 
     def _take_reports(
         self, epoch: int, finished: Mapping[str, Any], session: Session | None
@@ -263,7 +266,8 @@ class CommitPipeline:
         self.writer.tidy()
 
     def check(self, epoch: int | None = None) -> None:
-        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed.
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
+        :meth:`salvage` and :meth:`drop` check first).
 
         That error ends the run, which commits nothing after the epoch that failed: the epochs
         still waiting for their commit and ``epoch`` (whose run just ended) are forgotten, so the

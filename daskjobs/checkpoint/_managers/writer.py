@@ -11,18 +11,8 @@ from ..._model.group import TaskGroup
 from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.records import make_commit_record
-from .._node.delta import reported
-from .._node.flushes import FlushFinish, ResaveFinish
-from .._node.save_steps import (
-    ENTRY_BLOB,
-    AsyncSaveFinish,
-    AsyncSaveStep,
-    EndWrites,
-    SaveFinish,
-    SaveStep,
-    WaitSaveStep,
-    idle,
-)
+from .._node.async_saves import AsyncSaveFinish, AsyncSaveStep, EndWrites, WaitSaveStep
+from .._node.save_steps import ENTRY_BLOB, FlushFinish, ResaveFinish, SaveFinish, SaveStep, idle, reported
 from .._node.sharing import unseen_groups
 from .._protocol.retention import Retention, retention_warning
 from .._protocol.staging import Staging

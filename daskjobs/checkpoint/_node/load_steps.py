@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._execution.node_run import INTERNAL
 from ...errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
-from .delta import remember
+from .save_steps import remember
 from .sharing import unseen_commit
 
 if TYPE_CHECKING:
