@@ -171,7 +171,7 @@ class JobRunner:
                 if manager is None:
                     return self._train(session, None)
                 with manager.writing(
-                    self.job.name, break_lock=self.break_lock, policy=self._policy(manager), listener=self
+                    self.job.name, break_lock=self.break_lock, policy=self._policy(manager), on_commit=self._committed
                 ) as pipeline:
                     self._pipeline = pipeline
                     pipeline.remove_debris()  # what runs before this one left uncommitted
@@ -325,7 +325,7 @@ class JobRunner:
             self.hooks.before_epoch(epoch)
             last = self._reached_max(epoch) or epoch == self.job.epoch_limit
             record, pending = run_epoch(session, self.job, self._pipeline, self.hooks, epoch, failures, last=last)
-            if pending:  # an asynchronous save: its bytes come with its commit (see committed)
+            if pending:  # an asynchronous save: its bytes come with its commit (see _committed)
                 self._bytes_pending.append(epoch)
             self.history.append(record)
             bar.update(record)
@@ -348,7 +348,7 @@ class JobRunner:
         if self.on_epoch is not None:
             self.on_epoch(self.history[index])
 
-    def committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
+    def _committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
         """The commit pipeline committed ``epoch``: the history record of an asynchronously saved
         epoch gets its bytes, and the hooks are told."""
         if epoch in self._bytes_pending:

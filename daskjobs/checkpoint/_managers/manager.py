@@ -23,7 +23,8 @@ from .._protocol.store import CheckpointStore
 from .ledger import LastCheckpoint, PendingCommit
 from .loads import Loads
 from .metadata import CommitRecordHandler, MetadataHandler, check_same_job
-from .pipeline import CommitListener, CommitPipeline, SavePolicy
+from .pipeline import CommitPipeline
+from .saving import OnCommit, SavePolicy
 from .views import prefix_html
 from .writer import EpochWriter, node_group
 
@@ -343,7 +344,7 @@ class MultiNodeCheckpointManager(Loads):
         *,
         break_lock: bool = False,
         policy: SavePolicy | None = None,
-        listener: CommitListener | None = None,
+        on_commit: OnCommit | None = None,
     ) -> Iterator[CommitPipeline]:
         """Hold the prefix's writer lock for ``job`` (this process) and yield the pipeline a run saves
         and commits its epochs through (its interface is daskjobs' own: :class:`~daskjobs.JobRunner`
@@ -354,7 +355,7 @@ class MultiNodeCheckpointManager(Loads):
         manager's that holds the lock already, nothing is taken or released.
 
         ``policy`` decides what a failed save does (retries, then raise or warn; without one, the
-        error is raised); ``listener`` is told of every commit.
+        error is raised); ``on_commit(epoch, bytes_written, bytes_reused)`` is called for every commit.
 
         Raises
         ------
@@ -374,11 +375,11 @@ class MultiNodeCheckpointManager(Loads):
         writer = self._writer
         save_group = self.save if overrides(self, "save") else None
         if writer.locked:
-            yield CommitPipeline(writer, policy, listener, save_group=save_group, nested=True)
+            yield CommitPipeline(writer, policy, on_commit, save_group=save_group, nested=True)
             return
         self.store.acquire_lock(local_holder(job), break_lock=break_lock)
         writer.locked = True
-        pipeline = CommitPipeline(writer, policy, listener, save_group=save_group)
+        pipeline = CommitPipeline(writer, policy, on_commit, save_group=save_group)
         try:
             yield pipeline
         finally:

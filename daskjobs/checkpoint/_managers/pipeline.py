@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
 from .ledger import PendingCommit, write_error
-from .saving import FATAL, CommitListener, Saved, SaveMode, SavePlan, SavePolicy
+from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
@@ -46,13 +46,13 @@ class CommitPipeline:
         self,
         writer: EpochWriter,
         policy: SavePolicy | None = None,
-        listener: CommitListener | None = None,
+        on_commit: OnCommit | None = None,
         *,
         save_group: Callable[[int], TaskGroup] | None = None,
         nested: bool = False,
     ) -> None:
         self.writer, self.ledger = writer, writer.ledger
-        self.policy, self.listener = policy, listener
+        self.policy, self.on_commit = policy, on_commit
         self.save_group = save_group
         """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
         self.nested = nested
@@ -335,10 +335,10 @@ class CommitPipeline:
 
     def _call_then(self, epoch: int) -> None:
         """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it, after
-        telling the listener of the commits."""
+        telling :attr:`on_commit` of the commit."""
         record = self.writer.last_commit
-        if self.listener is not None and record is not None and record["epoch"] == epoch:
-            self.listener.committed(epoch, *record_bytes(record)[1:])
+        if self.on_commit is not None and record is not None and record["epoch"] == epoch:
+            self.on_commit(epoch, *record_bytes(record)[1:])
         now = [call for e, call in self._then if e <= epoch]
         self._then = [(e, call) for e, call in self._then if e > epoch]
         for call in now:

@@ -1,7 +1,7 @@
 """What a run and the commit pipeline say to each other about saving an epoch: how it is saved
 (:class:`SavePlan`), what saving it cost (:class:`Saved`), what the run decides when a save fails
 (:class:`SavePolicy`: the runner's ``save_retries`` and ``on_save_error``) and what it hears of the
-commits (:class:`CommitListener`)."""
+commits (:data:`OnCommit`)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,9 @@ class SavePolicy(Protocol):
         """A save that is not retried failed: raise ``CheckpointWriteError``, or warn, by policy."""
 
 
-class CommitListener(Protocol):
-    """Told of each epoch the pipeline commits (the runner: history bytes, ``epoch_committed`` hooks)."""
-
-    def committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
-        """``epoch`` is committed; its save wrote and reused that many bytes."""
+OnCommit = Callable[[int, int, int], None]
+"""Told of each epoch the pipeline commits: ``(epoch, bytes_written, bytes_reused)`` of its save (the
+runner: history bytes, ``epoch_committed`` hooks)."""
 
 
 class SaveMode(enum.Enum):
