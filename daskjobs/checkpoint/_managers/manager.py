@@ -128,7 +128,7 @@ class MultiNodeCheckpointManager(Loads):
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
-        """The prefix's :class:`~daskjobs.checkpoint.CheckpointStore`."""
+        """The prefix's ``CheckpointStore``: its commit records, groups and writer lock."""
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.async_save = bool(async_save)
         self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
