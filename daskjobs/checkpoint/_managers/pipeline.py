@@ -133,11 +133,7 @@ class CommitPipeline:
         return Saved(node_seconds + time.perf_counter() - started, written)
 
     def save(
-        self,
-        session: Session,
-        epoch: int,
-        stop_values: Mapping[str, bool],
-        metrics: Mapping[str, float],
+        self, session: Session, epoch: int, stop_values: Mapping[str, bool], metrics: Mapping[str, float]
     ) -> Saved:
         """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
         saved before committed first."""
@@ -267,13 +263,9 @@ class CommitPipeline:
 
     def check(self, epoch: int | None = None) -> None:
         """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
-        :meth:`salvage` and :meth:`drop` check first).
-
-        That error ends the run, which commits nothing after the epoch that failed: the epochs
-        still waiting for their commit and ``epoch`` (whose run just ended) are forgotten, so the
-        way out neither commits them nor asks the nodes for their flushes (a node reports only
-        its newest flush: the others would read as lost with a restarted worker).
-        """
+        :meth:`salvage` and :meth:`drop` check). It ends the run, which commits nothing after the
+        failed epoch: the waiting epochs and ``epoch`` are forgotten, so the way out neither commits
+        them nor asks the nodes for their flushes (a node reports only its newest flush)."""
         error, self._deferred_error = self._deferred_error, None
         if error is not None:
             for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
@@ -359,11 +351,10 @@ class CommitPipeline:
 
     # -- the way out ------------------------------------------------------------------------
     def settle(self, session: Session | None = None) -> bool:
-        """On the way out of a failed run: commit the waiting epochs (they finished), once durable,
-        and, through ``session``, the asynchronous save in flight. The flushes are asked of the
-        nodes through ``session`` (when it still works); a flush no node can report (its worker
-        died) is made from here. A failure is logged, and epochs that cannot be committed are
-        forgotten. ``True`` if an epoch was committed."""
+        """On the way out of a failed run: commit the waiting epochs (they finished) once durable, and
+        through ``session`` (when it still works: it asks the nodes for their flushes) the asynchronous
+        save in flight; a flush no node can report (its worker died) is made from here. Failures are
+        logged, what cannot be committed is forgotten. ``True`` if an epoch was committed."""
         before = self.last_committed
         try:
             if session is not None:
@@ -428,13 +419,8 @@ class CommitPipeline:
 
     def remove_debris(self) -> None:
         """Remove what saves that never committed left under the prefix for the job's nodes (of this run
-        or an earlier one), when nothing of this run may still write there (a run starts with it).
-
-        Raises
-        ------
-        CheckpointLockedError, CheckpointWriteError
-            As the store's ``cleanup_uncommitted``.
-        """
+        or an earlier one), when nothing of this run may still write there (a run starts with it);
+        raises as the store's ``cleanup_uncommitted``."""
         if self._unsure or self._strays or self.ledger.writing_nodes() or self.ledger.in_flight is not None:
             return
         self.writer.remove_debris()
