@@ -1,8 +1,8 @@
 """The driver's commit path at 1000 nodes x 100 blobs, fed synthetic node entries (SPEC §6 Scale a).
 
 Per epoch, what the driver does to commit an epoch saved inside its graph, without a cluster: the
-save hooks for every node (``manager.finish_hooks``: save id, delta references, one small hook object
-per node), then ``EpochSaver.accept`` of what every node's hook returned (synthetic summaries: each
+save hooks for every node (the commit pipeline's writer: save id, delta references, one small hook object
+per node), then ``CommitPipeline.accept`` of what every node's hook returned (synthetic summaries: each
 names a manifest of ``--blobs`` blobs, as a node's save returns it) and the commit itself (commit
 record built, validated, sealed, written with fsync while holding the writer lock, retention with
 ``keep_last=3``, commit folder synced). Nodes never run: the commit path alone.
@@ -20,6 +20,7 @@ Run: ``python benchmarks/commit_scale.py [--nodes 100 1000] [--blobs 100] [--epo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -33,8 +34,7 @@ from _report import write_json
 import daskjobs as dj
 from daskjobs.checkpoint._format.manifests import group_document, reference
 from daskjobs.checkpoint._format.records import seal
-from daskjobs.checkpoint._protocol.lock import local_holder
-from daskjobs.runner._saving import EpochSaver
+from daskjobs.checkpoint._managers.saving import SaveMode, SavePlan
 
 
 def synthetic_entry(node: str, epoch: int, save_id: str, blobs: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -73,9 +73,8 @@ class Bench:
         prefix = os.path.join(root, f"{'v3' if legacy else 'v4'}-{nodes}")
         self.manager = dj.MultiNodeCheckpointManager(prefix, keep_last=3)
         self.manager.set_params(self.names, job_name="scale")
-        self.manager.store.acquire_lock(local_holder("scale"))
-        self.manager.holds_lock = True
-        self.saver = EpochSaver(self.manager, "scale", save_retries=0, on_save_error="raise")
+        self.lock = contextlib.ExitStack()
+        self.pipeline = self.lock.enter_context(self.manager.writing("scale"))
         self.rng = np.random.default_rng(nodes)
         self.epoch = 0
         self.record_bytes = 0
@@ -95,22 +94,24 @@ class Bench:
 
     def epoch_once(self) -> tuple[float, float]:
         """One epoch's hooks and commit; returns their seconds."""
+        writer = self.pipeline.writer
         started = time.perf_counter()
-        self.manager.finish_hooks(self.epoch)
-        hooks = time.perf_counter() - started
-        finished = self.finished(self.manager._saves.ids[self.epoch])
+        hooks = writer.hooks(self.epoch, self.names)
+        hooks_seconds = time.perf_counter() - started
+        finished = self.finished(writer.ledger.ids[self.epoch])
         started = time.perf_counter()
         if self.legacy:
             self.commit_legacy(finished)
         else:
-            self.saver.accept(self.epoch, None, finished, {"done": False}, {"loss": 0.5})  # type: ignore[arg-type]
-            self.saver.commit_deferred()
+            plan = SavePlan(self.epoch, SaveMode.IN_GRAPH, hooks)
+            self.pipeline.accept(None, plan, finished, {"done": False}, {"loss": 0.5})  # type: ignore[arg-type]
+            self.pipeline.commit_ready()
         commit = time.perf_counter() - started
         assert self.epoch in self.manager.store.committed_epochs()
         self.record_bytes = os.path.getsize(self.manager.store.commit_path(self.epoch))
-        self.manager.tidy()  # retention's deletions, in the background (off the commit path)
+        writer.tidy()  # retention's deletions, in the background (off the commit path)
         self.epoch += 1
-        return hooks, commit
+        return hooks_seconds, commit
 
     def commit_legacy(self, finished: dict[str, Any]) -> None:
         """The same commit with a format-3 record (whole entries), as daskjobs committed before manifests."""
@@ -130,11 +131,10 @@ class Bench:
         store = self.manager.store
         store._check_held()
         store._files().replace(store._commit_file(self.epoch), seal(record), sync_folder=True)
-        self.manager._saves.forget(self.epoch)
+        self.pipeline.ledger.forget(self.epoch)
 
     def close(self) -> None:
-        self.manager.tidy(final=True)
-        self.manager.store.release_lock()
+        self.lock.close()  # the final deletions, then the lock released
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from hypothesis.extra import numpy as hnp
 import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
+from daskjobs.checkpoint._node.async_saves import SAVER, AsyncSaveFinish, BackgroundSave
 from daskjobs.checkpoint._node.fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
-from daskjobs.checkpoint._node.save_steps import SAVER, AsyncSaveFinish, BackgroundSave
 from daskjobs.errors import JobDefinitionError
 
 NUMERIC = ["?", "i1", "u1", "<i2", ">i4", "<i8", "<u8", "<f2", ">f4", "<f8", "<c8", ">c16"]

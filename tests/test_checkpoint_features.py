@@ -55,7 +55,7 @@ def test_async_save_commits_the_same_checkpoints(session, prefix, tmp_path):
     manager = dj.MultiNodeCheckpointManager(prefix, async_save=True)
     runner = dj.JobRunner(define_job(5), manager, progress=False)
     assert runner.train(session) == 5
-    assert manager.pending_epoch() is None
+    assert manager.flush(session) is None  # nothing left in flight
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3, 4, 5]
     for epoch in range(6):
         mine, theirs = dj.open_checkpoint(prefix, epoch), dj.open_checkpoint(sync_prefix, epoch)

@@ -541,9 +541,8 @@ def test_finish_hooks_run_on_each_node_in_the_same_run(session):
     with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
         for node in ("a", "b"):
             dj.Task(lambda ws: ws.__setitem__("n", 7 if ws.node == "a" else 8), node=node)
-    finished = {}
-    session.run_group(group, finish={"a": seen, "b": seen}, finished=finished)
-    assert finished == {"a": {"node": "a", "n": 7}, "b": {"node": "b", "n": 8}}
+    run = session.run_group(group, finish={"a": seen, "b": seen})
+    assert run.finished == {"a": {"node": "a", "n": 7}, "b": {"node": "b", "n": 8}}
 
 
 @pytest.mark.parametrize("async_save", [False, True])

@@ -10,8 +10,10 @@ uncommitted debris, which the next run removes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -68,32 +70,33 @@ def test_at_every_epoch_the_kept_groups_and_a_few_retired_ones_are_on_disk(sessi
     assert group_epochs(prefix) == {node: set(range(9 - keep_last, 9)) for node in NODES}
 
 
-def four_epochs_committed_by_hand(prefix: str) -> dj.MultiNodeCheckpointManager:
-    """A manager holding the lock (as a runner's does) that saved and committed epochs 0-3 with ``keep_last=1``."""
+@contextlib.contextmanager
+def four_epochs_committed_by_hand(prefix: str) -> Iterator[tuple[dj.MultiNodeCheckpointManager, object]]:
+    """A manager holding the lock (``writing``, as a runner's does) that saved and committed epochs 0-3
+    with ``keep_last=1``, and its commit pipeline."""
     manager = dj.MultiNodeCheckpointManager(prefix, keep_last=1)
     manager.set_params(nodes=list(NODES), job_name="retained")
-    manager.store.acquire_lock({"host": "here", "pid": os.getpid(), "job": "retained"})
-    manager.holds_lock = True
-    with dj.LocalSession() as session:
-        for node in NODES:
-            session.feed("w", np.arange(4.0), node=node)
-        for epoch in range(4):
-            session.run_group(manager.save(epoch), job="retained", epoch=epoch)
-            manager.write_checkpoint_metadata(epoch)
-    return manager
+    with manager.writing("retained") as pipeline:
+        with dj.LocalSession() as session:
+            for node in NODES:
+                session.feed("w", np.arange(4.0), node=node)
+            for epoch in range(4):
+                session.run_group(manager.save(epoch), job="retained", epoch=epoch)
+                manager.write_checkpoint_metadata(epoch)
+        yield manager, pipeline
 
 
 def test_groups_retired_but_not_yet_deleted_are_debris_the_next_run_removes(prefix):
     """A manager that holds the lock and commits without a runner leaves the retired groups on
-    disk, uncommitted; ``tidy(final=True)`` (or the next run's cleanup) deletes exactly those."""
-    manager = four_epochs_committed_by_hand(prefix)
-    assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
-    assert group_epochs(prefix) == {node: {0, 1, 2, 3} for node in NODES}
-    manager.tidy(final=True)
+    disk, uncommitted, while it holds the lock; leaving ``writing`` (or the next run's cleanup)
+    deletes exactly those."""
+    with four_epochs_committed_by_hand(prefix):
+        assert [info.epoch for info in dj.list_checkpoints(prefix)] == [3]
+        assert group_epochs(prefix) == {node: {0, 1, 2, 3} for node in NODES}
+        with pytest.raises(dj.errors.CheckpointLockedError, match="locked by another writer"):
+            CheckpointStore(prefix).cleanup_uncommitted()  # not while a writer holds the prefix
     assert group_epochs(prefix) == {node: {3} for node in NODES}
-    with pytest.raises(dj.errors.CheckpointLockedError, match="locked by another writer"):
-        CheckpointStore(prefix).cleanup_uncommitted()  # not while a writer holds the prefix
-    manager.store.release_lock()
+    assert CheckpointStore(prefix).read_lock() is None
     assert CheckpointStore(prefix).cleanup_uncommitted() == []
 
 
@@ -121,17 +124,16 @@ def test_a_lost_lock_stops_the_run_from_writing_on(prefix):
 
 
 def test_tidy_deletes_in_the_background_and_the_final_tidy_waits_for_it(prefix):
-    """``tidy()`` returns at once and a thread deletes the retired groups; ``tidy(final=True)``
-    joins that thread first, so nothing is deleted after the lock is released."""
-    manager = four_epochs_committed_by_hand(prefix)
-    manager.tidy()
-    deadline = time.monotonic() + 30
-    while group_epochs(prefix) != {node: {3} for node in NODES} and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert group_epochs(prefix) == {node: {3} for node in NODES}
-    manager.tidy(final=True)
+    """While the next epoch runs (``meanwhile``) a thread deletes the retired groups; leaving
+    ``writing`` joins that thread first, so nothing is deleted after the lock is released."""
+    with four_epochs_committed_by_hand(prefix) as (manager, pipeline):
+        pipeline.meanwhile()
+        deadline = time.monotonic() + 30
+        while group_epochs(prefix) != {node: {3} for node in NODES} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert group_epochs(prefix) == {node: {3} for node in NODES}
     assert not manager.retention.retired
-    manager.store.release_lock()
+    assert CheckpointStore(prefix).read_lock() is None
 
 
 def test_retired_groups_are_handed_to_their_nodes_and_others_stay_pending():

@@ -104,3 +104,31 @@ class NodeResult:
     metrics: MetricSums = field(default_factory=dict)
     traps: tuple[str, ...] = ()
     finished: Any = None
+
+
+@dataclass(frozen=True)
+class GroupRun:
+    """What a group run returned to the driver: the sums and counts of the metrics its steps logged
+    (``ws.log``, over all nodes) and, by node, what each ``finish`` hook returned."""
+
+    metrics: MetricSums
+    finished: dict[str, Any] = field(default_factory=dict)
+
+
+class RunFailed(Exception):
+    """A run that failed: its own :attr:`error`, and :attr:`results`, the :class:`NodeResult` of every
+    node whose share finished before (a session's ``_execute`` raises it)."""
+
+    def __init__(self, error: Exception, results: dict[str, NodeResult]) -> None:
+        super().__init__(error)
+        self.error, self.results = error, results
+
+
+class GroupRunFailed(Exception):
+    """A group run with ``finish`` hooks that failed: its own :attr:`error` (what the run raises
+    without hooks) and :attr:`finished`, by node, what the hooks of the nodes that finished returned
+    (a save hook's report must not be lost with the run)."""
+
+    def __init__(self, error: Exception, finished: dict[str, Any]) -> None:
+        super().__init__(error)
+        self.error, self.finished = error, finished

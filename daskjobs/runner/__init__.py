@@ -1,7 +1,9 @@
 """The runner: :class:`JobRunner` loops a job's epochs on a session, checkpointing every epoch.
 
-What it owns: the epoch loop (:mod:`._runner`), saving and committing epochs (:mod:`._saving`),
-the writer lock of the prefix (:mod:`._writer`), recovery from lost nodes (:mod:`._recovery`),
+What it owns: the epoch loop (:mod:`._runner`), one epoch and its save (:mod:`._epochs`), its hooks
+(:mod:`._hooks`), the policy for failed saves and the saves outside a run (:mod:`._saving`; saving
+and committing epochs, and the writer lock, are the checkpoint manager's commit pipeline), recovery
+from lost nodes (:mod:`._recovery`),
 graceful stop on signals (:mod:`._interrupt`), checks of a run's inputs (:mod:`._checks`), the
 epoch history (:mod:`._history`) and its display (:mod:`._progress`, :mod:`._notebook`), and
 loading a job from a ``TARGET`` string (:mod:`._targets`).
@@ -11,6 +13,7 @@ readers. Only :mod:`daskjobs.testing` and the command line import it.
 """
 
 from ._history import EpochRecord
+from ._hooks import RunnerHooks
 from ._runner import JobRunner
 
-__all__ = ["EpochRecord", "JobRunner"]
+__all__ = ["EpochRecord", "JobRunner", "RunnerHooks"]

@@ -115,7 +115,22 @@ class GracefulStop:
             return
         raise AbandonedRun(signum)
 
+    def request(self, signum: int) -> None:
+        """Ask for the stop ``signum`` gives, from any thread: the first request sets :attr:`requested`;
+        a later one abandons the running epoch, as a second signal does, where the handlers are
+        installed (the run is on the main thread: the signal is sent to it), else it is ignored."""
+        if signum not in SIGNALS:
+            raise ValueError(f"a run stops on SIGINT or SIGTERM, not on signal {signum}")
+        if self.requested is None:
+            self.requested = signum
+            logger.info("%s asked for: the job stops once the running epoch is done", SIGNALS[signum])
+            return
+        main = threading.main_thread()
+        if self._previous and main.ident is not None:
+            signal.pthread_kill(main.ident, signum)
+
     def __enter__(self) -> GracefulStop:
+        self.requested = None
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
             for sig in SIGNALS:

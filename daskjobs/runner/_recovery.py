@@ -18,13 +18,12 @@ from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
 from ..checkpoint._managers.damage import with_intact_epoch
 from ..errors import CheckpointCorruptError, NodeLostError, NodePlacementError, SessionLostError
-from ._saving import overrides
 
 if TYPE_CHECKING:
     from .._model.job import Job
     from ..checkpoint import MultiNodeCheckpointManager
+    from ..checkpoint._managers.pipeline import CommitPipeline
     from ..session import Session
-    from ._saving import EpochSaver
 
 logger = logging.getLogger("daskjobs")
 
@@ -89,16 +88,14 @@ def prepare_restore(
         )
     else:
         logger.warning("node(s) %s lost; restoring all nodes from %s (recovery %d of %d)", lost, start, *failures)
-    wait = getattr(session, "wait_for_nodes", None)
-    if wait is not None:
-        try:
-            wait(nodes, timeout=timeout)
-        except NodePlacementError as exc:
-            raise NodePlacementError(
-                f"{exc}; a recovery waits daskjobs.recovery-timeout ({timeout:g} s) for every node to have a "
-                "worker again: raise it (Dask config) when replacement workers take longer to start",
-                exc.nodes,
-            ) from exc
+    try:
+        session.wait_for_nodes(nodes, timeout=timeout)
+    except NodePlacementError as exc:
+        raise NodePlacementError(
+            f"{exc}; a recovery waits daskjobs.recovery-timeout ({timeout:g} s) for every node to have a "
+            "worker again: raise it (Dask config) when replacement workers take longer to start",
+            exc.nodes,
+        ) from exc
     session.forget_tokens()
     if latest is None:
         session.run(_clear_group(nodes))
@@ -152,18 +149,20 @@ class Recovery:
 def restore(
     session: Session,
     manager: MultiNodeCheckpointManager,
+    pipeline: CommitPipeline,
     job: Job,
     latest: int | None,
     recovery: Recovery,
     max_epochs: int | None,
 ) -> tuple[int, bool] | None:
-    """After a loss: wait for every node of ``job`` and restore all of them from ``latest``, the last
-    epoch the run committed.
+    """After a loss: end the background writes of the nodes that survived and remove what the run left
+    uncommitted (``pipeline``), wait for every node of ``job`` and restore all of them from ``latest``,
+    the last epoch the run committed.
 
     Returns the epoch to run next and whether to stop, or ``None`` when nothing was committed
     yet (init runs again from scratch, on emptied workspaces).
     """
-    manager.discard_pending()
+    pipeline.recover(session, recovery.lost)
     prepare_restore(
         session,
         job.nodes(),
@@ -186,16 +185,13 @@ def load_epoch(
     (a stop condition was true, or ``max_epochs`` is reached).
 
     The commit record is read once: the load and the stop values come from it. A manager whose
-    class overrides ``load`` (Caffe2-style) has its group run instead. A damaged epoch raises
-    :class:`~daskjobs.errors.CheckpointCorruptError` naming the newest epoch that verifies.
+    class overrides ``load`` (Caffe2-style) has its group run instead (see ``manager.restore``). A
+    damaged epoch raises :class:`~daskjobs.errors.CheckpointCorruptError` naming the newest epoch
+    that verifies.
     """
+    record = manager.store.read_commit(epoch)
     try:
-        if overrides(manager, "load"):
-            session.run_group(manager.load(epoch), job=job, attempt=attempt)
-            record = manager.store.read_commit(epoch)
-        else:
-            record = manager.store.read_commit(epoch)
-            manager.restore(session, record, job=job, attempt=attempt)
+        manager.restore(session, record, job=job, attempt=attempt)
     except CheckpointCorruptError as exc:  # say which epoch does verify, and how to resume from it
         raise with_intact_epoch(exc, manager.store, epoch) from exc
     manager.report_checkpoint_stats("checkpoint_load")
@@ -207,14 +203,14 @@ def load_epoch(
     return epoch + 1, False
 
 
-def rebalance(session: Session, saver: EpochSaver | None) -> None:
+def rebalance(session: Session, pipeline: CommitPipeline | None) -> None:
     """At an epoch boundary: let workers that joined the cluster take nodes when that evens the
     spread (a session that places nodes on a pool decides, see ``DaskSession.rebalance``). The
     epochs run so far are committed first when a node moves: it moves with its workspace, so
     nothing is rolled back and no epoch runs again."""
     move = getattr(session, "rebalance", None)
     if move is not None:
-        move(before=None if saver is None else partial(saver.flush, session))
+        move(before=None if pipeline is None else partial(pipeline.flush, session))
 
 
 def placement_of(session: Session) -> Callable[[], dict[str, str]]:

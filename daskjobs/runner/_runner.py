@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import logging
-import time
+import signal
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._config import check_config
 from .._model.job import Job
-from .._model.metrics import means
 from .._model.values import check_count
+from ..checkpoint._managers.manager import overrides
 from ..data import epochs_until_finished
 from ..errors import JobDefinitionError, JobInterruptedError, NodeLostError, SessionLostError
 from ..session import Session, as_session
-from ._checks import check_can_stop, check_placement, resume_epoch, stop_condition_values
-from ._history import EpochRecord, history_frame, history_html, plot_history, settle_bytes
+from ._checks import check_can_stop, check_placement, resume_epoch
+from ._epochs import run_epoch, run_init
+from ._history import EpochRecord, history_frame, history_html, plot_history
+from ._hooks import RunnerHooks
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
 from ._progress import EpochProgress, known_total
 from ._recovery import (
@@ -28,14 +31,14 @@ from ._recovery import (
     restore,
     with_last_commit,
 )
-from ._saving import EpochSaver, load_now, overrides, save_now
-from ._writer import end_saves, holding_lock, prepare_manager
+from ._saving import RetryPolicy, load_now, prepare_manager, save_now
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._model.group import TaskGroup
     from ..checkpoint import MultiNodeCheckpointManager, UploadTaskGroupBuilder
+    from ..checkpoint._managers.pipeline import CommitPipeline
 
 logger = logging.getLogger("daskjobs")
 
@@ -76,6 +79,8 @@ class JobRunner:
     break_lock
         Take over the checkpoint prefix even if another runner's lock is on it. Without it, a
         lock is broken only when its holder is a process of this host that no longer exists.
+    hooks
+        A :class:`RunnerHooks` told of every epoch as it runs, is saved and is committed.
 
     Notes
     -----
@@ -83,7 +88,8 @@ class JobRunner:
     notebook's "interrupt kernel") or SIGTERM lets the running epoch finish, commits it, waits
     for an asynchronous save, releases the checkpoint lock and raises ``KeyboardInterrupt``
     (SIGINT) or :class:`~daskjobs.errors.JobInterruptedError` (SIGTERM). A second signal
-    abandons the running epoch at once; nothing of it is committed.
+    abandons the running epoch at once; nothing of it is committed. :meth:`request_stop` asks
+    for the same from code (a hook, another thread).
 
     Examples
     --------
@@ -111,6 +117,7 @@ class JobRunner:
         progress: bool | None = None,
         on_epoch: Callable[[EpochRecord], None] | None = None,
         break_lock: bool = False,
+        hooks: RunnerHooks | None = None,
     ) -> None:
         if not isinstance(job, Job):
             raise JobDefinitionError(f"JobRunner needs a Job, got {job!r}")
@@ -118,6 +125,8 @@ class JobRunner:
             max_epochs = check_count(max_epochs, "max_epochs (or None)")
         if on_save_error not in ("raise", "warn"):
             raise JobDefinitionError(f"on_save_error must be 'raise' or 'warn', got {on_save_error!r}")
+        if hooks is not None and not isinstance(hooks, RunnerHooks):
+            raise JobDefinitionError(f"hooks must be a dj.RunnerHooks (a subclass of it), got {hooks!r}")
         max_failures = check_count(max_failures, "max_failures", 0)
         self.job = job
         self.checkpoint_manager = checkpoint_manager
@@ -130,6 +139,7 @@ class JobRunner:
         self.progress = progress
         self.on_epoch = on_epoch
         self.break_lock = break_lock
+        self.hooks = hooks or RunnerHooks()
         self.history: list[EpochRecord] = []
         self._bytes_pending: list[int] = []
         self.dashboard_link: str | None = None
@@ -137,7 +147,8 @@ class JobRunner:
         self._placement: Callable[[], dict[str, str]] = dict
         """The current placement (node -> worker) of the last session trained on, for the repr."""
         self._signals = GracefulStop()
-        self._saver: EpochSaver | None = None
+        self._pipeline: CommitPipeline | None = None
+        self._session: Session | None = None
         self._resume: int | None = None
         """The metadata handler's answer to ``resume_from_epoch`` (asked once per run, before it starts)."""
         self._departures = Departures()
@@ -167,25 +178,26 @@ class JobRunner:
         session.start_job_run(self.job.name)
         self.history = []
         self._bytes_pending = []
-        self._signals.requested = None
-        self._saver = None
+        self._session = session
         try:
             check_placement(session, self.job)
             with self._signals:
                 if manager is None:
                     return self._train(session, None)
-                with holding_lock(manager, self.job.name, break_lock=self.break_lock):
+                with manager.writing(
+                    self.job.name, break_lock=self.break_lock, policy=self._policy(manager), on_commit=self._committed
+                ) as pipeline:
+                    self._pipeline = pipeline
+                    pipeline.remove_debris()  # what runs before this one left uncommitted
                     try:
-                        for leftover in manager.store.cleanup_uncommitted(manager.nodes()):
-                            logger.info("removed uncommitted checkpoint leftover %s", leftover)
                         return self._train(session, manager)
                     except SessionLostError as exc:
-                        self._settle()
+                        pipeline.settle()
                         raise with_last_commit(exc, manager) from exc
                     except BaseException as exc:
                         interrupted = isinstance(exc, (KeyboardInterrupt, JobInterruptedError))
-                        committed = self._settle(None if interrupted else session)
-                        end_saves(manager, session)
+                        committed = pipeline.settle(None if interrupted else session)
+                        pipeline.end_writes(session, lost=exc.nodes if isinstance(exc, NodeLostError) else ())
                         if committed and interrupted:
                             # abandoned by a second signal: the error names the epoch just committed
                             error = self._interruption(signal_of(exc), abandoned=True)
@@ -194,10 +206,34 @@ class JobRunner:
         except AbandonedRun as exc:  # a second signal, wherever it struck: the public error of its signal
             raise self._interruption(exc.signum, abandoned=True).with_traceback(exc.__traceback__) from None
         finally:
+            self._pipeline = self._session = None
             if own:
                 session.close()
 
     __call__ = train
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """Ask the running :meth:`train` to stop as the signal ``signum`` (``SIGTERM`` or ``SIGINT``) asks:
+        the running epoch finishes and is committed, then ``train`` raises what that signal makes it
+        raise (see the Notes). A second request abandons the running epoch at once, as a second signal
+        does, where ``train`` handles signals (on the main thread). Safe from any thread, a hook
+        included; before ``train`` starts, or after it ended, it does nothing.
+
+        Examples
+        --------
+        >>> import threading
+        >>> timer = threading.Timer(3600, runner.request_stop)  # doctest: +SKIP
+        """
+        self._signals.request(signum)
+
+    def commit_saved(self) -> None:
+        """Commit now every epoch the running :meth:`train` saved and has not committed yet, waiting
+        for the nodes' background writes (a run commits an epoch while a later one runs): for a hook
+        that must find an epoch committed before the next one starts (``before_epoch``). Only from
+        the thread that runs ``train`` (a hook's); outside a checkpointed ``train`` it does nothing.
+        """
+        if self._pipeline is not None and self._session is not None:
+            self._pipeline.flush(self._session)
 
     def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
         """Save every checkpointed node's workspace as ``epoch`` and commit it.
@@ -216,16 +252,9 @@ class JobRunner:
             A node's worker does not see the prefix as this process does (see
             :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`); nothing was written.
         """
-        save_now(
-            self._set_up_manager(),
-            self.job.name,
-            epoch,
-            session,
-            stop_values or {},
-            save_retries=self.save_retries,
-            on_save_error=self.on_save_error,
-            break_lock=self.break_lock,
-        )
+        manager = self._set_up_manager()
+        policy = self._policy(manager)
+        save_now(manager, self.job.name, epoch, session, stop_values or {}, policy=policy, break_lock=self.break_lock)
 
     def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
         """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
@@ -242,19 +271,13 @@ class JobRunner:
             resume = self._resume  # the handler answered before the run started
         else:
             resume = manager.get_resume_from_epoch_id()
-        if manager is not None:
-            self._saver = EpochSaver(
-                manager,
-                job.name,
-                save_retries=self.save_retries,
-                on_save_error=self.on_save_error,
-                last_committed=resume,
-            )
+        if self._pipeline is not None:
+            self._pipeline.last_committed = resume
         failures = departures = 0
         lost: list[str] = []
         departed: str | None = None
         phase, epoch, stop = "start", 0, False
-        dashboard = self.dashboard_link = getattr(getattr(session, "client", None), "dashboard_link", None)
+        dashboard = self.dashboard_link = session.dashboard_link
         if dashboard:
             logger.info("job %s: Dask dashboard at %s", job.name, dashboard)
         bar: EpochProgress | None = None
@@ -265,7 +288,10 @@ class JobRunner:
                         assert manager is not None
                         latest = self._last_committed()
                         recovery = Recovery(failures, departures, self.max_failures, lost, departed)
-                        restored = restore(session, manager, self.job, latest, recovery, self.max_epochs)
+                        assert self._pipeline is not None
+                        restored = restore(
+                            session, manager, self._pipeline, self.job, latest, recovery, self.max_epochs
+                        )
                         phase, resume = ("loop", resume) if restored is not None else ("start", None)
                         epoch, stop = restored or (0, False)
                         # One history record per epoch: those of the epochs run again go.
@@ -310,85 +336,47 @@ class JobRunner:
     ) -> int:
         """Run epochs from ``epoch`` until a stop condition or ``max_epochs``; return the last one."""
         while not stop:
-            record = self._run_epoch(session, epoch, failures)
+            self.hooks.before_epoch(epoch)
+            last = self._reached_max(epoch) or epoch == self.job.epoch_limit
+            record, pending = run_epoch(session, self.job, self._pipeline, self.hooks, epoch, failures, last=last)
+            if pending:  # an asynchronous save: its bytes come with its commit (see _committed)
+                self._bytes_pending.append(epoch)
             self.history.append(record)
-            self._settle_bytes()
             bar.update(record)
-            if self.on_epoch is not None and self._saver is not None:
-                self._saver.when_committed(partial(self._committed, len(self.history) - 1))
+            self.hooks.epoch_saved(epoch)
+            if self.on_epoch is not None and self._pipeline is not None:
+                self._pipeline.when_committed(partial(self._settled, len(self.history) - 1))
             elif self.on_epoch is not None:
                 self.on_epoch(record)
             self._stop_if_interrupted(manager, session)
             stop = any(record.stop_values.values()) or self._reached_max(epoch)
             if not stop:
-                rebalance(session, self._saver)
+                rebalance(session, self._pipeline)
                 epoch += 1
         bar.complete()
-        if self._saver is not None:
-            self._saver.flush(session)
-            self._settle_bytes()
+        if self._pipeline is not None:
+            self._pipeline.flush(session)
         return epoch
 
-    def _committed(self, index: int) -> None:
+    def _settled(self, index: int) -> None:
         """``on_epoch`` for the epoch of history record ``index``, now committed (with its bytes)."""
-        self._settle_bytes()
         if self.on_epoch is not None:
             self.on_epoch(self.history[index])
 
+    def _committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
+        """The commit pipeline committed ``epoch``: the history record of an asynchronously saved
+        epoch gets its bytes, and the hooks are told."""
+        if epoch in self._bytes_pending:
+            self._bytes_pending.remove(epoch)
+            index = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch), None)
+            if index is not None:
+                self.history[index] = replace(
+                    self.history[index], bytes_written=bytes_written, bytes_reused=bytes_reused
+                )
+        self.hooks.epoch_committed(epoch)
+
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
-
-    def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
-        """Run one epoch and save it: inside the epoch's graph when possible, else as its own group."""
-        job = self.job
-        started = time.perf_counter()
-        saver = self._saver
-        last = self._reached_max(epoch) or epoch == job.epoch_limit
-        hooks = None if saver is None else saver.hooks(epoch, job.epoch_group.used_nodes(), session, last=last)
-        finished: dict[str, Any] = {}
-        try:
-            sums = session.run_group(
-                job.epoch_group,
-                job=job.name,
-                epoch=epoch,
-                attempt=failures,
-                finish=hooks or None,
-                finished=finished,
-                meanwhile=None if saver is None else saver.meanwhile,
-            )
-        except Exception:
-            if saver is not None and hooks and finished:
-                saver.salvage(epoch, finished)
-            raise
-        finally:
-            if saver is not None:
-                saver.check_meanwhile(epoch)
-        elapsed = time.perf_counter() - started
-        try:
-            values, metrics = stop_condition_values(self.job.stop_conditions), means(sums)
-        except Exception:
-            if saver is not None and hooks:
-                saver.drop(epoch, finished)
-            raise
-        if saver is None:
-            saved, (written, reused) = 0.0, (0, 0)
-        else:
-            if hooks is None:
-                saved = saver.save(epoch, session, values, metrics)
-            elif not hooks:
-                saved = 0.0
-            else:
-                saved = saver.accept(epoch, session, finished, values, metrics)
-            known = saver.bytes(epoch)
-            if known is None:  # an asynchronous save: its figures come with its commit (see _settle_bytes)
-                self._bytes_pending.append(epoch)
-            written, reused = known or (0, 0)
-        return EpochRecord(epoch, elapsed, saved, written, reused, values, metrics, failures)
-
-    def _settle_bytes(self) -> None:
-        """Give the history records of asynchronously saved epochs the bytes their commits report."""
-        if self._bytes_pending and self._saver is not None:
-            settle_bytes(self.history, self._bytes_pending, self._saver.manager.committed_bytes)
 
     def _start(
         self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
@@ -400,15 +388,16 @@ class JobRunner:
         if manager is not None:  # before anything is written or loaded: the nodes see the driver's prefix
             manager.check_shared(session)
         if resume is None:
-            if self._saver is None:
+            if manager is None or self._pipeline is None:
                 session.run_group(job.init_group, job=job.name, attempt=failures)
             else:
-                self._saver.run_init(session, job.init_group, nodes, attempt=failures)
+                run_init(session, job, manager, self._pipeline, self.hooks, failures)
             return 1, False
         if manager is None:
             logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
             return (resume, True) if self._reached_max(resume) else (resume + 1, False)
-        newer = manager.resume_older(resume)
+        assert self._pipeline is not None
+        newer = self._pipeline.resume_older(resume)
         if newer:
             logger.info(
                 "resuming from epoch %d: the newer commits %s stay until epoch %d is committed",
@@ -437,8 +426,8 @@ class JobRunner:
         """After a committed epoch: if a stop was asked for, flush, log one line and raise."""
         if self._signals.requested is None:
             return
-        if self._saver is not None:
-            self._saver.flush(session)
+        if self._pipeline is not None:
+            self._pipeline.flush(session)
         error = self._interruption(self._signals.requested, abandoned=False)
         logger.warning("%s", error)
         raise error
@@ -458,15 +447,16 @@ class JobRunner:
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:
         """The newest epoch this run committed or resumed from (``None``: none)."""
-        return None if self._saver is None else self._saver.last_committed
+        return None if self._pipeline is None else self._pipeline.last_committed
 
-    def _settle(self, session: Session | None = None) -> bool:
-        """A failed run first commits the epochs still waiting for their commit (they finished),
-        asking the nodes through ``session`` for the flushes not yet reported; ``True`` if it did.
-        The history records of the epochs it committed get their bytes."""
-        committed = self._saver is not None and self._saver.settle(session)
-        self._settle_bytes()
-        return committed
+    def _settle(self) -> None:
+        """A run that lost a node first commits the epochs still waiting for their commit (they
+        finished); the flushes no node reported are made from here."""
+        if self._pipeline is not None:
+            self._pipeline.settle()
+
+    def _policy(self, manager: MultiNodeCheckpointManager) -> RetryPolicy:
+        return RetryPolicy(self.save_retries, self.on_save_error, manager.store.url)
 
     def _set_up_manager(self) -> MultiNodeCheckpointManager:
         """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""

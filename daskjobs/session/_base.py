@@ -8,14 +8,14 @@ import itertools
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar
 
 from .._execution.lowering import LoweredGraph, lower, plan_group
 from .._execution.node_run import NodeState, NodeStateProvider, abandon_node_run, private_trap_message
-from .._execution.plan import NodeResult
+from .._execution.plan import GroupRun, GroupRunFailed, NodeResult, RunFailed
 from .._model.group import TaskGroup
-from .._model.metrics import MetricSums, merge_sums
+from .._model.metrics import merge_sums
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType, as_workspace_type
 from .._model.values import Value, as_value, copy_value, validate_name
@@ -97,8 +97,6 @@ class Session(abc.ABC):
         self._run_counter = itertools.count()
         self._tokens: dict[str, str] = {}
         self._warned_traps: set[tuple[str, str, str]] = set()
-        self._partial: dict[str, NodeResult] = {}
-        """Results, by Dask key, of the nodes whose share of the last failed run finished."""
 
     # -- seams ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -107,9 +105,12 @@ class Session(abc.ABC):
 
     @abc.abstractmethod
     def _execute(self, graph: LoweredGraph, meanwhile: Callable[[], None] | None = None) -> dict[str, NodeResult]:
-        """Run ``graph`` to completion; return each node's result (raise the first failure).
+        """Run ``graph`` to completion; return each node's result.
 
-        ``meanwhile`` is called once while the graph runs (or just before, where it runs in this thread).
+        A failure of the run raises :class:`~daskjobs._execution.plan.RunFailed` with its first
+        error and the results of the nodes whose share finished (their ``finish`` hooks ran);
+        an interruption (``KeyboardInterrupt``) goes through as it is. ``meanwhile`` is called once
+        while the graph runs (or just before, where it runs in this thread).
         """
 
     @abc.abstractmethod
@@ -122,6 +123,15 @@ class Session(abc.ABC):
 
     def _shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called once by :meth:`close`."""
+
+    # -- optional capabilities ----------------------------------------------------------------
+    @property
+    def dashboard_link(self) -> str | None:
+        """The URL of the Dask dashboard of the cluster the session runs on; ``None`` without one."""
+        return None
+
+    def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:  # noqa: B027
+        """Wait until each node can run again (after a worker was lost); nothing to wait for in this process."""
 
     # -- running --------------------------------------------------------------------------
     def run(self, runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> None:
@@ -147,17 +157,19 @@ class Session(abc.ABC):
         epoch: int | None = None,
         attempt: int = 0,
         finish: Mapping[str, Callable[[NodeState], Any]] | None = None,
-        finished: dict[str, Any] | None = None,
         meanwhile: Callable[[], None] | None = None,
-    ) -> MetricSums:
+    ) -> GroupRun:
         """Run ``group`` as part of ``job`` (at ``epoch``) and bind its task outputs.
 
-        Returns the sums and counts of the metrics its steps logged (``ws.log``), over all nodes.
+        Returns the sums and counts of the metrics its steps logged (``ws.log``, over all nodes)
+        and, by node, what the ``finish`` hooks returned.
 
         ``finish`` maps some of the group's nodes to ``hook(node_state)``, run on that node in
         the same Dask task as the end of its share of the run (after its tasks and step-less
         outputs): the runner saves an epoch's checkpoint this way, without another round trip.
-        Each hook's return value (picklable) is stored in ``finished`` under its node.
+        Each hook's return value must be picklable. A run with hooks that fails raises
+        :class:`~daskjobs._execution.plan.GroupRunFailed`: its ``error`` is what the run raises
+        without hooks, its ``finished`` what the hooks of the nodes that finished returned.
 
         ``meanwhile()`` is called once in this thread while the group runs on the cluster (before
         it runs, in a :class:`LocalSession`): the runner writes the previous epoch's commit there,
@@ -179,25 +191,42 @@ class Session(abc.ABC):
         )
         try:
             results = self._execute(graph, meanwhile)
-        except BaseException as exc:
-            if isinstance(exc, NodeLostError):
-                self._lost_once(exc)
-            for node, result in self._finished_before_failure(graph).items():
-                if finished is not None and finish and node in finish:
-                    finished[node] = result.finished
+        except RunFailed as failed:
+            error, finished = failed.error, self._finished(failed.results, finish)
+        except Exception as exc:  # before the run started (placement, a closed session): nothing finished
+            error, finished = exc, {}
+        except BaseException:  # an interruption: the run is abandoned as it stands
             if plan.has_edges:
                 self._abandon(graph, run_key)
             raise
+        else:
+            return self._bind(group, job, results, finish)
+        if isinstance(error, NodeLostError):
+            self._lost_once(error)
+        if plan.has_edges:
+            self._abandon(graph, run_key)
+        if finish:
+            raise GroupRunFailed(error, finished)
+        raise error
+
+    def _bind(
+        self, group: TaskGroup, job: str, results: dict[str, NodeResult], finish: Mapping[str, Any] | None
+    ) -> GroupRun:
+        """Take the nodes' ``results`` of a run of ``group`` that succeeded: tokens, trap warnings, outputs."""
         for node, result in results.items():
             self._tokens[node] = result.token
             self._warn_traps(job, group.label, node, result.traps)
-            if finished is not None and finish and node in finish:
-                finished[node] = result.finished
             tasks = group.tasks() if result.captured else []  # frozen by plan_group: the plan's order
             for index, captured in result.captured.items():
                 for output, values in zip(tasks[index].outputs(), captured, strict=True):
                     output._set(values)
-        return merge_sums(result.metrics for result in results.values())
+        metrics = merge_sums(result.metrics for result in results.values())
+        return GroupRun(metrics, self._finished(results, finish))
+
+    @staticmethod
+    def _finished(results: dict[str, NodeResult], finish: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What the ``finish`` hooks of the nodes in ``results`` returned, by node."""
+        return {node: result.finished for node, result in results.items() if finish and node in finish}
 
     def _lost_once(self, error: NodeLostError) -> None:
         """Make ``error`` name every node that shared the lost worker, and forget their tokens: the
@@ -223,12 +252,6 @@ class Session(abc.ABC):
         worker incarnation (``<worker>-<serial>.<generation>``, see the workspace plugin)."""
         workers = {self._tokens[n].partition("-")[0] for n in nodes if n in self._tokens}
         return [n for n, token in self._tokens.items() if n in nodes or token.partition("-")[0] in workers]
-
-    def _finished_before_failure(self, graph: LoweredGraph) -> dict[str, NodeResult]:
-        """After ``graph``'s run failed: the results of the nodes whose share of it finished (their
-        ``finish`` hooks ran: a save hook's report must not be lost), as ``_execute`` left them."""
-        partial, self._partial = self._partial, {}
-        return {node: partial[key] for node, key in graph.result_keys.items() if key in partial}
 
     def start_job_run(self, job: str) -> None:
         """Start a new run of ``job``: its accumulate-in-PRIVATE warnings are logged again.

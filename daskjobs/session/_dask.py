@@ -17,7 +17,7 @@ from distributed.comm.core import CommClosedError
 from .._config import config_timeout
 from .._execution.lowering import Dep, LoweredGraph
 from .._execution.node_run import abandon_node_run
-from .._execution.plan import NodePlan, NodeResult
+from .._execution.plan import NodePlan, NodeResult, RunFailed
 from .._execution.shipping import pack_plan
 from .._model.values import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError
@@ -207,7 +207,11 @@ class DaskSession(Session):
                 call_on_node, self._states, node, token, fn, *args, key=key, resources=resources, pure=False
             )
         }
-        return self._settle_and_gather(futures, {key: node}, [key])[0]
+        try:
+            return self._settle_and_gather(futures, {key: node}, [key])[0]
+        except RunFailed as failed:
+            error = failed.error
+        raise error
 
     def _abandon(self, graph: LoweredGraph, run_key: str) -> None:
         # Only placed nodes can hold an open run; the others failed placement or lost their worker.
@@ -409,15 +413,16 @@ class DaskSession(Session):
         """Gather ``keys`` in one transfer once they are done, watching for lost nodes.
 
         On failure, wait for the run's other futures too (no straggler may touch a workspace
-        after the run was reported), then raise the first error in submission (dependency)
-        order with its remote traceback; distributed's failures become NodeLostError. The
+        after the run was reported), then raise :class:`RunFailed` with the first error in
+        submission (dependency) order, with its remote traceback, and the results of the nodes
+        (by ``node_of``) whose key finished; distributed's failures become NodeLostError. The
         futures are released first and no raised traceback refers to them, so failed runs
         leave no keys on the scheduler.
         """
         every = list(futures.values())
         watchdog = Watchdog(self._workers, self._client.cancel, every, node_of, self._placer.gone)
         tb = None
-        self._partial = {}
+        partial: dict[str, Any] = {}
         try:
             results = self._gather_watched([futures[k] for k in keys], watchdog)
             if isinstance(results, list) and len(results) == len(keys):
@@ -425,7 +430,7 @@ class DaskSession(Session):
             if isinstance(results, list):  # the failed ones skipped: keep what the others returned
                 done = [k for k in keys if futures[k].status == "finished"]
                 if len(done) == len(results):
-                    self._partial = dict(zip(done, results, strict=True))
+                    partial = {node_of[k]: result for k, result in zip(done, results, strict=True)}
             error: BaseException | None = results if isinstance(results, NodeLostError) else self._drain(watchdog)
             if error is None:
                 erred = [f for f in every if f.status == "error"][:1]
@@ -447,10 +452,10 @@ class DaskSession(Session):
             # session unless the client reconnects within daskjobs.connect-timeout.
             self._await_reconnect()
         if isinstance(error, DISTRIBUTED_FAILURES):
-            raise self._lost(lost_node_error(error, node_of)) from None
+            raise RunFailed(self._lost(lost_node_error(error, node_of)), partial) from None
         if isinstance(error, NodeLostError):
             error = self._lost(error)
-        raise error.with_traceback(tb)
+        raise RunFailed(error.with_traceback(tb), partial)
 
     def _gather_watched(self, futures: list[Future], watchdog: Watchdog) -> list[Any] | NodeLostError:
         """The results of the successful ``futures`` once all are done, or the watchdog's error."""

@@ -13,7 +13,7 @@ import dask.threaded
 from .._config import config_timeout
 from .._execution.lowering import LoweredGraph
 from .._execution.node_run import NodeState
-from .._execution.plan import NodeResult
+from .._execution.plan import NodeResult, RunFailed
 from ..errors import SessionClosedError
 from ._base import Session
 
@@ -123,16 +123,17 @@ class LocalSession(Session):
     def _execute(self, graph: LoweredGraph, meanwhile: Callable[[], None] | None = None) -> dict[str, NodeResult]:
         if meanwhile is not None:
             meanwhile()
-        keys = list(graph.result_keys.values())
         # Every task runs to its end in the pool, a failure passed on to its dependents instead of
         # raised at once: no task runs on after the run failed, and the nodes that finished are
         # known. An interrupted run's tasks also run to their end: the next run waits for them.
         dsk = {key: (_Settled(task[0], self._running), *task[1:]) for key, task in graph.to_dask().items()}
         values = dict(zip(dsk, dask.threaded.get(dsk, list(dsk), pool=self._pool), strict=True))
         failure = next((values[t.key] for t in graph.tasks if isinstance(values[t.key], _Failure)), None)
-        if failure is not None:
-            self._partial = {key: values[key] for key in keys if not isinstance(values[key], _Failure)}
+        if failure is not None and not isinstance(failure.error, Exception):
             raise failure.error
+        if failure is not None:
+            finished = {n: values[k] for n, k in graph.result_keys.items() if not isinstance(values[k], _Failure)}
+            raise RunFailed(failure.error, finished)
         return {node: values[key] for node, key in graph.result_keys.items()}
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:

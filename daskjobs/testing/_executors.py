@@ -16,7 +16,7 @@ from typing import Any
 
 from .._model.job import Job
 from ..errors import ResumeCheckError
-from ..runner._runner import JobRunner
+from ..runner import JobRunner
 from ..session import DaskSession, LocalSession
 from ..session._plugin import wait_for_steps
 from ._runs import Action, Outcome, perform
@@ -87,12 +87,11 @@ class _Watch:
     def _stop(self) -> None:
         self.expired = True
         if self.runner is not None:
-            self.runner._signals.requested = signal.SIGTERM
+            self.runner.request_stop()
 
     def _abandon(self) -> None:
-        runner, main = self.runner, threading.main_thread()
-        if runner is not None and signal.getsignal(signal.SIGINT) == runner._signals._handle and main.ident:
-            signal.pthread_kill(main.ident, signal.SIGINT)
+        if self.runner is not None:
+            self.runner.request_stop(signal.SIGINT)  # the second request abandons the running epoch
 
     def cancel(self) -> None:
         for timer in self._timers:

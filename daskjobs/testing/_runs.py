@@ -22,8 +22,7 @@ from typing import Any, Literal
 from .._model.job import Job
 from ..checkpoint import MultiNodeCheckpointManager
 from ..errors import JobInterruptedError
-from ..runner._history import EpochRecord
-from ..runner._runner import JobRunner
+from ..runner import JobRunner, RunnerHooks
 from ..session import Session, node_resource
 
 logger = logging.getLogger("daskjobs")
@@ -91,14 +90,16 @@ def perform(
     started = time.perf_counter()
     manager = MultiNodeCheckpointManager(prefix)
     failures = 3 if action.kind in ("lose-node", "shrink") else 0
-    runner = InterruptingRunner(job, manager, action, max_epochs=max_epochs, max_failures=failures)
+    interruption = Interruption(action, session)
+    runner = JobRunner(job, manager, max_epochs=max_epochs, max_failures=failures, progress=False, hooks=interruption)
+    interruption.runner = runner
     if watch is not None:
         watch(runner)
     with quiet_interruptions():
         try:
             last = runner.train(session)
         except JobInterruptedError:
-            if action.kind != "stop" or not runner.stopped:
+            if action.kind != "stop" or not interruption.stopped:
                 raise
             return Outcome(None, True, seconds=time.perf_counter() - started)
     recovered = next((r.epoch - 1 for r in runner.history if r.recoveries), None)
@@ -108,64 +109,56 @@ def perform(
     return Outcome(last, interrupted, recovered, time.perf_counter() - started)
 
 
-class InterruptingRunner(JobRunner):
-    """A :class:`~daskjobs.JobRunner` that interrupts itself once, as its :class:`Action` says.
+class Interruption(RunnerHooks):
+    """The hooks through which a run interrupts itself once, as its :class:`Action` says.
 
-    A stop asks for the runner's own graceful stop (what a first SIGTERM does) once epoch
-    ``at`` has run: the runner commits it and raises :class:`~daskjobs.errors.JobInterruptedError`.
-    A kill or a node loss first commits epoch ``at`` (the runner's flush), then strikes while
-    epoch ``at + 1`` runs: a kill half an epoch's time after the epoch started, a node loss as
-    soon as its tasks are submitted.
+    A stop asks for the runner's own graceful stop (what a first SIGTERM does) once epoch ``at``
+    was saved: the runner commits it and raises :class:`~daskjobs.errors.JobInterruptedError`. A
+    kill or a node loss first commits epoch ``at`` (before epoch ``at + 1`` starts), then strikes
+    while epoch ``at + 1`` runs: a kill half an epoch's time after its tasks were handed to the
+    cluster, a node loss at once; the run then waits for the strike before that epoch is committed.
     """
 
-    def __init__(self, job: Job, manager: MultiNodeCheckpointManager, action: Action, **kwargs: Any) -> None:
-        super().__init__(job, manager, progress=False, **kwargs)
-        self.action = action
+    def __init__(self, action: Action, session: Session) -> None:
+        self.action, self.session = action, session
+        self.runner: JobRunner | None = None
         self.stopped = False
-        self.joined = False
         self._armed = action.kind in ("kill", "lose-node", "shrink")
+        self._timer: threading.Timer | None = None
 
-    def _run_epoch(self, session: Session, epoch: int, failures: int) -> EpochRecord:
-        action, saver = self.action, self._saver
-        if action.kind == "grow" and epoch == action.at and saver is not None and not self.joined:
-            record = super()._run_epoch(session, epoch, failures)
-            saver.flush(session)  # epoch `at` is committed: the pool grows now (see ._elastic)
-            client = session.client  # type: ignore[attr-defined]
+    def _striking(self, epoch: int) -> bool:
+        return self._armed and self.action.at is not None and epoch == self.action.at + 1
+
+    def before_epoch(self, epoch: int) -> None:
+        if self._striking(epoch) and self.runner is not None:
+            self.runner.commit_saved()  # epoch `at` is committed before epoch `at + 1` starts
+
+    def epoch_running(self, epoch: int) -> None:
+        if not self._striking(epoch) or self._timer is not None or self.runner is None:
+            return
+        if self.action.kind == "kill":  # in this process: steps running in its threads die with it
+            strike, delay = _kill_self, 0.5 * statistics.median(r.seconds for r in self.runner.history)
+        else:  # on the cluster: the epoch's tasks are running now
+            strike, delay = _node_killer(self.session, self.action.node, replace=self.action.kind == "lose-node"), 0.0
+        self._timer = threading.Timer(delay, strike)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def epoch_saved(self, epoch: int) -> None:
+        if self.action.kind == "stop" and epoch == self.action.at and self.runner is not None:
+            self.stopped = True
+            self.runner.request_stop()  # a graceful stop after this epoch, committed
+        if self.action.kind == "grow" and epoch == self.action.at and self.runner is not None:
+            self.runner.commit_saved()  # epoch `at` is committed: the pool grows now (see ._elastic)
+            client = self.session.client  # type: ignore[attr-defined]
             client.wait_for_workers(len(client.scheduler_info(n_workers=-1)["workers"]) + 1, timeout=_KILL_WAIT)
-            self.joined = True
-            return record
-        if not self._armed or epoch != action.at + 1 or saver is None:
-            record = super()._run_epoch(session, epoch, failures)
-            if action.kind == "stop" and epoch == action.at:
-                self.stopped = True
-                self._signals.requested = signal.SIGTERM  # a graceful stop after this epoch, committed
-            return record
+        if not self._striking(epoch) or self._timer is None:
+            return
         self._armed = False
-        saver.flush(session)  # epoch `at` is committed before epoch `at + 1` starts
-        if action.kind == "kill":  # in this process: steps running in its threads die with it
-            strike, delay = _kill_self, 0.5 * statistics.median(r.seconds for r in self.history)
-        else:  # on the cluster: the epoch's tasks are submitted when meanwhile() is called
-            strike, delay = _node_killer(session, action.node, replace=action.kind == "lose-node"), 0.0
-        timer = threading.Timer(delay, strike)
-        timer.daemon = True
-        original = saver.meanwhile
-
-        def meanwhile() -> None:  # while the epoch's tasks run (or, in this process, just before)
-            original()
-            timer.start()
-
-        saver.meanwhile = meanwhile  # type: ignore[method-assign]
-        try:
-            record = super()._run_epoch(session, epoch, failures)
-        finally:
-            del saver.meanwhile
-            if not timer.is_alive() and not timer.finished.is_set():
-                timer.start()  # the session never called meanwhile: strike now, before the commit
-        timer.join(_KILL_WAIT)
-        if action.kind == "kill":  # the epoch ended before the kill landed: it is not committed yet
+        self._timer.join(_KILL_WAIT)
+        if self.action.kind == "kill":  # the epoch ended before the kill landed: it is not committed yet
             time.sleep(_KILL_WAIT)
             os._exit(70)
-        return record
 
 
 def _kill_self() -> None:

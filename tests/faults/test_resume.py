@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
+from daskjobs.checkpoint._managers.writer import EpochWriter
 from daskjobs.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -262,7 +263,7 @@ def test_failing_retention_is_a_warning_not_a_failed_save(prefix, caplog, monkey
     def broken(self, newest):
         raise OSError("retention storage hiccup")
 
-    monkeypatch.setattr(dj.MultiNodeCheckpointManager, "_apply_retention", broken)
+    monkeypatch.setattr(EpochWriter, "_apply_retention", broken)
     with caplog.at_level(logging.WARNING, logger="daskjobs"):
         assert train(prefix, max_epochs=3)[0] == 3
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3]

@@ -20,6 +20,7 @@ from .._protocol.store import CheckpointStore
 
 if TYPE_CHECKING:
     from ...session import Session
+    from .ledger import LastCheckpoint
 
 logger = logging.getLogger("daskjobs")
 
@@ -54,9 +55,8 @@ class Loads:
 
     store: CheckpointStore
     _nodes: list[str] | None
-    _last_record: dict[str, Any] | None
+    _last: LastCheckpoint
     _job_name: str
-    _stats: dict[str, int]
 
     def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
         """A group restoring every checkpointed node's workspace to committed ``epoch``, verified.
@@ -72,9 +72,13 @@ class Loads:
     def restore(self, session: Session, record: dict[str, Any], **run_options: Any) -> None:
         """Run :meth:`load` of the commit ``record`` (as the manager's store's ``read_commit``
         returned it: not read again) in ``session``; after a failure, drop what the nodes read.
+        A subclass that overrides :meth:`load` has the group it returns run instead (as in Caffe2).
 
         ``run_options`` go to ``session.run_group``.
         """
+        if type(self).load is not Loads.load:
+            session.run_group(self.load(record["epoch"]), **run_options)
+            return
         load_id = uuid.uuid4().hex
         try:
             session.run_group(self._whole_load(self.store, record, load_id), **run_options)
@@ -90,7 +94,7 @@ class Loads:
                 f"epoch {epoch} under {store.url} has no checkpoint for nodes {missing}; it holds {record['nodes']}"
             )
         if store is self.store:
-            self._last_record = record
+            self._last.record = record
         self._remember(epoch, {n: committed_entry(record, n) for n in self.nodes()}, store)
         return self._two_phase_load(store, record, None, load_id)
 
@@ -199,7 +203,7 @@ class Loads:
             self._discard_staged(session, load_id)
             raise
         elapsed = int((time.perf_counter() - started) * 1e9)
-        self._stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
+        self._last.stats = {self.get_ckpt_db_name(n, epoch): elapsed for n in names}
         return True
 
     def _discard_staged(self, session: Session, load_id: str) -> None:

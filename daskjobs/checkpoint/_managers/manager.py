@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..._model.group import TaskGroup
 from ..._model.node import Node
 from ..._model.task import Task, WorkspaceType
 from ..._model.values import check_count, validate_name
-from ...errors import CheckpointError, InvalidStateError, JobDefinitionError
+from ...errors import InvalidStateError, JobDefinitionError
 from .._format.naming import db_name, get_ckpt_filename
-from .._format.records import make_commit_record, record_bytes
+from .._format.records import record_bytes
 from .._node.fork import resolve_snapshot
 from .._node.load_steps import CheckStep
-from .._node.save_steps import ENTRY_BLOB, AsyncSaveStep, SaveStep
-from .._node.sharing import prove_shared, unseen_groups
-from .._protocol.retention import (
-    DEFAULT_FULL_EVERY,
-    Retention,
-    best_epochs,
-    check_full_every,
-    retention_warning,
-    writes_in_full,
-)
-from .._protocol.staging import Staging, discard_after
+from .._node.sharing import prove_shared
+from .._protocol.lock import local_holder
+from .._protocol.retention import DEFAULT_FULL_EVERY, Retention, best_epochs, check_full_every, writes_in_full
 from .._protocol.store import CheckpointStore
-from .graph_saves import GraphSaves
+from .ledger import LastCheckpoint, PendingCommit
 from .loads import Loads
 from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start
-from .pending import Saves, previous_entries
+from .pipeline import CommitPipeline
+from .saving import OnCommit, SavePolicy
 from .views import prefix_html
+from .writer import EpochWriter, node_group
 
 if TYPE_CHECKING:
     from ...session import Session
@@ -41,12 +36,19 @@ __all__ = [
     "best_epochs",
     "db_name",
     "get_ckpt_filename",
+    "overrides",
 ]
 
 logger = logging.getLogger("daskjobs")
 
 
-class MultiNodeCheckpointManager(GraphSaves, Loads):
+def overrides(manager: MultiNodeCheckpointManager, method: str) -> bool:
+    """Whether ``manager``'s class overrides ``method`` (``"save"``, ``"load"``, ``"init"``): a runner
+    then runs the group it returns, as in Caffe2, instead of its own equivalent."""
+    return getattr(type(manager), method) is not getattr(MultiNodeCheckpointManager, method)
+
+
+class MultiNodeCheckpointManager(Loads):
     """Checkpoints every node of a job, one save/load task per node, run on that node.
 
     Parameters
@@ -134,6 +136,7 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self.db_prefix = str(db_prefix)
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
+        """The prefix's ``CheckpointStore``: its commit records, groups and writer lock."""
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.async_save = bool(async_save)
         self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
@@ -142,44 +145,45 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         self.delta = bool(delta)
         self.full_every = check_full_every(full_every)
         """With ``delta``: every epoch divisible by it (and every epoch ``keep_every`` keeps) is written in full."""
-        self._last_record: dict[str, Any] | None = None
-        self.last_commit_bytes = 0
-        self.last_commit_written = 0
-        self.last_commit_reused = 0
+        self._fresh = False
+        """Whether the next run starts from epoch 0 although epochs are committed (see :meth:`start_fresh`)."""
         self._nodes: list[str] | None = None
         self._initialised_nodes: list[str] | None = None
         self._job_name = "job"
         self._job_named = False
         """Whether :meth:`set_params` was given the job's name (else a resume adopts the prefix's)."""
-        self._saves = Saves()
-        self._salvaged: dict[str, Any] = {}
-        """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
-        self._stats: dict[str, int] = {}
-        self._remembered: tuple[CheckpointStore, int, dict[str, dict[str, Any]]] | None = None
-        """The store, epoch and node entries (or their summaries) of the last checkpoint saved or loaded."""
-        self._staging = Staging()
-        self._nodes_delete = False
-        """Whether the last hooks handed retired groups to the nodes (see ``finish_hooks``)."""
-        self.holds_lock = False
-        """Whether a runner holds the prefix's writer lock for this manager (set by the runner).
-
-        While it does, retention un-commits epochs with the commit (one fsync for both) and their
-        groups are deleted later by ``tidy`` (a runner calls it while the next epoch runs).
-        """
-        self._newest_seen: int | None = None
-        self._fresh = False
-        """Whether the next run starts from epoch 0 although epochs are committed (see :meth:`start_fresh`)."""
-        self.last_commit: dict[str, Any] | None = None
-        """The commit record written last by this manager."""
-        self.committed_bytes: dict[int, tuple[int, int]] = {}
-        """Bytes written and reused of the epochs this manager committed lately (the newest 64): an
-        asynchronous save's figures are known only once its epoch is committed."""
+        self._last = LastCheckpoint()
+        self._writer = EpochWriter(self, self._handler, self.retention, self._last)
 
     keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
     keep_every = property(lambda self: self.retention.keep_every, doc="Retention: every epoch divisible by it is kept.")
     keep_best = property(lambda self: self.retention.keep_best, doc="Retention: the best epochs by metric kept.")
     best_metric = property(lambda self: self.retention.best_metric, doc="The metric best-k retention ranks by.")
     best_mode = property(lambda self: self.retention.best_mode, doc='``"min"`` or ``"max"``: which metric is best.')
+
+    @property
+    def last_commit(self) -> dict[str, Any] | None:
+        """The commit record written last by this manager (``None``: none yet)."""
+        return self._writer.last_commit
+
+    @property
+    def last_commit_bytes(self) -> int:
+        """Bytes of the checkpoint committed last by this manager (0: none yet)."""
+        return self._last_bytes()[0]
+
+    @property
+    def last_commit_written(self) -> int:
+        """Bytes the save of the epoch committed last wrote (the rest it reused, see ``delta``)."""
+        return self._last_bytes()[1]
+
+    @property
+    def last_commit_reused(self) -> int:
+        """Bytes the save of the epoch committed last reused from the epoch before (delta)."""
+        return self._last_bytes()[2]
+
+    def _last_bytes(self) -> tuple[int, int, int]:
+        record = self._writer.last_commit
+        return (0, 0, 0) if record is None else record_bytes(record)
 
     # -- parameters -----------------------------------------------------------------------
     def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
@@ -277,7 +281,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
                 )
         elif self._fresh:  # see start_fresh
             self._fresh = False
-            job = stage_fresh_start(self.store, self._staging, self._job_name if self._job_named else None, self._nodes)
+            staging = self._writer.staging
+            job = stage_fresh_start(self.store, staging, self._job_name if self._job_named else None, self._nodes)
             if job is not None and not self._job_named:
                 self._job_name = job
             return None
@@ -294,24 +299,12 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
     def _group(
         self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL, nodes: list[str] | None = None
     ) -> TaskGroup:
-        group = TaskGroup(workspace_type)
-        for node in self.nodes() if nodes is None else nodes:
-            make_task(group, node)
-        return group
+        return node_group(self.nodes() if nodes is None else nodes, make_task, workspace_type)
 
-    def _entry_group(
-        self, epoch: int, make_step: Callable[[str], Any], name: str, nodes: list[str] | None = None
-    ) -> TaskGroup:
-        """A PRIVATE group of one task per node (of ``nodes``, default all) whose output is that node's
-        checkpoint entry; :meth:`_commit` reads the entries of ``epoch`` from those tasks."""
-        tasks: list[Task] = []
-        group = self._group(
-            lambda g, node: tasks.append(Task(make_step(node), group=g, node=node, name=name, outputs=ENTRY_BLOB)),
-            WorkspaceType.PRIVATE,
-            nodes,
-        )
-        self._saves.tasks[epoch] = tasks
-        return group
+    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]], store: CheckpointStore | None = None) -> None:
+        """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just loaded, and
+        where their blob names are (read only when :meth:`blob_list` asks)."""
+        self._last.remember(store or self.store, epoch, entries, self.db_prefix)
 
     def init(
         self,
@@ -344,70 +337,10 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """A group writing every checkpointed node's GLOBAL workspace for ``epoch``.
 
         The epoch is committed by :meth:`write_checkpoint_metadata` after the group ran (with
-        ``async_save``, by the ``flush`` after the background writes finished).
+        ``async_save``, by :meth:`flush` after the background writes finished).
         """
-        if self._saves.pending is not None:
-            raise CheckpointError(
-                f"epoch {self._saves.pending[0]} is still being written: flush() before saving epoch {epoch}"
-            )
-        save_id, store, previous = self._new_save(epoch)
-        if self.async_save:
-            return self._group(
-                lambda g, node: Task(
-                    AsyncSaveStep(store, node, epoch, save_id, previous.get(node), self.async_snapshot),
-                    group=g,
-                    node=node,
-                    name="checkpoint_save",
-                )
-            )
-        return self._entry_group(
-            epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
-        )
+        return self._writer.save_group(epoch)
 
-    def _new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
-        """A new save id for ``epoch``, the store to write it to and the node entries to reuse
-        chunks from (delta); refuses to overwrite a commit."""
-        committed = self._committed_at_least(epoch)
-        retire = self._staging.retire
-        if epoch in committed and epoch not in retire:
-            raise CheckpointError(
-                f"epoch {epoch} is already committed under {self.store.url}; a committed checkpoint is never "
-                f"overwritten: delete it first, or resume from an earlier epoch (which retires newer commits)"
-            )
-        if not committed and self._newest_seen is not None and self._newest_seen >= 0:
-            committed = [self._newest_seen]
-        # Never reuse from a commit that is about to be retired (its files may go while we link them).
-        reusable = [e for e in committed if e not in retire]
-        previous = self._reusable_entries(epoch, reusable) if self.reuses_chunks(epoch) else {}
-        source = next(iter(previous.values()))["epoch"] if previous else None
-        return self._saves.start(epoch, source), self._staging.target(self.store, epoch), previous
-
-    def reuses_chunks(self, epoch: int) -> bool:
-        """Whether a save of ``epoch`` may reuse chunks of an earlier epoch: ``delta``, and not an
-        epoch written in full (see ``full_every``)."""
-        return self.delta and not writes_in_full(epoch, self.full_every, self.keep_every)
-
-    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
-        """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
-        earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
-        written = self._saves.newest_written(epoch)
-        if written is not None and written > max((e for e in committed if e < epoch), default=-1):
-            return dict(self._saves.entries[written])
-        return previous_entries(self.store, epoch, committed, self._last_record)
-
-    def _committed_at_least(self, epoch: int) -> list[int]:
-        """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
-
-        While :attr:`holds_lock` (no other writer), the newest commit seen is remembered, so a
-        save of a new epoch costs no listing (a listing grows with the number of commits).
-        """
-        if self.holds_lock and self._newest_seen is not None and epoch > self._newest_seen:
-            return []
-        epochs = self.store.committed_epochs()
-        self._newest_seen = max(epochs, default=-1)
-        return epochs
-
-    # -- commit ---------------------------------------------------------------------------
     def write_checkpoint_metadata(
         self,
         epoch: int,
@@ -419,68 +352,79 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """Commit ``epoch`` (after its save group ran): write the commit record last, then retention.
 
         ``metrics`` (the epoch's metric means) go into the commit record. With ``async_save``
-        the commit waits for ``flush`` (or the next epoch's save hooks).
+        the commit waits for :meth:`flush`.
         """
-        if self.async_save:
-            if epoch not in self._saves.ids:
-                raise InvalidStateError(
-                    f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
-                )
-            self._saves.pending = (epoch, dict(stop_values or {}), dict(timings or {}), dict(metrics or {}))
+        self._writer.ask_commit(PendingCommit(epoch, dict(stop_values or {}), dict(metrics or {}), dict(timings or {})))
+
+    def flush(self, session: Session) -> int | None:
+        """With ``async_save``: wait for the save in flight to finish on every node and commit it;
+        return its epoch (``None``: no save in flight)."""
+        committed = self._writer.commit_in_flight(session)
+        return None if committed is None else committed.epoch
+
+    # -- writing under the lock -------------------------------------------------------------
+    @contextmanager
+    def writing(
+        self,
+        job: str,
+        *,
+        break_lock: bool = False,
+        policy: SavePolicy | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> Iterator[CommitPipeline]:
+        """Hold the prefix's writer lock for ``job`` (this process) and yield the pipeline a run saves
+        and commits its epochs through (its interface is daskjobs' own: :class:`~daskjobs.JobRunner`
+        uses it). While the lock is held, commits are written while the next epoch runs and retention
+        deletes in the background. On the way out the groups of the epochs retention dropped, and
+        whatever the run left uncommitted, are deleted, then the lock is released (a failure to
+        release is a warning naming the command that removes the lock). Inside a block of this
+        manager's that holds the lock already, nothing is taken or released.
+
+        ``policy`` decides what a failed save does (retries, then raise or warn; without one, the
+        error is raised); ``on_commit(epoch, bytes_written, bytes_reused)`` is called for every commit.
+
+        Raises
+        ------
+        CheckpointLockedError
+            Another writer holds the prefix; the message names it. Nothing was written.
+
+        Examples
+        --------
+        >>> import daskjobs as dj, tempfile
+        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
+        >>> with manager.writing("job") as pipeline:
+        ...     manager.store.read_lock()["job"]
+        'job'
+        >>> manager.store.read_lock() is None
+        True
+        """
+        writer = self._writer
+        save_group = self.save if overrides(self, "save") else None
+        if writer.locked:
+            yield CommitPipeline(writer, policy, on_commit, save_group=save_group, nested=True)
             return
-        self._commit(epoch, stop_values or {}, timings or {}, metrics or {})
+        self.store.acquire_lock(local_holder(job), break_lock=break_lock)
+        writer.locked = True
+        pipeline = CommitPipeline(writer, policy, on_commit, save_group=save_group)
+        try:
+            yield pipeline
+        finally:
+            try:
+                pipeline.close()
+            finally:
+                writer.locked = False
+                try:
+                    self.store.release_lock()
+                except Exception as exc:
+                    url = self.store.url
+                    advice = f"run 'daskjobs checkpoints unlock {url}'"
+                    logger.warning("could not release the writer lock of %s: %s; %s", url, exc, advice)
 
-    def _commit(
-        self, epoch: int, stop_values: dict[str, bool], timings: dict[str, float], metrics: dict[str, float]
-    ) -> None:
-        if not self._saves.flushed(epoch) and epoch in self._saves.entries:
-            raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait_flushes() before its commit")
-        entries = self._saves.finished(epoch)
-        if not self.holds_lock:  # saved outside a runner (which proves the storage shared before it saves)
-            unseen = unseen_groups(self._staging.target(self.store, epoch), epoch, list(entries))
-            if unseen is not None:
-                raise unseen
-        record = make_commit_record(self._job_name, epoch, entries, stop_values, timings, metrics=metrics)
-        self.retention.stamp(record)
-        self._staging.before_commit(self.store, epoch, list(entries))
-        self.store.commit(record, sync_folder=not self.holds_lock)
-        self.retention.committed(record, mine=self.holds_lock)
-        self._last_record = record
-        self._newest_seen = max(epoch, -1 if self._newest_seen is None else self._newest_seen)
-        self.last_commit = record
-        self.last_commit_bytes, self.last_commit_written, self.last_commit_reused = record_bytes(record)
-        self.committed_bytes[epoch] = (self.last_commit_written, self.last_commit_reused)
-        for old_epoch in sorted(self.committed_bytes)[:-64]:
-            del self.committed_bytes[old_epoch]
-        self._remember(epoch, entries)
-        self._saves.forget(epoch)
-        self._handler.write(epoch=epoch)
-        retention_warning(self._apply_retention, epoch, self.store.url)
-        if self.holds_lock:
-            self.store.sync_commits()
-
-    # -- retention ------------------------------------------------------------------------
-    def _apply_retention(self, newest: int) -> None:
-        """Delete committed epochs that retention does not keep (see :class:`~.._protocol.retention.Retention`)."""
-        self.retention.apply(self.store, newest, deferred=self.holds_lock, keeping=self._saves.keeping_sources)
-
-    def tidy(self, *, final: bool = False) -> None:
-        """Delete the groups of the epochs retention un-committed (see :attr:`holds_lock`) in a
-        background thread; ``final``: here, after that thread (the run ends, the lock is about to
-        be released). Failures are logged warnings, never raised. While the nodes delete them
-        (see ``finish_hooks``), only ``final`` deletes what they were not handed."""
-        self.retention.tidy(self.store, final=final, by_nodes=self._nodes_delete)
-
-    # -- resuming from an older epoch ------------------------------------------------------
-    def resume_older(self, epoch: int) -> list[int]:
-        """Prepare to resume from committed ``epoch`` while newer epochs are committed.
-
-        Nothing is deleted now: the newer commits stay until the first new epoch is committed.
-        That epoch's groups are written to a staging folder under ``__daskjobs__/``; right
-        before its commit record is written, the newer epochs are retired (newest first, one
-        warning listing them) and the staged groups moved into place. Returns the newer epochs.
-        """
-        return self._staging.resume_older(self.store, epoch)
+    # -- resuming ------------------------------------------------------------------------
+    def reuses_chunks(self, epoch: int) -> bool:
+        """Whether a save of ``epoch`` may reuse chunks of an earlier epoch: ``delta``, and not an
+        epoch written in full (see ``full_every``)."""
+        return self.delta and not writes_in_full(epoch, self.full_every, self.keep_every)
 
     def start_fresh(self) -> None:
         """Make the next run start from scratch (init, then epoch 0) although this job's epochs are
@@ -489,8 +433,8 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         Nothing is deleted now: the committed epochs stay (and a run that fails before its epoch 0
         commits leaves them as they were) until the new epoch 0 is committed. That epoch's groups are
         written to a staging folder; right before its commit record is written the old epochs are
-        retired (one warning lists them), as after ``resume_older``. The prefix must hold this
-        job's commits (its name and nodes, checked against the newest commit record that reads).
+        retired (one warning lists them), as when resuming from an older epoch. The prefix must hold
+        this job's commits (its name and nodes, checked against the newest commit record that reads).
 
         Examples
         --------
@@ -504,28 +448,14 @@ class MultiNodeCheckpointManager(GraphSaves, Loads):
         """The stop-condition values recorded when ``epoch`` was committed."""
         return dict(self.store.read_commit(epoch).get("stop_values", {}))
 
-    def discard_after(self, epoch: int) -> list[int]:
-        """Un-commit epochs newer than ``epoch`` (a run resumed from an earlier epoch rewrites them)."""
-        return discard_after(self.store, epoch)
-
     # -- statistics -----------------------------------------------------------------------
-    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]], store: CheckpointStore | None = None) -> None:
-        """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just saved or
-        loaded, and where their blob names are (read only when :meth:`blob_list` asks)."""
-        self._remembered = (store or self.store, epoch, dict(entries))
-        prefix = self.get_ckpt_db_name(next(iter(entries), "n"), epoch).rsplit("/", 1)[0]  # names were validated
-        self._stats = {f"{prefix}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
-
     def report_checkpoint_stats(self, action_name: str) -> None:
         """Pass the durations (ns) of the last save or load, by checkpoint name, to the handler."""
-        self._handler.report(action_name, dict(self._stats))
+        self._handler.report(action_name, dict(self._last.stats))
 
     def blob_list(self) -> dict[str, list[str]]:
         """Blob names per node in the last checkpoint saved or loaded (from its nodes' manifests)."""
-        if self._remembered is None:
-            raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
-        store, epoch, entries = self._remembered
-        return {n: sorted(store.resolve_entry(n, epoch, e)["blobs"]) for n, e in entries.items()}
+        return self._last.blob_list()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(db_prefix={self.store.url!r}, nodes={self._nodes})"

@@ -1,20 +1,19 @@
-"""Checkpoint steps that run on a node's worker: save (now or in the background) and wait for it.
+"""Checkpoint steps that save a node's workspace now, on its worker, and what the node keeps between
+saves: its last entry (what the next save reuses chunks from), the background flush of its last
+save, and a save whose flush failed until the driver has it written again. Asynchronous saves
+(snapshot now, write in the background) are :mod:`.async_saves`.
 
-Each step class is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it raises
-(a failed write) surface as themselves, not as a user's task failure.
-The ``*Finish`` classes are the same saves as hooks run at the end of an epoch's own Dask task
-(:meth:`~daskjobs.Session.run_group` ``finish=``); they return their outcome instead of raising.
+:class:`SaveStep` is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it
+raises (a failed write) surface as themselves, not as a user's task failure. The ``*Finish``
+classes run as hooks at the end of an epoch's own Dask task (:meth:`~daskjobs.Session.run_group`
+``finish=``); they return their outcome instead of raising.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
-import os
-import signal
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background, in_background
-from .fork import ForkedSave, forks
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
@@ -40,13 +38,15 @@ logger = logging.getLogger("daskjobs")
 
 ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
-SAVER = "daskjobs.background_save"
-BUFFERS = "daskjobs.snapshot_buffers"
 FLUSH = "daskjobs.pending_flush"
+UNFLUSHED = "daskjobs.unflushed_save"
 MANIFEST = "daskjobs.last_manifest"
 """Node service holding the last entry the node wrote or loaded whole and verified: what its next
 save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
 _REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
+WRITE_LATER_UP_TO = 1 << 20
+"""A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
+the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
 
 
 def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,7 +125,7 @@ def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
     return copies
 
 
-def _outcome(write: Any) -> dict[str, Any]:
+def outcome(write: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
     try:
         return {"entry": write()}
@@ -133,24 +133,34 @@ def _outcome(write: Any) -> dict[str, Any]:
         return {"error": exc}
 
 
-WRITE_LATER_UP_TO = 1 << 20
-"""A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
-the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
+@dataclass(frozen=True)
+class PendingFlush:
+    """A node's synchronous save of ``epoch`` whose fsync (or whole write) runs in the background;
+    ``done`` gives the group's entry when the background thread wrote it, else ``None``. ``copies``:
+    the snapshot a background write writes, kept to write it again should that fail."""
+
+    save_id: str
+    epoch: int
+    done: Future[dict[str, Any] | None]
+    copies: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
-class PendingFlush:
-    """A node's synchronous save whose fsync (or whole write) runs in the background; ``done``
-    gives the group's entry when the background thread wrote it, else ``None``."""
+class Unflushed:
+    """A save whose background flush failed, kept until the driver has it written again (see
+    :class:`ResaveFinish`): the snapshot it was written from, or ``None`` (it was written from the
+    workspace, which has moved on since: its group is read back)."""
 
     save_id: str
-    done: Future[dict[str, Any] | None]
+    epoch: int
+    copies: dict[str, Any] | None
 
 
 def settle_flush(state: NodeState) -> dict[str, Any] | None:
     """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
     "entry": what the background write returned (:func:`reported`), or None}``. The written entry
-    is remembered for the next save's delta; after a failed flush nothing is."""
+    is remembered for the next save's delta; after a failed flush nothing is, and the save is kept
+    as :class:`Unflushed`."""
     pending = state.services.pop(FLUSH, None)
     if not isinstance(pending, PendingFlush):
         return None
@@ -158,6 +168,7 @@ def settle_flush(state: NodeState) -> dict[str, Any] | None:
         entry = pending.done.result()
     except Exception as exc:
         state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
+        state.services[UNFLUSHED] = Unflushed(pending.save_id, pending.epoch, pending.copies)
         return {"save_id": pending.save_id, "error": exc, "entry": None}
     remember(state, entry)
     return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
@@ -177,148 +188,104 @@ def reuse_from(
     return reuse_base(state, store, node, previous)
 
 
-def _small(blobs: dict[str, Any]) -> bool:
+def small(blobs: dict[str, Any]) -> bool:
+    """Whether a workspace is written whole by the background thread (see :data:`WRITE_LATER_UP_TO`)."""
     return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
 
-class BackgroundSave:
-    """One node's checkpoint write running in a thread; at most one per node."""
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        node: str,
-        epoch: int,
-        save_id: str,
-        blobs: dict[str, np.ndarray],
-        previous: dict[str, Any] | None = None,
-    ) -> None:
-        self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
-        self.previous = previous
-        self._entry: dict[str, Any] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
-        self._thread.start()
-
-    def _write(self) -> None:
-        try:
-            self._entry = self.store.write_node(
-                self.node, self.epoch, self.blobs, save_id=self.save_id, previous=self.previous
-            )
-        except BaseException as exc:
-            self._error = exc
-
-    def done(self) -> bool:
-        """Whether the write has finished (successfully or not)."""
-        return not self._thread.is_alive()
-
-    def join(self) -> None:
-        """Wait for the write to end, successfully or not."""
-        self._thread.join()
-
-    def result(self) -> dict[str, Any]:
-        """Wait for the write; after a failure, try once more synchronously, then raise."""
-        self._thread.join()
-        if self._error is not None:
-            self._error = None
-            self._write()
-        if self._error is not None:
-            raise self._error
-        assert self._entry is not None
-        return self._entry
-
-
-def start_background(
+def write_later(
     state: NodeState,
     store: CheckpointStore,
     node: str,
     epoch: int,
+    blobs: dict[str, Any],
+    *,
     save_id: str,
-    previous: dict[str, Any] | None,
-    snapshot_mode: str,
-) -> None:
-    """Snapshot the node's GLOBAL workspace now and start writing it in the background.
+    previous: Mapping[str, Any] | None,
+    retired: RetiredEpoch | None,
+) -> dict[str, Any]:
+    """Copy a small workspace and hand its whole write, and the flush, to the background thread;
+    return the entry the write will return, computed here (see ``CheckpointStore.describe_node``)."""
+    copies = snapshot(blobs, {})
+    entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
+    done: Future[dict[str, Any] | None] = Future()
+    unsynced = functools.partial(
+        store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
+    )
+    in_background(functools.partial(_write_there, unsynced, done))
+    state.services[FLUSH] = PendingFlush(save_id, epoch, done, copies)
+    return entry
 
-    ``snapshot_mode="fork"``: a forked child writes its copy-on-write image of the arrays
-    (:mod:`.fork`); ``"copy"``: the arrays are copied and a thread writes the copies;
-    ``"auto"``: fork for a big workspace (:func:`~.fork.forks`). JSON values are copied (and
-    checked) in both.
-    """
-    with state.lock:
-        if forks(snapshot_mode, state.scope.blobs):
-            blobs = {
-                name: value if isinstance(value, np.ndarray) else copy_value(value, name)
-                for name, value in state.scope.blobs.items()
-            }
-            state.services.pop(BUFFERS, None)
-            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
-            return
-        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-    state.services[BUFFERS] = copies
-    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+
+def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:
+    """Hand the fsync of a group written here to the process's next batch of syncs."""
+    state.services[FLUSH] = PendingFlush(save_id, epoch, flush.soon())
+
+
+def _write_there(
+    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
+) -> None:
+    """Write a small workspace's copy in the background thread (``unsynced``: its
+    ``write_node_unsynced``); ``done`` gets the written entry once the group is durable (in the next
+    batch of syncs, with the groups of the other nodes this process serves), or the error."""
+    try:
+        entry, flush = unsynced()
+    except BaseException as exc:
+        done.set_exception(exc)
+        return
+    if flush is None:
+        done.set_result(entry)
+        return
+
+    def report(synced: Future[None]) -> None:
+        error = synced.exception()
+        if error is None:
+            done.set_result(entry)
+        else:
+            done.set_exception(error)
+
+    flush.soon().add_done_callback(report)
 
 
 @dataclass(frozen=True)
-class AsyncSaveStep:
-    """Snapshots the node's GLOBAL workspace and starts writing it in the background.
+class FlushFinish:
+    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
 
-    A save still running on the node (one the driver gave up on, e.g. after a node loss) is
-    waited for first: never two in flight, never two writers of one group.
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        return {"flushed": settle_flush(state)}
+
+
+@dataclass(frozen=True)
+class ResaveFinish:
+    """A ``finish`` hook writing again, durably, the node's save ``save_id`` of ``epoch`` whose
+    background flush failed: from the snapshot the background write kept, else from its group read
+    back and verified against ``entry`` (what the node reported of it; see
+    ``CheckpointStore.read_unflushed``). Returns ``{"entry"}`` (the rewritten group's, same save id)
+    or ``{"error"}``.
+
+    Nothing links chunks of the group written again: the node's next save already wrote whole (a
+    node never links chunks of a group whose flush failed).
     """
 
     store: CheckpointStore
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
-    snapshot_mode: str = "copy"
-    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
+    entry: Mapping[str, Any]
 
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        running = state.services.get(SAVER)
-        if running is not None:
-            running.join()
-        base = reuse_base(state, self.store, self.node, self.previous)
-        start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
+    def __call__(self, state: NodeState) -> dict[str, Any]:
+        kept = state.services.get(UNFLUSHED)
+        mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
+        copies = kept.copies if isinstance(kept, Unflushed) and mine else None
 
+        def write() -> dict[str, Any]:
+            blobs = copies if copies is not None else self.store.read_unflushed(self.node, self.epoch, self.entry)
+            return reported(self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id))
 
-@dataclass(frozen=True)
-class WaitSaveStep:
-    """Waits for the node's background save of ``epoch`` and returns its entry as the task output."""
-
-    node: str
-    epoch: int
-    save_id: str
-
-    def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        saver = state.services.get(SAVER)
-        if saver is None or saver.save_id != self.save_id:
-            raise CheckpointError(
-                f"node {self.node!r} has no save of epoch {self.epoch} in flight (its worker restarted?); "
-                "save the epoch again"
-            )
-        entry = saver.result()
-        state.services.pop(SAVER, None)
-        remember(state, entry)
-        ws[ENTRY_BLOB] = entry_array(entry)
-
-
-@dataclass(frozen=True)
-class EndSaveStep:
-    """Ends the node's background save, if one runs, without using it: a forked writer is killed,
-    a writing thread is waited for. What it wrote stays uncommitted debris."""
-
-    def __call__(self, ws: Workspace) -> None:
-        saver = ws._state.services.pop(SAVER, None)
-        if saver is None:
-            return
-        pid = getattr(saver, "pid", None)
-        if pid is not None and not saver.done():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        saver.join()
+        written = outcome(write)
+        if mine and "entry" in written:
+            state.services.pop(UNFLUSHED, None)
+        return written
 
 
 @dataclass(frozen=True)
@@ -383,52 +350,20 @@ class SaveFinish:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
                 return reported(entry)
-            if store.defers_flush and _small(blobs):
-                copies = snapshot(blobs, {})
-                entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-                done: Future[dict[str, Any] | None] = Future()
-                unsynced = functools.partial(
-                    store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
+            if store.defers_flush and small(blobs):
+                described = write_later(
+                    state, store, node, epoch, blobs, save_id=save_id, previous=previous, retired=retired
                 )
-                in_background(functools.partial(_write_there, unsynced, done))
-                state.services[FLUSH] = PendingFlush(save_id, done)
-                return reported(entry)
+                return reported(described)
             entry, flush = store.write_node_unsynced(
                 node, epoch, blobs, save_id=save_id, previous=previous, retired=retired
             )
             if flush is not None:
-                state.services[FLUSH] = PendingFlush(save_id, flush.soon())
+                flush_later(state, save_id, epoch, flush)
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
             return reported(entry)
 
-        outcome = _outcome(write)
-        return {**outcome, "later": FLUSH in state.services, "flushed": flushed}
-
-
-def _write_there(
-    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
-) -> None:
-    """Write a small workspace's copy in the background thread (``unsynced``: its
-    :meth:`~CheckpointStore.write_node_unsynced`); ``done`` gets the written entry once the group is
-    durable (in the next batch of syncs, with the groups of the other nodes this process serves), or
-    the error."""
-    try:
-        entry, flush = unsynced()
-    except BaseException as exc:
-        done.set_exception(exc)
-        return
-    if flush is None:
-        done.set_result(entry)
-        return
-
-    def report(synced: Future[None]) -> None:
-        error = synced.exception()
-        if error is None:
-            done.set_result(entry)
-        else:
-            done.set_exception(error)
-
-    flush.soon().add_done_callback(report)
+        return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
@@ -449,68 +384,4 @@ def idle(ws: Workspace) -> None:
     """A step that does nothing: the task at whose end a node runs a ``finish`` hook alone."""
 
 
-@dataclass(frozen=True)
-class FlushFinish:
-    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
-
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        return {"flushed": settle_flush(state)}
-
-
-@dataclass(frozen=True)
-class AsyncSaveFinish:
-    """An epoch's ``finish`` hook with asynchronous saves.
-
-    On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
-    outcome, then snapshots the workspace and starts writing ``epoch`` in the background.
-    Returns ``{"previous": {"entry"} | {"error"} | None, "error": None | exception}``, the
-    latter for a failure to start this epoch's save.
-    """
-
-    store: CheckpointStore
-    node: str
-    epoch: int
-    save_id: str
-    previous_id: str | None
-    previous: dict[str, Any] | None = None
-    """The summary of the newest committed epoch's node entry, for delta reuse. The entry of the save
-    in flight, when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
-    snapshot_mode: str = "copy"
-    """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
-    delta: bool = True
-    """Whether chunks may be reused at all (the manager's ``delta``)."""
-
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        running = state.services.pop(SAVER, None)
-        previous = None
-        if running is not None:
-            if running.save_id == self.previous_id:
-                previous = _outcome(running.result)
-                remember(state, previous.get("entry"))
-            else:  # a save the driver gave up on: let it end, never two in flight
-                running.join()
-        if self.previous_id is not None and previous is None:
-            previous = {
-                "error": CheckpointError(
-                    f"node {self.node!r} has no save in flight for the epoch before {self.epoch} "
-                    "(its worker restarted?); save that epoch again"
-                )
-            }
-
-        written = (previous or {}).get("entry") if self.delta else None
-        if written is not None and written.get("epoch", -1) > (self.previous or {}).get("epoch", -1):
-            base: dict[str, Any] | None = written  # a failed link to it (its epoch given up) writes the bytes
-        else:
-            base = reuse_base(state, self.store, self.node, self.previous)
-
-        def start() -> dict[str, Any]:
-            start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
-            return {}
-
-        if previous is not None and previous.get("entry") is not None:
-            previous = {"entry": reported(previous["entry"])}
-        return {"previous": previous, "error": _outcome(start).get("error")}
-
-
-for _step in (AsyncSaveStep, WaitSaveStep, EndSaveStep, SaveStep):
-    setattr(_step, INTERNAL, True)
+setattr(SaveStep, INTERNAL, True)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from ..._execution.plan import GroupRunFailed
 from ..._model.group import TaskGroup
 from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointStorageError, CheckpointWriteError
@@ -151,14 +152,19 @@ def prove_shared(store: CheckpointStore, session: Session, nodes: Sequence[str],
         for node in nodes:
             Task(idle, group=group, node=node, name="checkpoint_probe")
         finish = {node: ProbeFinish(store, driver_probe, driver_data, *probes[node]) for node in nodes}
-        finished: dict[str, Any] = {}
-        session.run_group(group, job=job, finish=finish, finished=finished)
-        problems = _problems(store, probes, finished)
+        try:
+            finished = session.run_group(group, job=job, finish=finish).finished
+        except GroupRunFailed as failed:
+            error: Exception | None = failed.error
+        else:
+            error, problems = None, _problems(store, probes, dict(finished))
     finally:
         try:
             Tree(store.fs).unlink([driver_probe, *(path for path, _ in probes.values())])
         except OSError as exc:  # leftovers are temp files: the next run's cleanup removes them
             logger.warning("could not remove the probe files under %s: %s", store.url, exc)
+    if error is not None:
+        raise error
     if problems:
         raise CheckpointStorageError(
             f"checkpoint prefix {store.url} is not the same storage for every node: this process wrote "

@@ -342,6 +342,28 @@ class CheckpointStore(Commits):
         CheckpointWriteError
             The flush failed.
         """
+        where, stored, _blobs = self._written_group(node, epoch, entry)
+        if local_tree(where.files) and where.files.defers_flush:
+            self._flush_group(where.files, node, epoch, whole_tree=True)
+        return stored
+
+    def read_unflushed(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """The blobs of ``node``'s group of ``epoch`` whose flush failed, read back and verified: what
+        a node writes again, as a new group, when the save is retried (see :meth:`make_durable` for
+        ``entry`` and the staging folder).
+
+        Raises
+        ------
+        CheckpointCorruptError, CheckpointNotFoundError
+            The group here is not the save ``entry`` describes, or not whole.
+        """
+        return self._written_group(node, epoch, entry)[2]
+
+    def _written_group(
+        self, node: str, epoch: int, entry: Mapping[str, Any]
+    ) -> tuple[Location, dict[str, Any], dict[str, Any]]:
+        """Where ``node``'s group of ``epoch`` holding the save ``entry`` describes is (renamed into place
+        from its staging folder), the entry it holds and its blobs, every chunk verified."""
         where = self._group(node, epoch)
         files = where.files
         if local_tree(files) and not self.has_group(node, epoch):
@@ -359,10 +381,7 @@ class CheckpointStore(Commits):
                 f"epoch {epoch}, node {node!r}: {self.db_name(node, epoch)} does not hold the save "
                 f"{entry.get('save_id')} the node reported"
             )
-        read_group(where, node, check_epoch(epoch), stored)
-        if local_tree(files) and files.defers_flush:
-            self._flush_group(files, node, epoch, whole_tree=True)
-        return stored
+        return where, stored, read_group(where, node, check_epoch(epoch), stored)
 
     def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
         """The entry ``node`` wrote for ``epoch`` (validated, naming its manifest), whether committed or not.

@@ -1,25 +1,37 @@
-"""The saves a checkpoint manager started but has not committed: ids, entries, the one in flight."""
+"""The saves a checkpoint manager started but has not committed: per epoch its save id, the nodes'
+entries (or the tasks returning them), what it reuses chunks from, the nodes whose background flush
+is still to be reported, and the asynchronous save in flight."""
 
 from __future__ import annotations
 
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..._model.task import Task
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
+from .._format.naming import db_name
 from .._format.records import committed_entry
 from .._protocol.store import CheckpointStore
 
 logger = logging.getLogger("daskjobs")
 
-Pending = tuple[int, dict[str, bool], dict[str, float], dict[str, float]]
-"""A save awaiting its commit: ``(epoch, stop_values, timings, metrics)``."""
+
+@dataclass(frozen=True)
+class PendingCommit:
+    """An epoch saved and awaiting its commit, with what its commit record holds besides the nodes'
+    entries: the stop values, the metric means and the timings."""
+
+    epoch: int
+    stop_values: Mapping[str, bool] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
-def write_error(epoch: int, failed: dict[str, Any]) -> CheckpointWriteError:
+def write_error(epoch: int, failed: Mapping[str, Any]) -> CheckpointWriteError:
     """One error for the nodes whose save of ``epoch`` failed (``{node: error or reason}``), caused by the first."""
     detail = "; ".join(f"node {n!r}: {e}" for n, e in sorted(failed.items()))
     error = CheckpointWriteError(f"saving epoch {epoch} failed on {len(failed)} node(s): {detail}")
@@ -50,10 +62,10 @@ def previous_entries(
     return {node: {**committed_entry(record, node), "node": node, "epoch": older[-1]} for node in record["nodes"]}
 
 
-class Saves:
+class SaveLedger:
     """Per epoch: the save id the nodes' entries must carry, and the entries (or the tasks returning them).
 
-    With ``async_save``, :attr:`pending` is the one save written in the background that is
+    With ``async_save``, :attr:`in_flight` is the one save written in the background that is
     committed once it finished.
     """
 
@@ -61,7 +73,10 @@ class Saves:
         self.ids: dict[int, str] = {}
         self.tasks: dict[int, list[Task]] = {}
         self.entries: dict[int, dict[str, dict[str, Any]]] = {}
-        self.pending: Pending | None = None
+        self.in_flight: PendingCommit | None = None
+        """The asynchronous save written in the background, once its commit was asked for."""
+        self.salvaged: dict[str, Any] = {}
+        """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
         self.sources: dict[int, int] = {}
         """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
         self.unflushed: dict[int, set[str]] = {}
@@ -70,10 +85,8 @@ class Saves:
     def start(self, epoch: int, source: int | None = None) -> str:
         """A new save id for ``epoch``, reusing chunks of the earlier epoch ``source`` (delta);
         entries of an earlier save of it are forgotten."""
+        self.forget(epoch)
         self.ids[epoch] = uuid.uuid4().hex
-        self.entries.pop(epoch, None)
-        self.sources.pop(epoch, None)
-        self.unflushed.pop(epoch, None)
         if source is not None:
             self.sources[epoch] = source
         return self.ids[epoch]
@@ -89,20 +102,21 @@ class Saves:
 
     def forget(self, epoch: int) -> None:
         """Forget the save of ``epoch`` (committed, or never to be)."""
-        self.ids.pop(epoch, None)
-        self.entries.pop(epoch, None)
-        self.tasks.pop(epoch, None)
-        self.sources.pop(epoch, None)
-        self.unflushed.pop(epoch, None)
+        for book in (self.ids, self.entries, self.tasks, self.sources, self.unflushed):
+            book.pop(epoch, None)
 
     def flushed(self, epoch: int) -> bool:
         """Whether every node reported ``epoch``'s group durable (or wrote it durable at once)."""
         return epoch in self.entries and not self.unflushed.get(epoch)
 
-    def note_flushes(self, results: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> None:
+    def writing_nodes(self) -> set[str]:
+        """The nodes whose background flush of some epoch is still to be reported."""
+        return set().union(*self.unflushed.values())
+
+    def note_flushes(self, results: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
         """Take the flush outcomes nodes reported (``results[node]["flushed"]``), with the entry a
-        background write returned; an epoch whose flush failed, or whose flush a node no longer
-        has, fails (in ``failed``) and is forgotten."""
+        background write returned; return, by epoch, the nodes whose flush failed or is gone (their
+        error, or why), which stay unflushed."""
         epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
         bad: dict[int, dict[str, Any]] = {}
         for node, result in results.items():
@@ -121,74 +135,39 @@ class Saves:
                     nodes.discard(node)
                     if isinstance(outcome.get("entry"), dict) and epoch in self.entries:
                         self.entries[epoch][node] = outcome["entry"]  # the write's own (a hard link may have failed)
-        for epoch, errors in bad.items():
-            self.forget(epoch)
-            failed[epoch] = write_error(epoch, errors)
+        return bad
 
     def newest_written(self, before: int) -> int | None:
         """The newest epoch before ``before`` whose save all nodes finished and that awaits its commit."""
         return max((e for e in self.entries if e < before), default=None)
 
-    def pending_epoch(self) -> int | None:
+    def in_flight_epoch(self) -> int | None:
         """The epoch whose asynchronous save is written but not yet committed."""
-        return None if self.pending is None else self.pending[0]
+        return None if self.in_flight is None else self.in_flight.epoch
 
-    def take_pending(self) -> Pending | None:
-        """The asynchronous save awaiting its commit, no longer pending."""
-        pending, self.pending = self.pending, None
+    def take_in_flight(self) -> PendingCommit | None:
+        """The asynchronous save awaiting its commit, no longer in flight (its reports forgotten)."""
+        pending, self.in_flight, self.salvaged = self.in_flight, None, {}
         return pending
 
-    def discard_pending(self) -> None:
+    def discard_in_flight(self) -> None:
         """Forget the asynchronous save in flight, if any."""
-        if self.pending is not None:
-            self.forget(self.pending[0])
-            self.pending = None
+        pending = self.take_in_flight()
+        if pending is not None:
+            self.forget(pending.epoch)
 
-    def take(self, epoch: int, outcomes: dict[str, Any], failed: dict[int, CheckpointWriteError]) -> bool:
-        """Keep the entries the nodes returned for ``epoch``; a node without one fails the epoch (in ``failed``)."""
+    def take(self, epoch: int, outcomes: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep the entries the nodes returned for ``epoch``; return the nodes without one (with
+        their error, or why), which fail the epoch (it is forgotten then)."""
         bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
         if bad:
             self.forget(epoch)
-            failed[epoch] = write_error(epoch, bad)
-            return False
+            return bad
         self.entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
         later = {n for n, o in outcomes.items() if o.get("later")}
         if later:
             self.unflushed[epoch] = later
-        return True
-
-    def accept(
-        self,
-        epoch: int,
-        results: dict[str, Any],
-        nodes: list[str],
-        async_save: bool,
-        commit: Callable[[int, dict[str, bool], dict[str, float], dict[str, float]], None],
-    ) -> dict[int, CheckpointWriteError]:
-        """Take the finish hooks' ``results`` for ``epoch``, committing the save in flight; return failed saves."""
-        failed: dict[int, CheckpointWriteError] = {}
-        self.note_flushes(results, failed)
-        missing = sorted(set(nodes) - set(results))
-        if missing:
-            self.forget(epoch)
-            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
-        elif not async_save:
-            self.take(epoch, dict(results), failed)
-            return failed
-        pending = self.take_pending()
-        if pending is not None:
-            outcomes = {n: (r or {}).get("previous") for n, r in results.items()}
-            if self.take(pending[0], outcomes, failed):
-                try:
-                    commit(*pending)
-                except CheckpointWriteError as exc:
-                    self.forget(pending[0])
-                    failed[pending[0]] = exc
-        starts = {n: r["error"] for n, r in results.items() if r and r.get("error") is not None}
-        if starts and epoch not in failed:
-            self.forget(epoch)
-            failed[epoch] = write_error(epoch, starts)
-        return failed
+        return {}
 
     def finished(self, epoch: int) -> dict[str, dict[str, Any]]:
         """The nodes' entries of ``epoch``'s save, to commit (kept until :meth:`forget`, so a failed
@@ -196,7 +175,7 @@ class Saves:
 
         Raises
         ------
-        RuntimeError
+        InvalidStateError
             ``epoch`` was not saved.
         CheckpointError
             A node returned an entry of another save of ``epoch``.
@@ -218,3 +197,32 @@ class Saves:
                 f"epoch {epoch}: nodes {stale} returned entries of another save; not committing; save the epoch again"
             )
         return entries
+
+
+class LastCheckpoint:
+    """The last checkpoint a manager saved or loaded: where it is and its nodes' entries (or their
+    summaries; blob names are read only when asked), the durations to report, and the commit record
+    a save reuses chunks from (delta) without reading it again."""
+
+    def __init__(self) -> None:
+        self.found: tuple[CheckpointStore, int, dict[str, Mapping[str, Any]]] | None = None
+        self.stats: dict[str, int] = {}
+        """Nanoseconds by checkpoint name (``<db_prefix>/<node>.<epoch>``), for the metadata handler."""
+        self.record: dict[str, Any] | None = None
+        """The commit record saved or loaded last through the manager's own store."""
+
+    def remember(
+        self, store: CheckpointStore, epoch: int, entries: Mapping[str, Mapping[str, Any]], prefix: str
+    ) -> None:
+        """Keep the durations of the node ``entries`` of ``epoch`` just saved or loaded from ``store``,
+        and where their blob names are (``prefix``: the manager's ``db_prefix``)."""
+        self.found = (store, epoch, dict(entries))
+        folder = db_name(epoch, next(iter(entries), "n"), prefix).rsplit("/", 1)[0]  # the names were validated
+        self.stats = {f"{folder}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
+
+    def blob_list(self) -> dict[str, list[str]]:
+        """Blob names per node of the last checkpoint (from its nodes' manifests)."""
+        if self.found is None:
+            raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
+        store, epoch, entries = self.found
+        return {n: sorted(store.resolve_entry(n, epoch, e)["blobs"]) for n, e in entries.items()}

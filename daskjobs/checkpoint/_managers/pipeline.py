@@ -1,0 +1,506 @@
+"""One run's commit pipeline: the epochs it saved and has still to commit, in order.
+
+An epoch saved inside its own graph (the ``finish`` hooks of :meth:`CommitPipeline.plan`) is
+committed while a later epoch runs (:meth:`CommitPipeline.meanwhile`) where the writer allows it
+(``EpochWriter.may_defer_commit``): the nodes write the epoch's groups at the end of its graph and
+fsync them in the background; the next epoch's hooks report them durable, and the epoch after it
+writes the commit record. The fsyncs and the commit then cost the epoch loop nothing. Whatever
+ends the loop waits for the flushes and commits first (:meth:`CommitPipeline.flush`,
+:meth:`CommitPipeline.settle`).
+
+Every save error goes through the run's :class:`SavePolicy` (retries, then ``on_save_error``):
+a save that failed in its hook is saved again as a group of its own, a background flush that
+failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ...errors import CheckpointWriteError
+from .._format.records import record_bytes
+from .ledger import PendingCommit, write_error
+from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
+
+if TYPE_CHECKING:
+    from ..._model.group import TaskGroup
+    from ...session import Session
+    from .writer import EpochWriter
+
+logger = logging.getLogger("daskjobs")
+
+
+class CommitPipeline:
+    """The epochs one run (or one ``save_checkpoints``) saves through ``writer``, until committed.
+
+    Get it from ``MultiNodeCheckpointManager.writing``, which holds the prefix's lock around it.
+    :attr:`last_committed` is the newest epoch the run committed (or resumed from): what a recovery
+    restores and what a graceful stop reports.
+    """
+
+    def __init__(
+        self,
+        writer: EpochWriter,
+        policy: SavePolicy | None = None,
+        on_commit: OnCommit | None = None,
+        *,
+        save_group: Callable[[int], TaskGroup] | None = None,
+        nested: bool = False,
+    ) -> None:
+        self.writer, self.ledger = writer, writer.ledger
+        self.policy, self.on_commit = policy, on_commit
+        self.save_group = save_group
+        """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
+        self.nested = nested
+        """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
+        self.last_committed: int | None = None
+        self._waiting: list[PendingCommit] = []
+        self._then: list[tuple[int, Callable[[], object]]] = []
+        self._deferred_error: Exception | None = None
+        self._strays: set[str] = set()
+        """Nodes that may still write in the background for saves this pipeline forgot."""
+        self._unsure = False
+        """A group of this pipeline's saves was interrupted: what its nodes still write is unknown."""
+        self.debris = False
+        """Something this run wrote may be left uncommitted (a save failed, retried or forgotten)."""
+
+    # -- saving an epoch --------------------------------------------------------------------
+    def plan(self, epoch: int, used_nodes: list[str], *, background: bool, last: bool = False) -> SavePlan:
+        """How to save ``epoch``: in the graph of the group that runs it (the epoch group, or the init
+        group for epoch 0) when every checkpointed node runs in it, else as a group of its own after
+        it (:meth:`save`); not at all when the storage is not accessible or the save cannot start
+        (``epoch`` is already committed, say: a save error, by policy, not retried). ``background``:
+        nodes may fsync while the next epoch runs; ``last``: the run should end with this epoch, its
+        nodes fsync inside the graph (a wrong guess costs time, never safety)."""
+        manager = self.writer.manager
+        nodes = manager.nodes()
+        if self.save_group is not None or not set(nodes) <= set(used_nodes):
+            return SavePlan(epoch, SaveMode.OWN_GROUP)
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return SavePlan(epoch, SaveMode.SKIP)
+        try:
+            hooks = self.writer.hooks(epoch, nodes, flush_later=background and not last)
+        except FATAL:
+            raise
+        except Exception as exc:
+            self._give_up(epoch, exc)
+            return SavePlan(epoch, SaveMode.SKIP)
+        self._unsure = True
+        return SavePlan(epoch, SaveMode.IN_GRAPH, hooks)
+
+    def accept(
+        self,
+        session: Session,
+        plan: SavePlan,
+        finished: Mapping[str, Any],
+        stop_values: Mapping[str, bool],
+        metrics: Mapping[str, float],
+    ) -> Saved:
+        """Save ``plan``'s epoch once it ran: take what its hooks returned (``finished``) and commit it (now,
+        or while the next epoch runs); a failed save is saved again as a group of its own, a failed
+        background flush of an earlier epoch written again, by policy. A plan of its own group saves
+        it now (:meth:`save`); a plan to skip does nothing."""
+        self.check(plan.epoch)
+        if plan.mode is SaveMode.OWN_GROUP:
+            return self.save(session, plan.epoch, stop_values, metrics)
+        if plan.mode is SaveMode.SKIP:
+            return Saved()
+        started = time.perf_counter()
+        epoch, self._unsure = plan.epoch, False
+        entries = [r["entry"] for r in finished.values() if r and "entry" in r]
+        node_seconds = max((float(e.get("seconds", 0.0)) for e in entries), default=0.0)
+        failed = self._take_reports(epoch, finished, session)
+        if epoch in failed:
+            self._after_failure()
+            logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
+            again = self.save(session, epoch, stop_values, metrics)
+            return Saved(node_seconds + again.seconds, again.bytes)
+        timings = {"save_seconds": node_seconds + time.perf_counter() - started}
+        written = None
+        if len(entries) == len(finished):
+            written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
+        pending = PendingCommit(epoch, dict(stop_values), dict(metrics), timings)
+        if self.writer.may_defer_commit:
+            self._waiting.append(pending)
+        else:
+            self.commit_ready()
+            self._attempt(epoch, lambda: self._commit(pending))
+        return Saved(node_seconds + time.perf_counter() - started, written)
+
+    def save(
+        self, session: Session, epoch: int, stop_values: Mapping[str, bool], metrics: Mapping[str, float]
+    ) -> Saved:
+        """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
+        saved before committed first."""
+        manager = self.writer.manager
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return Saved()
+        started = time.perf_counter()
+        self.flush(session)
+        make_group = self.save_group or self.writer.save_group
+
+        def save() -> None:
+            with self._writing():
+                session.run_group(make_group(epoch), job=manager._job_name, epoch=epoch)
+            timings = {"save_seconds": time.perf_counter() - started}
+            self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
+
+        self._attempt(epoch, save, give_up=lambda: self._forget(epoch))
+        committed = self.writer.last_commit
+        if manager.async_save or committed is None or committed["epoch"] != epoch:
+            return Saved(time.perf_counter() - started, None)
+        return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
+
+    def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+        """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
+        reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
+        committed, and forget its own save (its files are debris)."""
+        self.check(plan.epoch)
+        if plan.mode is not SaveMode.IN_GRAPH:
+            return
+        self._unsure = False
+        if finished:
+            self._take_reports(plan.epoch, finished, session)
+        self._forget(plan.epoch)
+
+    def salvage(self, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+        """``plan``'s epoch failed to run: take the flush reports the hooks of the nodes that finished gave
+        (``finished``: a node whose hook ran has none left to report), so that the epochs before it are
+        still committed when the failed run settles; not the epoch itself. A failed flush is logged and
+        its epoch given up: the run's own error is what surfaces."""
+        ledger = self.ledger
+        self._unsure = False
+        self._strays |= {n for n, r in finished.items() if isinstance(r, dict) and r.get("later")}
+        for other, errors in sorted(ledger.note_flushes(finished).items()):
+            self._forget(other)
+            self._waiting = [w for w in self._waiting if w.epoch != other]
+            self._then = [(e, call) for e, call in self._then if e != other]
+            logger.warning("could not write the checkpoint of epoch %d: %s", other, write_error(other, errors))
+        if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
+            ledger.salvaged = {n: (r or {}).get("previous") for n, r in finished.items()}
+        self._forget(plan.epoch)
+        self.check(plan.epoch)
+
+    def _take_reports(
+        self, epoch: int, finished: Mapping[str, Any], session: Session | None
+    ) -> dict[int, CheckpointWriteError]:
+        """Take what ``epoch``'s save hooks returned: the flushes they report of earlier epochs (a
+        failed one written again through ``session``, by policy), the asynchronous save they waited
+        for (committed now); give up the earlier epochs whose saves failed; return ``epoch``'s own
+        failure, if any."""
+        ledger, manager = self.ledger, self.writer.manager
+        flushes = ledger.note_flushes(finished)
+        failed: dict[int, CheckpointWriteError] = {}
+        missing = sorted(set(manager.nodes()) - set(finished))
+        in_flight = None
+        if missing:
+            ledger.forget(epoch)
+            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
+        elif not manager.async_save:
+            bad = ledger.take(epoch, dict(finished))
+            if bad:
+                failed[epoch] = write_error(epoch, bad)
+        if manager.async_save:
+            in_flight, failure = self.writer.commit_waited(finished)
+            failed.update(failure)
+            if in_flight is not None:
+                self.last_committed = in_flight
+            self.debris |= bool(failure)
+            starts = {n: r["error"] for n, r in finished.items() if r and r.get("error") is not None}
+            if starts and epoch not in failed:
+                ledger.forget(epoch)
+                failed[epoch] = write_error(epoch, starts)
+        if in_flight is not None:
+            self._call_then(in_flight)
+        for other, error in sorted(failed.items()):
+            if other != epoch:
+                self._settle_waiting(other, error)
+        for other, errors in sorted(flushes.items()):
+            self._write_again(session, other, errors)
+        return {e: error for e, error in failed.items() if e == epoch}
+
+    def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, Any]) -> None:
+        """``epoch``'s background flush failed on the nodes of ``errors``: have those nodes write their
+        groups again, durably (a group of its own, through ``session``), by policy; else give it up."""
+        error = write_error(epoch, errors)
+        self.debris = True
+        if session is None:
+            self._forget(epoch)
+            self._settle_waiting(epoch, error)
+            return
+        logger.warning("could not make the checkpoint of epoch %d durable: %s; writing it again", epoch, error)
+        nodes = sorted(errors)
+
+        def write_again() -> None:
+            with self._writing():
+                outcomes = self.writer.run_hooks(session, "checkpoint_resave", self.writer.resave_hooks(epoch, nodes))
+            bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+            if bad:
+                raise write_error(epoch, bad)
+            for node, outcome in outcomes.items():
+                self.ledger.entries[epoch][node] = outcome["entry"]
+                self.ledger.unflushed.get(epoch, set()).discard(node)
+
+        if not self._attempt(epoch, write_again, give_up=lambda: self._forget(epoch)):
+            self._settle_waiting(epoch, None)
+
+    # -- commits ----------------------------------------------------------------------------
+    def meanwhile(self) -> None:
+        """While the next epoch runs: commit the waiting epochs that are durable, then delete the groups
+        of the epochs retention un-committed. An error is kept for :meth:`check` (a session's
+        ``meanwhile`` must not raise); an interruption (``KeyboardInterrupt``) goes through at once."""
+        try:
+            self.commit_ready()
+        except Exception as exc:
+            self._deferred_error = exc
+        self.writer.tidy()
+
+    def check(self, epoch: int | None = None) -> None:
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
+        :meth:`salvage` and :meth:`drop` check). It ends the run, which commits nothing after the
+        failed epoch: the waiting epochs and ``epoch`` are forgotten, so the way out neither commits
+        them nor asks the nodes for their flushes (a node reports only its newest flush)."""
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
+                self._forget(waiting)
+            self._waiting = []
+            raise error
+
+    def commit_ready(self) -> None:
+        """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
+        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
+        while self._waiting and self.ledger.flushed(self._waiting[0].epoch):
+            pending = self._waiting[0]
+            try:
+                self._attempt(pending.epoch, lambda: self._commit(pending), give_up=lambda: self._forget(pending.epoch))
+            except KeyboardInterrupt:
+                # A second signal struck during the commit: unless its record made it, the epoch stays
+                # first in line, so that the way out (settle) commits it before any later epoch.
+                if self.writer.on_disk(pending.epoch):
+                    self._waiting.pop(0)
+                raise
+            except BaseException:
+                self._waiting.pop(0)
+                raise
+            self._waiting.pop(0)
+            self._call_then(pending.epoch)
+
+    def flush(self, session: Session) -> None:
+        """Commit the epochs waiting for their commit (once their nodes report them durable) and
+        the asynchronous save in flight, if any."""
+        self._wait_flushes(session)
+        self.commit_ready()
+        pending = self.ledger.in_flight
+        if pending is not None:
+
+            def commit() -> None:
+                with self._writing():
+                    self.writer.commit_in_flight(session)
+                self.last_committed = pending.epoch
+
+            self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
+            self._call_then(pending.epoch)
+
+    def when_committed(self, call: Callable[[], object]) -> None:
+        """Call ``call`` once the last epoch saved is committed (or given up): now, or after its
+        waiting commit (or the commit of its asynchronous save)."""
+        in_flight = self.ledger.in_flight_epoch()
+        if self._waiting:
+            self._then.append((self._waiting[-1].epoch, call))
+        elif in_flight is not None:
+            self._then.append((in_flight, call))
+        else:
+            call()
+
+    def _commit(self, pending: PendingCommit) -> None:
+        self.writer.ask_commit(pending)
+        if self.ledger.in_flight is None:
+            self.last_committed = pending.epoch
+            self.writer.manager.report_checkpoint_stats("checkpoint_save")
+
+    def _call_then(self, epoch: int) -> None:
+        """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it, after
+        telling :attr:`on_commit` of the commit."""
+        record = self.writer.last_commit
+        if self.on_commit is not None and record is not None and record["epoch"] == epoch:
+            self.on_commit(epoch, *record_bytes(record)[1:])
+        now = [call for e, call in self._then if e <= epoch]
+        self._then = [(e, call) for e, call in self._then if e > epoch]
+        for call in now:
+            call()
+
+    # -- flushes ----------------------------------------------------------------------------
+    def _wait_flushes(self, session: Session) -> None:
+        """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
+        failed is written again, by policy."""
+        if all(self.ledger.flushed(w.epoch) for w in self._waiting):
+            return
+        nodes = self.writer.manager.nodes()
+        with self._writing():
+            finished = self.writer.run_hooks(session, "checkpoint_flush", self.writer.flush_hooks(nodes))
+        self._strays = set()  # every node waited for its background flush
+        for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
+            self._write_again(session, epoch, errors)
+
+    # -- the way out ------------------------------------------------------------------------
+    def settle(self, session: Session | None = None) -> bool:
+        """On the way out of a failed run: commit the waiting epochs (they finished) once durable, and
+        through ``session`` (when it still works: it asks the nodes for their flushes) the asynchronous
+        save in flight; a flush no node can report (its worker died) is made from here. Failures are
+        logged, what cannot be committed is forgotten. ``True`` if an epoch was committed."""
+        before = self.last_committed
+        try:
+            if session is not None:
+                self._wait_flushes(session)
+        except Exception as exc:
+            logger.warning("%s", exc)
+        try:
+            for pending in self._waiting:
+                if not self.ledger.flushed(pending.epoch) and not self.writer.flush_here(pending.epoch):
+                    break
+            self.commit_ready()
+        except Exception as exc:
+            logger.warning("%s", exc)
+        in_flight = self.ledger.in_flight
+        if session is not None and in_flight is not None:  # the asynchronous save of a finished epoch
+            try:
+                with self._writing():
+                    self.writer.commit_in_flight(session)
+                self.last_committed = in_flight.epoch
+            except Exception as exc:
+                logger.warning("could not commit the asynchronous save of epoch %d: %s", in_flight.epoch, exc)
+                self.ledger.discard_in_flight()
+            else:
+                try:  # committed like any other epoch: its on_epoch call, with its bytes
+                    self._call_then(in_flight.epoch)
+                except Exception as exc:
+                    logger.warning("%s", exc)
+        self._strays |= self.ledger.writing_nodes()
+        for pending in self._waiting:
+            self._forget(pending.epoch)
+        self._waiting, self._then = [], []
+        return self.last_committed != before
+
+    def end_writes(self, session: Session, lost: list[str] | tuple[str, ...] = ()) -> None:
+        """Stop the background writes of saves that will not be committed, on every node that may still
+        write but those ``lost`` (forked writers killed, threads and flushes waited for): a failed run
+        before it gives up the lock, a recovery before it restores. A failure is a warning."""
+        ledger = self.ledger
+        writers = self._strays | ledger.writing_nodes()
+        if self.writer.manager.async_save:
+            writers |= set(self.writer.manager.nodes())
+        ledger.discard_in_flight()
+        writers -= set(lost)
+        if not writers:
+            self._strays = set()
+            return
+        try:
+            ends = dict.fromkeys(sorted(writers), self.writer.end_hooks())
+            with self._writing():
+                self.writer.run_hooks(session, "checkpoint_end_save", ends)
+        except Exception as exc:
+            logger.warning("could not stop the background checkpoint writes of %s: %s", self.writer.store.url, exc)
+            return
+        self._strays = set()
+
+    def recover(self, session: Session, lost: list[str]) -> None:
+        """After the loss of the nodes ``lost``, once :meth:`settle` committed what it could: end the
+        other nodes' background writes and remove what this run left uncommitted."""
+        self.debris = True
+        self.end_writes(session, lost)
+        self._remove_debris()
+
+    def remove_debris(self) -> None:
+        """Remove what saves that never committed left under the prefix for the job's nodes (of this run
+        or an earlier one), when nothing of this run may still write there (a run starts with it);
+        raises as the store's ``cleanup_uncommitted``."""
+        if self._unsure or self._strays or self.ledger.writing_nodes() or self.ledger.in_flight is not None:
+            return
+        self.writer.remove_debris()
+        self.debris = False
+
+    def _remove_debris(self) -> None:
+        """:meth:`remove_debris`, a failure logged: what is left, the next run removes."""
+        try:
+            self.remove_debris()
+        except Exception as exc:
+            logger.warning("could not remove uncommitted checkpoint leftovers: %s", exc)
+
+    # -- policy -----------------------------------------------------------------------------
+    def _attempt(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None) -> bool:
+        """``attempt`` through the policy (without one: once, its error raised); ``give_up`` when it failed."""
+        if self.policy is None:
+            attempt()
+            return True
+        try:
+            done = self.policy.attempt(epoch, attempt, self._after_failure)
+        except BaseException as exc:
+            if give_up is not None and not isinstance(exc, KeyboardInterrupt):
+                give_up()
+            self.debris = True
+            raise
+        if not done:
+            self.debris = True
+            if give_up is not None:
+                give_up()
+        return done
+
+    def _give_up(self, epoch: int, error: BaseException) -> None:
+        """A save of ``epoch`` failed for good: raise ``CheckpointWriteError`` or warn, by policy (a lock
+        that provably vanished or changed hands stops the run with ``CheckpointLockedError``)."""
+        self.debris = True
+        self._after_failure()
+        if self.policy is None:
+            raise error
+        self.policy.give_up(epoch, error)
+
+    def _settle_waiting(self, epoch: int, error: BaseException | None) -> None:
+        """Drop ``epoch`` from the waiting commits (its save failed for good, by policy when ``error``
+        is given) and make its :meth:`when_committed` calls."""
+        self._waiting = [w for w in self._waiting if w.epoch != epoch]
+        if error is not None:
+            self._give_up(epoch, error)
+        self._call_then(epoch)
+
+    def _after_failure(self) -> None:
+        """After a failed save: ``CheckpointLockedError`` if the lock (or the prefix) provably vanished or
+        changed hands, rather than retry into a prefix no longer ours (storage that cannot be read is a
+        save error, for the policy; the commit's own lock check stays strict)."""
+        if self.writer.locked:
+            self.writer.store.check_not_taken()
+
+    def _forget(self, epoch: int) -> None:
+        """Forget the save of ``epoch``, written (maybe in part) but never to be committed."""
+        if epoch in self.ledger.ids:
+            self.debris = True
+        self.ledger.forget(epoch)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a group run of this pipeline's: an interruption leaves what its nodes write unknown."""
+        self._unsure = True
+        try:
+            yield
+        except Exception:
+            self._unsure = False
+            raise
+        self._unsure = False
+
+    def resume_older(self, epoch: int) -> list[int]:
+        """Prepare to resume from committed ``epoch`` while newer epochs are committed: they stay until
+        the first new epoch is committed (see ``Staging``); return them."""
+        return self.writer.staging.resume_older(self.writer.store, epoch)
+
+    def close(self) -> None:
+        """The run ends (the lock is about to be released): delete the groups of the epochs retention
+        un-committed, then what this run left uncommitted, if anything, when nothing writes any more."""
+        self.writer.tidy(final=True)
+        if self.debris:
+            self._remove_debris()

@@ -1,0 +1,62 @@
+"""What a run and the commit pipeline say to each other about saving an epoch: how it is saved
+(:class:`SavePlan`), what saving it cost (:class:`Saved`), what the run decides when a save fails
+(:class:`SavePolicy`: the runner's ``save_retries`` and ``on_save_error``) and what it hears of the
+commits (:data:`OnCommit`)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ...errors import CheckpointLockedError, NodeLostError, SessionClosedError, SessionLostError
+
+Hook = Callable[[Any], Any]
+"""A ``finish`` hook: called with the node's state at the end of its share of a group run."""
+
+FATAL = (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedError)
+"""Errors no save retries: the run itself cannot go on as it is."""
+
+
+class SavePolicy(Protocol):
+    """What a run does when a save fails (the runner's ``save_retries`` and ``on_save_error``)."""
+
+    def attempt(self, epoch: int, attempt: Callable[[], object], after_failure: Callable[[], None]) -> bool:
+        """Call ``attempt`` until it returns, retrying failures (not :data:`FATAL` ones), calling
+        ``after_failure`` after each (it raises to stop); ``True`` once it succeeded, ``False`` when
+        the policy gave up with a warning (else it raised ``CheckpointWriteError``)."""
+
+    def give_up(self, epoch: int, error: BaseException | None) -> None:
+        """A save that is not retried failed: raise ``CheckpointWriteError``, or warn, by policy."""
+
+
+OnCommit = Callable[[int, int, int], None]
+"""Told of each epoch the pipeline commits: ``(epoch, bytes_written, bytes_reused)`` of its save (the
+runner: history bytes, ``epoch_committed`` hooks)."""
+
+
+class SaveMode(enum.Enum):
+    """How an epoch is saved: inside its own graph, as a group of its own after it, or not at all."""
+
+    IN_GRAPH = "in_graph"
+    OWN_GROUP = "own_group"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph."""
+
+    epoch: int
+    mode: SaveMode
+    hooks: Mapping[str, Hook] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What saving an epoch cost the loop (node-side save seconds plus the driver's part), and the bytes
+    its save wrote and reused (``None`` until an asynchronous save's commit brings them)."""
+
+    seconds: float = 0.0
+    bytes: tuple[int, int] | None = (0, 0)
