@@ -200,7 +200,7 @@ def _session(job: Job, args: argparse.Namespace) -> Iterator[Any]:
                 f"`daskjobs worker {args.scheduler}`)."
             ) from None
         with connected as session:
-            _print_dashboard(getattr(session.client, "dashboard_link", None))
+            _print_dashboard(session.dashboard_link)
             yield session
     elif args.workers is not None:
         plural = "es" if args.workers > 1 else ""

@@ -4,12 +4,16 @@ whether every node of the job has a worker, and the values its stop conditions p
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._config import config_timeout
 from ..errors import DefinitionTypeError, JobDefinitionError, NodePlacementError, StopConditionError
+
+if TYPE_CHECKING:
+    from .._model.job import Job
+    from ..session import Session
 
 
 def resume_epoch(value: object) -> int | None:
@@ -68,7 +72,7 @@ def check_can_stop(job: Any, max_epochs: int | None) -> str | None:
     return None
 
 
-def check_placement(session: Any, job: Any) -> None:
+def check_placement(session: Session, job: Job) -> None:
     """Before anything of ``job`` runs: every node any of its groups uses (init, epoch, download,
     exit) has exactly one suitable worker in ``session``, waiting up to ``daskjobs.preflight-timeout``
     for workers still joining. A :class:`~daskjobs.LocalSession` runs every node itself.
@@ -78,11 +82,8 @@ def check_placement(session: Any, job: Any) -> None:
     NodePlacementError
         Naming the job, the nodes without a worker and the workers there are; nothing ran.
     """
-    wait = getattr(session, "wait_for_nodes", None)
-    if wait is None:
-        return
     nodes = job.nodes()
     try:
-        wait(nodes, timeout=config_timeout("preflight-timeout"), resources=job.node_resources())
+        session.wait_for_nodes(nodes, timeout=config_timeout("preflight-timeout"), resources=job.node_resources())
     except NodePlacementError as exc:
         raise NodePlacementError(f"job {job.name!r} cannot start, nothing ran: {exc}", exc.nodes) from None

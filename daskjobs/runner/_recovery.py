@@ -208,9 +208,7 @@ def rebalance(session: Session, pipeline: CommitPipeline | None) -> None:
     spread (a session that places nodes on a pool decides, see ``DaskSession.rebalance``). The
     epochs run so far are committed first when a node moves: it moves with its workspace, so
     nothing is rolled back and no epoch runs again."""
-    move = getattr(session, "rebalance", None)
-    if move is not None:
-        move(before=None if pipeline is None else partial(pipeline.flush, session))
+    session.rebalance(before=None if pipeline is None else partial(pipeline.flush, session))
 
 
 def placement_of(session: Session) -> Callable[[], dict[str, str]]:
@@ -220,6 +218,6 @@ def placement_of(session: Session) -> Callable[[], dict[str, str]]:
 
     def placement() -> dict[str, str]:
         current = ref()
-        return dict(getattr(current, "placement", {}) or {}) if current is not None else {}
+        return current.placement if current is not None and current.is_open() else {}
 
     return placement

@@ -130,8 +130,25 @@ class Session(abc.ABC):
         """The URL of the Dask dashboard of the cluster the session runs on; ``None`` without one."""
         return None
 
-    def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:  # noqa: B027
-        """Wait until each node can run again (after a worker was lost); nothing to wait for in this process."""
+    def wait_for_nodes(  # noqa: B027 - optional hook
+        self,
+        nodes: Iterable[object] | None = None,
+        timeout: float | None = None,
+        resources: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        """Wait until each node has a worker that can run it (before a job starts, after a worker was
+        lost); nothing to wait for where every node runs in this process."""
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Node -> the address of the worker serving it; empty where nodes run in this process."""
+        return {}
+
+    def rebalance(self, before: Callable[[], object] | None = None) -> dict[str, str]:
+        """Move nodes to workers that joined the cluster, at an epoch boundary (``before()`` first
+        when anything moves); return the nodes that moved and their new workers. Nothing moves
+        where nodes run in this process."""
+        return {}
 
     # -- running --------------------------------------------------------------------------
     def run(self, runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> None:
