@@ -22,6 +22,7 @@ from .._model.task import Step, WorkspaceType
 from .._model.values import Value, copy_value
 from .._model.workspace import Scope, Workspace
 from ..errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
+from .memory import SnapshotKeeper
 from .plan import Captured, NodePlan, NodeResult, RunInfo, TaskSpec
 from .shipping import PackedPlan, unpack_plan
 
@@ -51,6 +52,8 @@ class NodeState:
     services: dict[str, Any] = field(default_factory=dict)
     where: str = "this process"
     """Where the node's workspace lives, for messages: e.g. ``worker 'a' (tcp://10.0.0.5:40211)``."""
+    memory: SnapshotKeeper | None = None
+    """Where tier-0 snapshots of the node are kept (its worker's memory, or this process's)."""
 
     @property
     def token(self) -> str:

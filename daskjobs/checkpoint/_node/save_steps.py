@@ -208,13 +208,38 @@ def write_later(
     return the entry the write will return, computed here (see ``CheckpointStore.describe_node``)."""
     copies = snapshot(blobs, {})
     entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
+    write_in_background(state, store, node, epoch, copies, save_id=save_id, previous=previous, retired=retired)
+    return entry
+
+
+def write_in_background(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    copies: dict[str, Any],
+    *,
+    save_id: str,
+    previous: Mapping[str, Any] | None,
+    retired: RetiredEpoch | None,
+) -> None:
+    """Hand the whole write of ``copies`` (a snapshot nothing changes any more) and its flush to the
+    process's background write thread; the node's next hook (or ``FlushFinish``) reports it."""
     done: Future[dict[str, Any] | None] = Future()
     unsynced = functools.partial(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
     in_background(functools.partial(_write_there, unsynced, done))
     state.services[FLUSH] = PendingFlush(save_id, epoch, done, copies)
-    return entry
+
+
+def poll_flush(state: NodeState) -> dict[str, Any]:
+    """The node's background flush as a hook reports it without waiting: ``{"flushed": outcome}``
+    once it ended (see :func:`settle_flush`) or when there is none (``None``), ``{}`` while it runs."""
+    pending = state.services.get(FLUSH)
+    if isinstance(pending, PendingFlush) and not pending.done.done():
+        return {}
+    return {"flushed": settle_flush(state)}
 
 
 def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:

@@ -1,0 +1,307 @@
+"""Tier 0 on the driver: a run's epochs committed in cluster memory (SPEC §3), the second commit
+tier of the :class:`~.pipeline.CommitPipeline`.
+
+Every epoch each node's snapshot is kept by its worker and ``replicas`` peers (see
+:mod:`daskjobs._execution.memory`). :class:`MemoryTier` holds the keys of the epochs in flight:
+an epoch is **committed in memory** once it ran on every node and every key of it was registered
+with the scheduler (each snapshot on ``1 + replicas`` distinct workers, or as many as the cluster
+has). Then the epochs before it are released: the memory holds the newest committed epoch and the
+ones after it. A recovery restores from the newest committed epoch whose every node still has a
+copy (:meth:`MemoryTier.source`), reading nothing from the prefix.
+
+:class:`MemoryOptions` are the manager's options of tier 0, and :meth:`MemoryOptions.durable_due`
+says which epochs are also committed durably under the prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..._model.values import check_count, check_positive
+from ...errors import DefinitionTypeError, JobDefinitionError
+
+from ..._execution.memory import KeepOrder
+
+if TYPE_CHECKING:
+    from ..._execution.memory import ClusterMemory, Kept, PushFailure
+
+logger = logging.getLogger("daskjobs")
+
+DEFAULT_DURABLE_EVERY = 10
+"""Durable commits with tier 0 when ``durable_every`` is not given: every tenth epoch."""
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Tier 0 of a manager (``in_memory=True``): how many peers hold a replica of each snapshot,
+    and which epochs are also committed durably."""
+
+    replicas: int = 1
+    durable_every: int | None = DEFAULT_DURABLE_EVERY
+    """Every epoch divisible by it is committed durably (``None``: no durable commits, no prefix)."""
+    durable_interval: float | None = None
+    """An epoch at least this many seconds after the last durable one is committed durably."""
+
+    def durable_due(self, epoch: int, *, last: bool, newest_durable: int | None, since: float | None) -> bool:
+        """Whether ``epoch`` is committed durably too: epoch 0, the last epoch (when known), every
+        multiple of :attr:`durable_every`, one ``durable_interval`` seconds (``since``: seconds since
+        the last durable one started) after the last, and one whenever the newest durable epoch
+        (committed, or being written: ``newest_durable``) lags more than ``durable_every`` behind (a
+        durable write was given up, or a recovery from memory restored past it)."""
+        if self.durable_every is None:
+            return False
+        if epoch == 0 or last or epoch % self.durable_every == 0:
+            return True
+        if self.durable_interval is not None and since is not None and since >= self.durable_interval:
+            return True
+        return newest_durable is None or epoch - newest_durable > self.durable_every
+
+
+def memory_options(
+    in_memory: object,
+    durable_every: object,
+    replicas: object,
+    durable_interval: object,
+    *,
+    has_prefix: bool,
+) -> MemoryOptions | None:
+    """The manager's tier-0 options, checked (``None``: tier 0 is off).
+
+    Raises
+    ------
+    DefinitionTypeError
+        An option has the wrong type (``in_memory`` not a bool, ``replicas`` or ``durable_every``
+        not an int, ``durable_interval`` not a number).
+    JobDefinitionError
+        An option has a value it cannot take, or is given without ``in_memory=True``, or
+        ``durable_every``/``durable_interval`` with ``db_prefix=None`` (nothing durable to write).
+    """
+    if not isinstance(in_memory, bool):
+        raise DefinitionTypeError(f"in_memory must be True or False, got {type(in_memory).__name__}: {in_memory!r}")
+    given = {"durable_every": durable_every, "replicas": replicas, "durable_interval": durable_interval}
+    if not in_memory:
+        named = [name for name, value in given.items() if value is not None]
+        if named:
+            raise JobDefinitionError(
+                f"{', '.join(named)}: options of checkpoints in cluster memory, which are off; add in_memory=True"
+            )
+        if not has_prefix:
+            raise JobDefinitionError("db_prefix=None keeps checkpoints only in cluster memory: add in_memory=True")
+        return None
+    if not has_prefix:
+        named = [name for name in ("durable_every", "durable_interval") if given[name] is not None]
+        if named:
+            raise JobDefinitionError(
+                f"{' and '.join(named)}: options of durable commits, but db_prefix=None writes none; give a "
+                "db_prefix or drop them"
+            )
+    every = None if not has_prefix else DEFAULT_DURABLE_EVERY
+    if durable_every is not None:
+        every = check_count(durable_every, "durable_every")
+    copies = 1 if replicas is None else check_count(replicas, "replicas", minimum=0)
+    interval = None if durable_interval is None else check_positive(durable_interval, "durable_interval (seconds)")
+    return MemoryOptions(copies, every, interval)
+
+
+@dataclass
+class MemoryEpoch:
+    """One epoch in tier 0: where each node's snapshot goes, what the nodes reported, what the
+    epoch's commit holds besides (stop values, metrics), and whether it is committed in memory."""
+
+    epoch: int
+    orders: dict[str, KeepOrder]
+    kept: dict[str, Kept] = field(default_factory=dict)
+    stop_values: dict[str, bool] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    accepted: bool = False
+    committed: bool = False
+
+    def keys(self) -> list[str]:
+        return [key for order in self.orders.values() for key in order.keys()]
+
+    def held(self) -> dict[str, tuple[int, str]]:
+        """Key -> (bytes, the worker it was put on), for the nodes that reported their snapshot."""
+        found: dict[str, tuple[int, str]] = {}
+        for node, kept in self.kept.items():
+            order = self.orders[node]
+            found[order.key] = (kept["bytes"], kept["holder"])
+            found.update({key: (kept["bytes"], peer) for key, peer in order.replicas.items()})
+        return found
+
+
+class MemoryTier:
+    """A run's epochs in cluster memory, on the driver (see the module docstring), kept through
+    ``cluster`` (the session's :class:`~daskjobs._execution.memory.ClusterMemory`)."""
+
+    def __init__(self, options: MemoryOptions, cluster: ClusterMemory) -> None:
+        self.options, self.cluster = options, cluster
+        self._epochs: dict[int, MemoryEpoch] = {}
+        self._warned_few = False
+
+    # -- an epoch's way in --------------------------------------------------------------
+    def orders(self, epoch: int, nodes: list[str]) -> dict[str, KeepOrder]:
+        """Where each node's snapshot of ``epoch`` goes (an earlier attempt of it is dropped); its keys
+        are held from now on, so their registration is heard."""
+        self.drop(epoch)
+        save_id = uuid.uuid4().hex
+        cluster, replicas = self.cluster, self.options.replicas
+        peers = cluster.peers(nodes, replicas)
+        fewest = min((len(p) for p in peers.values()), default=replicas)
+        if fewest < replicas and cluster.owner and not self._warned_few:  # one process ("") holds no replicas
+            self._warned_few = True
+            logger.warning(
+                "tier 0: the cluster has too few workers for %d replica(s) of each node's snapshot (%d found): "
+                "losing a worker falls back to the durable checkpoints under the prefix",
+                replicas,
+                fewest,
+            )
+        orders = {
+            node: KeepOrder(
+                node,
+                epoch,
+                cluster.key(epoch, save_id, node, 0),
+                {cluster.key(epoch, save_id, node, i + 1): peer for i, peer in enumerate(peers[node])},
+                cluster.owner,
+            )
+            for node in nodes
+        }
+        record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
+        cluster.hold(record.keys())
+        return orders
+
+    def accept(
+        self, epoch: int, finished: Mapping[str, Any], stop_values: Mapping[str, bool], metrics: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """Take what ``epoch``'s hooks reported; return the nodes whose snapshot failed (their error),
+        in which case the epoch is dropped: it is never committed in memory."""
+        record = self._epochs.get(epoch)
+        if record is None:
+            return {}
+        failed: dict[str, Any] = {}
+        for node in record.orders:
+            outcome = finished.get(node)
+            if not isinstance(outcome, dict):
+                failed[node] = "no result"
+            elif "memory" in outcome:
+                record.kept[node] = outcome["memory"]
+            else:
+                failed[node] = outcome.get("memory_error", "no snapshot")
+        for node, outcome in finished.items():
+            for failure in (outcome or {}).get("pushes", ()) if isinstance(outcome, dict) else ():
+                self._push_failed(node, failure, failed)
+        if failed:
+            self.drop(epoch)
+            return failed
+        record.stop_values, record.metrics, record.accepted = dict(stop_values), dict(metrics), True
+        return {}
+
+    def _push_failed(self, node: str, failure: PushFailure, failed: dict[str, Any]) -> None:
+        """A replica of ``node`` could not be sent: its epoch is never committed in memory; a peer that
+        left is routine (the next epoch has other peers), anything else fails the epoch too."""
+        logger.info(
+            "tier 0: the replica of node %r, epoch %d, could not be sent to %s: %s",
+            node,
+            failure["epoch"],
+            failure["peer"],
+            failure["error"],
+        )
+        if failure["fatal"]:
+            failed[node] = f"its replica of epoch {failure['epoch']} could not be sent to {failure['peer']}: {failure['error']}"
+        self.drop(failure["epoch"])
+
+    # -- commits ------------------------------------------------------------------------
+    def observe(self) -> list[int]:
+        """Commit in memory, oldest first, the epochs that ran and whose every key is registered;
+        release the epochs before the newest committed one. Returns the epochs committed now."""
+        newly = []
+        for epoch in sorted(self._epochs):
+            record = self._epochs[epoch]
+            if record.accepted and not record.committed and all(self.cluster.registered(record.keys()).values()):
+                record.committed = True
+                newly.append(epoch)
+        newest = self.newest()
+        if newest is not None:
+            for epoch in [e for e in self._epochs if e < newest]:
+                self.drop(epoch)
+        return newly
+
+    def newest(self) -> int | None:
+        """The newest epoch committed in memory."""
+        return max((e for e, r in self._epochs.items() if r.committed), default=None)
+
+    def newest_accepted(self) -> int | None:
+        """The newest epoch that ran on every node and kept its snapshots (committed or not yet)."""
+        return max((e for e, r in self._epochs.items() if r.accepted), default=None)
+
+    def record(self, epoch: int) -> MemoryEpoch | None:
+        return self._epochs.get(epoch)
+
+    def tier0_bytes(self) -> dict[str, int]:
+        """Worker address -> bytes of the committed snapshots it holds (its nodes' and its replicas),
+        as placed. The snapshots of the next epoch join them for the moment between its end and its
+        commit, when the older ones are released."""
+        total: dict[str, int] = {}
+        for record in self._epochs.values():
+            if not record.committed:
+                continue
+            for nbytes, holder in record.held().values():
+                total[holder] = total.get(holder, 0) + nbytes
+        return dict(sorted(total.items()))
+
+    # -- recovery -----------------------------------------------------------------------
+    def source(self, not_before: int | None) -> tuple[int, dict[str, str]] | None:
+        """The newest epoch committed in memory (not older than ``not_before``: the newest durable
+        commit) whose every node still has a copy, with the key to restore each node from (its own
+        worker's copy where it survives); ``None`` when there is none. Asks the scheduler once."""
+        self.observe()
+        candidates = sorted(
+            (r for r in self._epochs.values() if r.committed and (not_before is None or r.epoch >= not_before)),
+            key=lambda r: -r.epoch,
+        )
+        if not candidates:
+            return None
+        holders = self.cluster.holders([key for record in candidates for key in record.keys()])
+        for record in candidates:
+            sources = {}
+            for node, order in record.orders.items():
+                held = [key for key in order.keys() if holders.get(key)]
+                if not held:
+                    logger.info(
+                        "tier 0: epoch %d cannot be restored from memory: no copy of node %r's snapshot is left",
+                        record.epoch,
+                        node,
+                    )
+                    break
+                sources[node] = held[0]
+            else:
+                return record.epoch, sources
+        return None
+
+    def restored(self, epoch: int | None) -> None:
+        """The nodes were restored from ``epoch`` (``None``: from the prefix, or from scratch): every
+        other epoch is dropped, and the next peers are chosen among the workers there are now."""
+        for other in [e for e in self._epochs if e != epoch]:
+            self.drop(other)
+        self.cluster.forget_workers()
+
+    # -- letting go ---------------------------------------------------------------------
+    def drop(self, epoch: int) -> None:
+        """Forget ``epoch`` and let the cluster drop its snapshots."""
+        record = self._epochs.pop(epoch, None)
+        if record is not None:
+            self.cluster.release(record.keys())
+
+    def close(self) -> None:
+        """The run ends: every snapshot is released."""
+        for epoch in list(self._epochs):
+            self.drop(epoch)
+
+
+def since(moment: float | None) -> float | None:
+    """Seconds since ``moment`` (``time.monotonic``), or ``None``."""
+    return None if moment is None else time.monotonic() - moment

@@ -1,0 +1,329 @@
+"""Tier 0 on a Dask cluster: node snapshots held as Dask data in the workers' memory (SPEC §3).
+
+On a worker, :class:`WorkerMemory` (one per worker process, in the workspace plugin) takes the
+snapshot a node's epoch hook made and puts it into the worker's data with
+``Worker.update_data``, which tells the scheduler nothing (a released key turned into memory is
+Dask's scatter path); it then sends the replicas to their peers the same way (one message per
+peer for every snapshot waiting, on the worker's event loop, while the next epoch runs) and last
+registers the keys with the scheduler as data of the driver's client (``update_data``), replicas
+first: a registration that names a peer which left meanwhile fails before the node's own key is
+touched, and the own key is then registered alone. From then on they are ordinary Dask data:
+released with the driver's client, moved off a worker that retires gracefully, lost with their
+last holder, never recomputed (they have no task).
+
+On the driver, :class:`DaskMemory` holds a ``distributed.Future`` per key from before the key
+exists: the scheduler's report of the registration finishes it, so the driver knows which
+snapshots are stored without asking. A key released before its registration arrived is released
+once more a second later. Restoring is a task per node on its worker with the snapshot's future
+as argument: Dask brings the snapshot there if another worker holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import dask.config
+from distributed import Client, Future, Worker
+from distributed.protocol import to_serialize
+from distributed.worker_state_machine import FreeKeysEvent
+
+from .._config import config_timeout
+from .._execution.memory import Kept, KeepOrder, PushFailure, snapshot_bytes
+from .._model.values import Value, copy_value
+from ..errors import CheckpointWriteError
+from ._placement import live_workers
+
+logger = logging.getLogger("daskjobs")
+
+_RELEASE_AGAIN_AFTER = 1.0
+"""Seconds after which a key released before its registration arrived is released once more."""
+
+
+def _address(worker: Worker) -> str:
+    return str(worker.contact_address or worker.address)
+
+
+class WorkerMemory:
+    """The tier-0 snapshots of the nodes a worker serves (see the module docstring).
+
+    :meth:`keep` is called from a node's epoch task (a thread); the rest runs on the worker's
+    event loop.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[KeepOrder, dict[str, Value], int]] = []
+        self._failed: dict[str, list[PushFailure]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- from a node's task ---------------------------------------------------------------
+    def check_fits(self, order: KeepOrder, nbytes: int) -> None:
+        """Raise :class:`CheckpointWriteError` when a snapshot of ``nbytes`` and as many bytes of
+        replicas as ``order`` sends (this worker holds about as many of its peers' replicas) would
+        take the worker past the memory fraction at which Dask pauses it (``distributed.worker.memory.pause``,
+        else 95 % of its memory limit)."""
+        manager = getattr(self._worker, "memory_manager", None)
+        limit = getattr(manager, "memory_limit", None)
+        if not limit:
+            return
+        fraction = dask.config.get("distributed.worker.memory.pause", default=0.8) or 0.95
+        needed = nbytes * (1 + len(order.replicas))
+        used = int(self._worker.monitor.get_process_memory())
+        if used + needed > fraction * limit:
+            raise CheckpointWriteError(
+                f"node {order.node!r}, epoch {order.epoch}: its tier-0 snapshot ({nbytes} bytes) and "
+                f"{len(order.replicas)} replica(s) of that size do not fit in the memory of worker "
+                f"{_address(self._worker)}: {used} bytes in use, limit {int(limit)} bytes, of which Dask lets "
+                f"{fraction:.0%} be used; give the workers more memory (--memory-limit), or keep fewer replicas "
+                "(replicas=...), or turn tier 0 off (in_memory=False)"
+            )
+
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+        """Hold ``snapshot`` under ``order.key`` here and send its replicas (in the background)."""
+        nbytes = snapshot_bytes(snapshot)
+        with self._lock:
+            self._waiting.append((order, snapshot, nbytes))
+            start = len(self._waiting) == 1
+        if start:
+            self._worker.loop.add_callback(self._start)
+        return {"bytes": nbytes, "holder": _address(self._worker)}
+
+    def failures(self, node: str) -> list[PushFailure]:
+        with self._lock:
+            return self._failed.pop(node, [])
+
+    # -- on the event loop ----------------------------------------------------------------
+    def _start(self) -> None:
+        task = asyncio.ensure_future(self._store())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store(self) -> None:
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+        if not batch:
+            return
+        worker, me = self._worker, _address(self._worker)
+        worker.update_data(data={order.key: snapshot for order, snapshot, _ in batch}, stimulus_id=_stimulus())
+        by_peer: dict[str, dict[str, Any]] = {}
+        for order, snapshot, _ in batch:
+            for key, peer in order.replicas.items():
+                by_peer.setdefault(peer, {})[key] = to_serialize(snapshot)
+        peers = sorted(by_peer)
+        sent = await asyncio.gather(*(self._push(peer, by_peer[peer]) for peer in peers), return_exceptions=True)
+        failed = {peer: outcome for peer, outcome in zip(peers, sent, strict=True) if outcome is not None}
+        for order, _, _ in batch:
+            for peer in sorted(set(order.replicas.values()) & set(failed)):
+                self._fail(order, peer, failed[peer])
+        for owner in sorted({order.owner for order, _, _ in batch}):
+            mine = [(order, nbytes) for order, _, nbytes in batch if order.owner == owner]
+            await self._register(owner, mine, me, set(failed))
+
+    async def _push(self, peer: str, data: dict[str, Any]) -> BaseException | None:
+        """Send ``data`` (key -> serialised snapshot) into ``peer``'s memory; the error, if it failed."""
+        try:
+            await asyncio.wait_for(
+                self._worker.rpc(peer).update_data(data=data, stimulus_id=_stimulus()),
+                config_timeout("connect-timeout"),
+            )
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _register(self, owner: str, kept: list[tuple[KeepOrder, int]], me: str, failed: set[str]) -> None:
+        """Register the keys of ``kept`` (and their replicas, those sent) as ``owner``'s data.
+
+        The scheduler's ``update_data`` raises on a worker it no longer knows after creating the
+        key it was at: so the replicas go first, one peer per call, and the own keys last."""
+        scheduler = self._worker.scheduler
+        by_peer: dict[str, dict[str, int]] = {}
+        for order, nbytes in kept:
+            for key, peer in order.replicas.items():
+                if peer not in failed:
+                    by_peer.setdefault(peer, {})[key] = nbytes
+        for peer, keys in sorted(by_peer.items()):
+            try:
+                await scheduler.update_data(who_has={k: [peer] for k in keys}, nbytes=keys, client=owner)
+            except Exception as exc:  # the peer left after it took the replicas: they went with it
+                for order, _ in kept:
+                    if peer in order.replicas.values():
+                        self._fail(order, peer, exc)
+        own = {order.key: nbytes for order, nbytes in kept}
+        try:
+            await scheduler.update_data(who_has={k: [me] for k in own}, nbytes=own, client=owner)
+        except Exception as exc:  # nothing will ever release them: drop them here
+            closing = str(getattr(self._worker.status, "name", self._worker.status)) in ("closing", "closed")
+            log = logger.debug if closing else logger.warning
+            log("could not register tier-0 snapshots %s with the scheduler: %r", sorted(own), exc)
+            if not closing:
+                _forget(self._worker, list(own))
+
+    def _fail(self, order: KeepOrder, peer: str, error: BaseException) -> None:
+        left = isinstance(error, OSError | asyncio.TimeoutError | KeyError)
+        failure: PushFailure = {"epoch": order.epoch, "peer": peer, "error": repr(error), "fatal": not left}
+        with self._lock:
+            self._failed.setdefault(order.node, []).append(failure)
+
+
+def _stimulus() -> str:
+    return f"daskjobs-tier0-{time.time()}"
+
+
+def _forget(worker: Worker, keys: list[str]) -> None:
+    """Drop keys this worker holds that the scheduler never knew (it hears of it, and ignores it)."""
+    worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=_stimulus()))
+
+
+class DaskMemory:
+    """The driver's side of tier 0 on a DaskSession (see the module docstring).
+
+    ``workers`` gives the scheduler's worker table (asked afresh), ``placement`` the node -> worker
+    placement, and ``restore(sources)`` installs node workspaces from snapshot futures.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        session_id: str,
+        workers: Callable[[], Mapping[str, Any]],
+        placement: Callable[[], Mapping[str, str]],
+        restore: Callable[[Mapping[str, Future]], None],
+    ) -> None:
+        self._client, self._session = client, session_id
+        self._workers, self._placement, self._restore = workers, placement, restore
+        self.owner = str(client.id)
+        self._futures: dict[str, Future] = {}
+        self._late: dict[str, float] = {}
+        self._live: tuple[float, list[str]] = (-1.0, [])
+
+    def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
+        return f"daskjobs-{self._session}-tier0-{epoch}-{save_id[:8]}-{node}-{copy}"
+
+    # -- peers ----------------------------------------------------------------------------
+    def forget_workers(self) -> None:
+        """Ask the scheduler for its workers again before choosing the next peers (after a loss)."""
+        self._live = (-1.0, [])
+
+    def live_workers(self) -> list[str]:
+        """The workers that may hold replicas, as seen at most a few seconds ago."""
+        seen, live = self._live
+        if time.monotonic() - seen > 5.0:
+            live = sorted(a for a, info in live_workers(self._workers()).items() if info.get("status") != "closing_gracefully")
+            self._live = (time.monotonic(), live)
+        return live
+
+    def peers(self, nodes: Sequence[str], replicas: int) -> dict[str, list[str]]:
+        """Per node, the ``replicas`` workers after its own in the ring of workers (fewer when the
+        cluster has fewer)."""
+        live = self.live_workers()
+        placement = self._placement()
+        chosen: dict[str, list[str]] = {}
+        for node in nodes:
+            own = placement.get(node)
+            start = live.index(own) + 1 if own in live else 0
+            ring = [live[(start + i) % len(live)] for i in range(len(live))] if live else []
+            chosen[node] = [a for a in ring if a != own][:replicas]
+        return chosen
+
+    # -- keys -----------------------------------------------------------------------------
+    def hold(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._futures[key] = Future(key, self._client)
+
+    def registered(self, keys: Iterable[str]) -> dict[str, bool]:
+        return {key: key in self._futures and self._futures[key].status != "pending" for key in keys}
+
+    def holders(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        client = self._client
+        found = client.sync(
+            client.scheduler.who_has, keys=list(keys), callback_timeout=config_timeout("connect-timeout")
+        )
+        return {key: list(found.get(key) or ()) for key in keys}
+
+    def release(self, keys: Iterable[str]) -> None:
+        now = time.monotonic()
+        again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
+        for key in keys:
+            future = self._futures.pop(key, None)
+            if future is not None and future.status == "pending":
+                self._late[key] = now
+        if again and self._client.status == "running":
+            for key in again:
+                del self._late[key]
+            self._client._send_to_scheduler({"op": "client-releases-keys", "keys": again, "client": self.owner})
+
+    def release_all(self) -> None:
+        """Release every key this driver holds (the session closes)."""
+        self.release(list(self._futures))
+        self._late = {k: t - _RELEASE_AGAIN_AFTER for k, t in self._late.items()}
+        self.release([])
+
+    def restore(self, sources: Mapping[str, str]) -> None:
+        missing = [key for key in sources.values() if key not in self._futures]
+        if missing:
+            raise KeyError(f"tier-0 snapshots {missing} are not held by this session")
+        self._restore({node: self._futures[key] for node, key in sources.items()})
+
+
+class ProcessMemory:
+    """Tier 0 in one process (a LocalSession): each snapshot is a copy kept here; no replicas.
+
+    It is both the nodes' keeper and the driver's side; ``states`` gives a node's state to restore.
+    """
+
+    owner = ""
+
+    def __init__(self, restore: Callable[[str, dict[str, Value]], None]) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, dict[str, Value]] = {}
+        self._restore = restore
+        self._id = uuid.uuid4().hex[:8]
+
+    def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
+        return f"daskjobs-{self._id}-tier0-{epoch}-{save_id[:8]}-{node}-{copy}"
+
+    def check_fits(self, order: KeepOrder, nbytes: int) -> None:
+        """A copy in this process always fits (the process has no memory limit of Dask's)."""
+
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+        with self._lock:
+            self._kept[order.key] = snapshot
+        return {"bytes": snapshot_bytes(snapshot), "holder": "this process"}
+
+    def failures(self, node: str) -> list[PushFailure]:
+        return []
+
+    def peers(self, nodes: Sequence[str], replicas: int) -> dict[str, list[str]]:
+        return {node: [] for node in nodes}
+
+    def forget_workers(self) -> None:
+        """Nothing to forget: the process is the only holder."""
+
+    def hold(self, keys: Iterable[str]) -> None:
+        """The snapshots are kept here as the nodes make them."""
+
+    def registered(self, keys: Iterable[str]) -> dict[str, bool]:
+        with self._lock:
+            return {key: key in self._kept for key in keys}
+
+    def holders(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        with self._lock:
+            return {key: ["this process"] if key in self._kept else [] for key in keys}
+
+    def release(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._kept.pop(key, None)
+
+    def restore(self, sources: Mapping[str, str]) -> None:
+        for node, key in sources.items():
+            with self._lock:
+                snapshot = self._kept[key]
+            self._restore(node, {name: copy_value(value, name) for name, value in snapshot.items()})
