@@ -33,7 +33,7 @@ class KeepOrder:
     replicas: Mapping[str, str] = field(default_factory=dict)
     owner: str = ""
 
-    def keys(self) -> list[str]:
+    def all_keys(self) -> list[str]:
         """The node's own key, then its replicas' keys."""
         return [self.key, *self.replicas]
 

@@ -25,8 +25,8 @@ from ._base import Session
 from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
 from ._elastic import Placer
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
-from ._placement import WorkerTable, node_resource
 from ._memory import DaskMemory
+from ._placement import WorkerTable, node_resource
 from ._plugin import (
     OnWorker,
     WorkerStates,

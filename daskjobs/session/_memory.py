@@ -34,7 +34,7 @@ from distributed.protocol import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
 
 from .._config import config_timeout
-from .._execution.memory import Kept, KeepOrder, PushFailure, snapshot_bytes
+from .._execution.memory import KeepOrder, Kept, PushFailure, snapshot_bytes
 from .._model.values import Value, copy_value
 from ..errors import CheckpointWriteError
 from ._placement import live_workers
@@ -215,7 +215,8 @@ class DaskMemory:
         """The workers that may hold replicas, as seen at most a few seconds ago."""
         seen, live = self._live
         if time.monotonic() - seen > 5.0:
-            live = sorted(a for a, info in live_workers(self._workers()).items() if info.get("status") != "closing_gracefully")
+            table = live_workers(self._workers())
+            live = sorted(a for a, info in table.items() if info.get("status") != "closing_gracefully")
             self._live = (time.monotonic(), live)
         return live
 

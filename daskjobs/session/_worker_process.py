@@ -41,7 +41,9 @@ _ABOUT_ONE_TASK = ("Compute Failed", "Task %s marked as failed because")
 """Dask ERROR messages whose first argument is the key of the task they are about."""
 _ABOUT_KEYS = "Couldn't gather keys"
 """The scheduler's ERROR whose argument maps the keys it could not gather to their states."""
-_LOST_SNAPSHOTS = re.compile(r"^Removing worker .* caused the cluster to lose scattered data, which can't be recovered: \{(.*)\}")
+_LOST_SNAPSHOTS = re.compile(
+    r"^Removing worker .* caused the cluster to lose scattered data, which can't be recovered: \{(.*)\}"
+)
 """The scheduler's ERROR when the worker it removes held the last copy of data without a task: for
 daskjobs keys, tier-0 snapshots whose loss daskjobs handles (it restores from another tier)."""
 _PEER_LOST = ("Worker stream died during communication", "failed during get data with")

@@ -511,7 +511,11 @@ class MultiNodeCheckpointManager(Loads):
     def __repr__(self) -> str:
         prefix = self.store.url if self.durable else None
         options = self.memory_options
-        tier0 = "" if options is None else f", in_memory=True, durable_every={options.durable_every}, replicas={options.replicas}"
+        tier0 = (
+            ""
+            if options is None
+            else f", in_memory=True, durable_every={options.durable_every}, replicas={options.replicas}"
+        )
         return f"{type(self).__name__}(db_prefix={prefix!r}, nodes={self._nodes}{tier0})"
 
     def _repr_html_(self) -> str:

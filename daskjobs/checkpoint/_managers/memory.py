@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..._execution.memory import KeepOrder
 from ..._model.values import check_count, check_positive
 from ...errors import DefinitionTypeError, JobDefinitionError
-
-from ..._execution.memory import KeepOrder
 
 if TYPE_CHECKING:
     from ..._execution.memory import ClusterMemory, Kept, PushFailure
@@ -121,8 +120,8 @@ class MemoryEpoch:
     accepted: bool = False
     committed: bool = False
 
-    def keys(self) -> list[str]:
-        return [key for order in self.orders.values() for key in order.keys()]
+    def all_keys(self) -> list[str]:
+        return [key for order in self.orders.values() for key in order.all_keys()]
 
     def held(self) -> dict[str, tuple[int, str]]:
         """Key -> (bytes, the worker it was put on), for the nodes that reported their snapshot."""
@@ -171,7 +170,7 @@ class MemoryTier:
             for node in nodes
         }
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
-        cluster.hold(record.keys())
+        cluster.hold(record.all_keys())
         return orders
 
     def accept(
@@ -211,7 +210,9 @@ class MemoryTier:
             failure["error"],
         )
         if failure["fatal"]:
-            failed[node] = f"its replica of epoch {failure['epoch']} could not be sent to {failure['peer']}: {failure['error']}"
+            failed[node] = (
+                f"its replica of epoch {failure['epoch']} could not go to {failure['peer']}: {failure['error']}"
+            )
         self.drop(failure["epoch"])
 
     # -- commits ------------------------------------------------------------------------
@@ -221,7 +222,7 @@ class MemoryTier:
         newly = []
         for epoch in sorted(self._epochs):
             record = self._epochs[epoch]
-            if record.accepted and not record.committed and all(self.cluster.registered(record.keys()).values()):
+            if record.accepted and not record.committed and all(self.cluster.registered(record.all_keys()).values()):
                 record.committed = True
                 newly.append(epoch)
         newest = self.newest()
@@ -265,11 +266,11 @@ class MemoryTier:
         )
         if not candidates:
             return None
-        holders = self.cluster.holders([key for record in candidates for key in record.keys()])
+        holders = self.cluster.holders([key for record in candidates for key in record.all_keys()])
         for record in candidates:
             sources = {}
             for node, order in record.orders.items():
-                held = [key for key in order.keys() if holders.get(key)]
+                held = [key for key in order.all_keys() if holders.get(key)]
                 if not held:
                     logger.info(
                         "tier 0: epoch %d cannot be restored from memory: no copy of node %r's snapshot is left",
@@ -294,7 +295,7 @@ class MemoryTier:
         """Forget ``epoch`` and let the cluster drop its snapshots."""
         record = self._epochs.pop(epoch, None)
         if record is not None:
-            self.cluster.release(record.keys())
+            self.cluster.release(record.all_keys())
 
     def close(self) -> None:
         """The run ends: every snapshot is released."""

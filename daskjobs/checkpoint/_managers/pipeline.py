@@ -457,7 +457,7 @@ class CommitPipeline:
         durable = last is None or self._newest_durable_commit() >= last or last in self.ledger.ids
         if not durable and options is not None and options.durable_every is not None:
             record = self.memory.record(last) if self.memory is not None else None
-            assert last is not None and record is not None
+            assert record is not None
             self.save(session, last, record.stop_values, record.metrics)
             self._durable["newest"] = last
         self.flush(session)

@@ -173,8 +173,7 @@ class EpochWriter:
         self.nodes_delete = later and self.store.defers_flush
         doomed = self.retention.retired.hand_out(nodes) if self.nodes_delete else {}
         return {
-            n: DurableWrite(store, save_id, previous.get(n), background=later, doomed=doomed.get(n, ()))
-            for n in nodes
+            n: DurableWrite(store, save_id, previous.get(n), background=later, doomed=doomed.get(n, ())) for n in nodes
         }
 
     @property
