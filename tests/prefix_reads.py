@@ -24,7 +24,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if not _WATCHED:
         return
     if event == "open":
-        path, mode, flags = (list(args) + [None, None, None])[:3]
+        path, mode, flags = [*args, None, None, None][:3]
         if isinstance(mode, str):
             reading = "r" in mode and "+" not in mode
         else:
@@ -73,3 +73,15 @@ def watch_everywhere(client: Any, prefix: str) -> None:
     restarted: a new process has no hook)."""
     watch(prefix)
     client.run(watch, prefix)
+
+
+ROOT_VARIABLE = "DASKJOBS_TEST_WATCH"
+"""The environment variable naming the folder a worker process counts reads under from its start."""
+
+
+def dask_setup(worker: Any) -> None:
+    """As a Dask worker preload (``distributed.worker.preload``): count reads under the folder that
+    :data:`ROOT_VARIABLE` names from the process's start, a restarted worker's included."""
+    root = os.environ.get(ROOT_VARIABLE)
+    if root:
+        watch(root)
