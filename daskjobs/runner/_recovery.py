@@ -168,7 +168,8 @@ def restore(
     yet (init runs again from scratch, on emptied workspaces).
     """
     pipeline.recover(session, recovery.lost)
-    source = pipeline.memory_source()
+    memory = pipeline.memory
+    source = None if memory is None else memory.source(latest)
     prepare_restore(
         session,
         job.nodes(),
@@ -179,10 +180,10 @@ def restore(
         failures=(recovery.failures, recovery.max_failures),
         in_memory=source is not None,
     )
-    if source is not None:
-        record = pipeline.restore_memory(source)
+    if memory is not None and source is not None:
+        record = memory.restore(source)
         return next_epoch(record.epoch, record.stop_values, max_epochs)
-    pipeline.restarted(latest)
+    pipeline.recovered(latest, in_memory=False)
     if latest is None:
         return None
     manager.check_shared(session)  # a node's new worker may be on a machine without the prefix

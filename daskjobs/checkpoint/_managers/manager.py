@@ -27,6 +27,7 @@ from .memory import memory_options
 from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start
 from .pipeline import CommitPipeline
 from .saving import OnCommit, OnMemoryCommit, SavePolicy
+from .tiered import TieredPipeline
 from .views import prefix_html
 from .writer import EpochWriter, node_group
 
@@ -456,7 +457,11 @@ class MultiNodeCheckpointManager(Loads):
             return
         self.store.acquire_lock(local_holder(job), break_lock=break_lock)
         writer.locked = True
-        pipeline = CommitPipeline(writer, policy, on_commit, save_group=save_group, on_memory_commit=on_memory_commit)
+        pipeline = (
+            CommitPipeline(writer, policy, on_commit, save_group=save_group)
+            if self.memory_options is None
+            else TieredPipeline(writer, policy, on_commit, save_group=save_group, on_memory_commit=on_memory_commit)
+        )
         try:
             yield pipeline
         finally:

@@ -134,13 +134,37 @@ class MemoryEpoch:
 
 
 class MemoryTier:
-    """A run's epochs in cluster memory, on the driver (see the module docstring), kept through
-    ``cluster`` (the session's :class:`~daskjobs._execution.memory.ClusterMemory`)."""
+    """A run's epochs in cluster memory, on the driver (see the module docstring), kept through the
+    session's :class:`~daskjobs._execution.memory.ClusterMemory` (:meth:`connect`), and which of them
+    are also made durable (:meth:`durable_due`)."""
 
-    def __init__(self, options: MemoryOptions, cluster: ClusterMemory) -> None:
-        self.options, self.cluster = options, cluster
+    def __init__(self, options: MemoryOptions) -> None:
+        self.options = options
+        self.cluster: ClusterMemory | None = None
+        self.last: int | None = None
+        """The newest epoch committed in memory (``None``: none yet, or since a restore from the prefix)."""
+        self.unproven = False
+        """Whether the prefix must be proven shared before the next durable epoch (a restore from memory
+        may have moved nodes to workers that never wrote there)."""
         self._epochs: dict[int, MemoryEpoch] = {}
+        self._durable: tuple[int | None, float] = (None, time.monotonic())
         self._warned_few = False
+
+    def connect(self, cluster: ClusterMemory) -> None:
+        """Keep the snapshots in ``cluster`` (the session's memory) from now on."""
+        self.cluster = cluster
+
+    # -- durable epochs -----------------------------------------------------------------
+    def durable_due(self, epoch: int, *, last: bool, committed: int | None) -> bool:
+        """Whether ``epoch`` is committed durably too (see :meth:`MemoryOptions.durable_due`), the newest
+        durable commit being ``committed``."""
+        planned, at = self._durable
+        newest = max((e for e in (planned, committed) if e is not None), default=None)
+        return self.options.durable_due(epoch, last=last, newest_durable=newest, since=since(at))
+
+    def writing_durably(self, epoch: int | None) -> None:
+        """``epoch`` is being made durable now (``None``: the durable writes in flight were given up)."""
+        self._durable = (epoch, time.monotonic() if epoch is not None else self._durable[1])
 
     # -- an epoch's way in --------------------------------------------------------------
     def orders(self, epoch: int, nodes: list[str]) -> dict[str, KeepOrder]:
@@ -149,6 +173,7 @@ class MemoryTier:
         self.drop(epoch)
         save_id = uuid.uuid4().hex
         cluster, replicas = self.cluster, self.options.replicas
+        assert cluster is not None
         peers = cluster.peers(nodes, replicas)
         fewest = min((len(p) for p in peers.values()), default=replicas)
         if fewest < replicas and cluster.owner and not self._warned_few:  # one process ("") holds no replicas
@@ -222,18 +247,16 @@ class MemoryTier:
         newly = []
         for epoch in sorted(self._epochs):
             record = self._epochs[epoch]
-            if record.accepted and not record.committed and all(self.cluster.registered(record.all_keys()).values()):
+            if not record.accepted or record.committed or self.cluster is None:
+                continue
+            if all(self.cluster.registered(record.all_keys()).values()):
                 record.committed = True
                 newly.append(epoch)
-        newest = self.newest()
-        if newest is not None:
-            for epoch in [e for e in self._epochs if e < newest]:
+                self.last = epoch
+        if self.last is not None:
+            for epoch in [e for e in self._epochs if e < self.last]:
                 self.drop(epoch)
         return newly
-
-    def newest(self) -> int | None:
-        """The newest epoch committed in memory."""
-        return max((e for e, r in self._epochs.items() if r.committed), default=None)
 
     def newest_accepted(self) -> int | None:
         """The newest epoch that ran on every node and kept its snapshots (committed or not yet)."""
@@ -264,7 +287,7 @@ class MemoryTier:
             (r for r in self._epochs.values() if r.committed and (not_before is None or r.epoch >= not_before)),
             key=lambda r: -r.epoch,
         )
-        if not candidates:
+        if not candidates or self.cluster is None:
             return None
         holders = self.cluster.holders([key for record in candidates for key in record.all_keys()])
         for record in candidates:
@@ -283,18 +306,37 @@ class MemoryTier:
                 return record.epoch, sources
         return None
 
-    def restored(self, epoch: int | None) -> None:
-        """The nodes were restored from ``epoch`` (``None``: from the prefix, or from scratch): every
-        other epoch is dropped, and the next peers are chosen among the workers there are now."""
-        for other in [e for e in self._epochs if e != epoch]:
+    def restore(self, source: tuple[int, dict[str, str]]) -> MemoryEpoch:
+        """Restore every node from ``source`` (see :meth:`source`) and return that epoch's record; the
+        other epochs are dropped. The durable writes in flight ended with the loss; the next durable
+        epoch first proves the prefix shared (the nodes may be on other workers now)."""
+        epoch, keys = source
+        record = self._epochs[epoch]
+        assert self.cluster is not None
+        self.cluster.restore(keys)
+        self._restarted(epoch)
+        self.last, self.unproven = epoch, True
+        self.writing_durably(None)
+        return record
+
+    def restarted(self, durable: int | None) -> None:
+        """The nodes were restored from the prefix's epoch ``durable`` (``None``: from scratch): every
+        epoch held is dropped."""
+        self._restarted(None)
+        self.last = None
+        self.writing_durably(durable)
+
+    def _restarted(self, keep: int | None) -> None:
+        for other in [e for e in self._epochs if e != keep]:
             self.drop(other)
-        self.cluster.forget_workers()
+        if self.cluster is not None:
+            self.cluster.forget_workers()
 
     # -- letting go ---------------------------------------------------------------------
     def drop(self, epoch: int) -> None:
         """Forget ``epoch`` and let the cluster drop its snapshots."""
         record = self._epochs.pop(epoch, None)
-        if record is not None:
+        if record is not None and self.cluster is not None:
             self.cluster.release(record.all_keys())
 
     def close(self) -> None:

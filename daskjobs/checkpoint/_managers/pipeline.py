@@ -12,11 +12,8 @@ Every save error goes through the run's :class:`SavePolicy` (retries, then ``on_
 a save that failed in its hook is saved again as a group of its own, a background flush that
 failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
 
-With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) every epoch is first committed in
-cluster memory (:class:`~.memory.MemoryTier`, the second commit tier): its hooks (``KeepFinish``)
-keep each node's snapshot on its worker and its peers; the epochs the manager's options make
-durable are also written, from the same snapshot, as above. A recovery restores from memory
-where it can (:meth:`CommitPipeline.memory_source`).
+With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is a
+:class:`~.tiered.TieredPipeline`, which commits every epoch in cluster memory first.
 """
 
 from __future__ import annotations
@@ -25,19 +22,17 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
-from .._node.memory_steps import KeepFinish
 from .ledger import PendingCommit, write_error
-from .memory import MemoryEpoch, MemoryTier, since
-from .saving import FATAL, OnCommit, OnMemoryCommit, Saved, SaveMode, SavePlan, SavePolicy
+from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
     from ...session import Session
+    from .memory import MemoryTier
     from .writer import EpochWriter
 
 logger = logging.getLogger("daskjobs")
@@ -59,26 +54,19 @@ class CommitPipeline:
         *,
         save_group: Callable[[int], TaskGroup] | None = None,
         nested: bool = False,
-        on_memory_commit: OnMemoryCommit | None = None,
     ) -> None:
         self.writer, self.ledger = writer, writer.ledger
         self.policy, self.on_commit = policy, on_commit
-        self.on_memory_commit = on_memory_commit
         self.save_group = save_group
         """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
         self.nested = nested
         """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
         self.last_committed: int | None = None
-        self.last_in_memory: int | None = None
-        """The newest epoch committed in cluster memory (tier 0; ``None``: none, or tier 0 is off)."""
         self.memory: MemoryTier | None = None
-        """The run's tier 0, made at its first plan (see :meth:`plan`); ``None`` while tier 0 is off."""
-        self._durable: dict[str, Any] = {"newest": None, "at": time.monotonic(), "unproven": False}
-        """Tier 0's durable epochs: the newest planned, when it started, and whether the nodes' storage
-        must be proven shared before the next (a recovery from memory moved nodes without it)."""
+        """The run's epochs committed in cluster memory (tier 0, see ``TieredPipeline``); ``None`` here."""
         self._waiting: list[PendingCommit] = []
         self._then: list[tuple[int, bool, Callable[[], object]]] = []
-        """``(epoch, whether only its durable commit will do, call)`` in epoch order (:meth:`when_committed`)."""
+        """``(epoch, whether only its durable commit will do, call)``, in epoch order (:meth:`when_committed`)."""
         self._deferred_error: Exception | None = None
         self._strays: set[str] = set()
         """Nodes that may still write in the background for saves this pipeline forgot."""
@@ -102,12 +90,10 @@ class CommitPipeline:
         it (:meth:`save`); not at all when the storage is not accessible or the save cannot start
         (``epoch`` is already committed, say: a save error, by policy, not retried). ``background``:
         nodes may fsync while the next epoch runs; ``last``: the run should end with this epoch, its
-        nodes fsync inside the graph (a wrong guess costs time, never safety). With tier 0 the
-        epoch is kept in ``session``'s cluster memory (see :meth:`_plan_memory`)."""
+        nodes fsync inside the graph (a wrong guess costs time, never safety). ``session`` runs the
+        epoch (tier 0 keeps its snapshots there)."""
         manager = self.writer.manager
         nodes = manager.nodes()
-        if manager.memory_options is not None and session is not None:
-            return self._plan_memory(epoch, nodes, used_nodes, session, background=background, last=last)
         if self.save_group is not None or not set(nodes) <= set(used_nodes):
             return SavePlan(epoch, SaveMode.OWN_GROUP)
         if not manager.cp_accessible(epoch=None):
@@ -123,57 +109,6 @@ class CommitPipeline:
         self._unsure = True
         return SavePlan(epoch, SaveMode.IN_GRAPH, hooks)
 
-    def _plan_memory(
-        self, epoch: int, nodes: list[str], used_nodes: list[str], session: Session, *, background: bool, last: bool
-    ) -> SavePlan:
-        """:meth:`plan` with tier 0: hooks keeping each node's snapshot in ``session``'s cluster memory
-        (``KeepFinish``), in the epoch's graph (else as a group of their own, see :meth:`accept`), and
-        on the epochs the manager makes durable also writing the snapshot under the prefix (in the
-        background unless ``last``)."""
-        manager = self.writer.manager
-        options = manager.memory_options
-        assert options is not None
-        if self.memory is None:
-            cluster = session.memory
-            if cluster is None:
-                raise CheckpointWriteError(
-                    f"{type(session).__name__} keeps no checkpoints in cluster memory: in_memory=True needs a "
-                    "LocalSession or a DaskSession"
-                )
-            self.memory = MemoryTier(options, cluster)
-        durable = options.durable_due(
-            epoch, last=last, newest_durable=self._newest_durable(), since=since(self._durable["at"])
-        )
-        if durable and not manager.cp_accessible(epoch=None):
-            logger.warning("checkpoint storage not accessible: epoch %d is kept in cluster memory only", epoch)
-            durable = False
-        writes = {}
-        if durable:
-            try:
-                if self._durable["unproven"]:
-                    manager.check_shared(session)
-                    self._durable["unproven"] = False
-                writes = self.writer.durable_writes(epoch, nodes, background=background and not last)
-            except FATAL:
-                raise
-            except Exception as exc:
-                self._give_up(epoch, exc)
-                durable = False
-            else:
-                self._durable.update(newest=epoch, at=time.monotonic())
-        orders = self.memory.orders(epoch, nodes)
-        hooks = {node: KeepFinish(orders[node], writes.get(node)) for node in nodes}
-        if self.save_group is not None or not set(nodes) <= set(used_nodes):
-            return SavePlan(epoch, SaveMode.OWN_GROUP, hooks, durable=durable, memory=True)
-        self._unsure = True
-        return SavePlan(epoch, SaveMode.IN_GRAPH, hooks, durable=durable, memory=True)
-
-    def _newest_durable(self) -> int | None:
-        """The newest epoch committed under the prefix or being written there."""
-        planned = self._durable["newest"]
-        known = [e for e in (self.last_committed, planned) if e is not None]
-        return max(known, default=None)
-
     def accept(
         self,
         session: Session,
@@ -187,56 +122,10 @@ class CommitPipeline:
         background flush of an earlier epoch written again, by policy. A plan of its own group saves
         it now (:meth:`save`); a plan to skip does nothing."""
         self.check(plan.epoch)
-        if plan.memory:
-            return self._accept_memory(session, plan, finished, stop_values, metrics)
         if plan.mode is SaveMode.OWN_GROUP:
             return self.save(session, plan.epoch, stop_values, metrics)
         if plan.mode is SaveMode.SKIP:
             return Saved()
-        return self._accept_in_graph(session, plan, finished, stop_values, metrics)
-
-    def _accept_memory(
-        self,
-        session: Session,
-        plan: SavePlan,
-        finished: Mapping[str, Any],
-        stop_values: Mapping[str, bool],
-        metrics: Mapping[str, float],
-    ) -> Saved:
-        """:meth:`accept` with tier 0: take the nodes' snapshots (a snapshot that failed: a save error,
-        by policy), the reports of earlier background writes, and on a durable epoch its save; commit
-        in memory what is ready."""
-        assert self.memory is not None
-        started, epoch = time.perf_counter(), plan.epoch
-        if plan.mode is SaveMode.OWN_GROUP:  # not every node runs in the epoch's group: the hooks run alone
-            keep = {node: KeepFinish(hook.order) for node, hook in plan.hooks.items() if isinstance(hook, KeepFinish)}
-            with self._writing():
-                finished = self.writer.run_hooks(session, "checkpoint_keep", keep, epoch)
-        failed = self.memory.accept(epoch, finished, stop_values, metrics)
-        if failed:
-            self._give_up(epoch, write_error(epoch, failed))
-        if plan.durable and plan.mode is SaveMode.IN_GRAPH:
-            saved = self._accept_in_graph(session, plan, finished, stop_values, metrics)
-        else:
-            self._unsure = False
-            for other, errors in sorted(self.ledger.note_flushes(finished).items()):
-                self._write_again(session, other, errors)
-            saved = Saved(time.perf_counter() - started)
-            if plan.durable:
-                saved = self.save(session, epoch, stop_values, metrics)
-        self._observe()
-        held = self.memory.tier0_bytes() if self._newest_commit() >= epoch else None
-        return replace(saved, tier="durable" if plan.durable else "memory", tier0_bytes=held)
-
-    def _accept_in_graph(
-        self,
-        session: Session,
-        plan: SavePlan,
-        finished: Mapping[str, Any],
-        stop_values: Mapping[str, bool],
-        metrics: Mapping[str, float],
-    ) -> Saved:
-        """:meth:`accept` of a save in the epoch's graph."""
         started = time.perf_counter()
         epoch, self._unsure = plan.epoch, False
         entries = [r["entry"] for r in finished.values() if r and "entry" in r]
@@ -249,8 +138,7 @@ class CommitPipeline:
             return Saved(node_seconds + again.seconds, again.bytes)
         timings = {"save_seconds": node_seconds + time.perf_counter() - started}
         written = None
-        provisional = plan.memory and any(isinstance(r, dict) and r.get("later") for r in finished.values())
-        if len(entries) == len(finished) and not provisional:  # a snapshot written in the background: at its commit
+        if len(entries) == len(finished):
             written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
         pending = PendingCommit(epoch, dict(stop_values), dict(metrics), timings)
         if self.writer.may_defer_commit:
@@ -290,13 +178,6 @@ class CommitPipeline:
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
         committed, and forget its own save (its files are debris)."""
         self.check(plan.epoch)
-        if self.memory is not None and plan.memory:
-            self.memory.drop(plan.epoch)
-            if plan.mode is SaveMode.IN_GRAPH and not plan.durable:
-                self._unsure = False
-                for other, errors in sorted(self.ledger.note_flushes(finished).items()):
-                    self._write_again(session, other, errors)
-                return
         if plan.mode is not SaveMode.IN_GRAPH:
             return
         self._unsure = False
@@ -319,8 +200,6 @@ class CommitPipeline:
             logger.warning("could not write the checkpoint of epoch %d: %s", other, write_error(other, errors))
         if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
             ledger.salvaged = {n: (r or {}).get("previous") for n, r in finished.items()}
-        if self.memory is not None:
-            self.memory.drop(plan.epoch)
         self._forget(plan.epoch)
         self.check(plan.epoch)
 
@@ -394,7 +273,6 @@ class CommitPipeline:
         ``meanwhile`` must not raise); an interruption (``KeyboardInterrupt``) goes through at once."""
         try:
             self.commit_ready()
-            self._observe()
         except Exception as exc:
             self._deferred_error = exc
         self.writer.tidy()
@@ -445,53 +323,27 @@ class CommitPipeline:
 
             self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
             self._call_then(pending.epoch)
-        self._observe()
 
     def finish(self, session: Session) -> None:
-        """The run ends after the epoch it ran last, or stops gracefully after it: with tier 0 that epoch
-        is made durable too (a group saving the nodes' workspaces, which hold it) unless it already is
-        or is being made so; then every epoch is committed (:meth:`flush`)."""
-        last = None if self.memory is None else self.memory.newest_accepted()
-        manager = self.writer.manager
-        options = manager.memory_options
-        durable = last is None or self._newest_durable_commit() >= last or last in self.ledger.ids
-        if not durable and options is not None and options.durable_every is not None:
-            record = self.memory.record(last) if self.memory is not None else None
-            assert record is not None
-            self.save(session, last, record.stop_values, record.metrics)
-            self._durable["newest"] = last
+        """The run ends after the epoch it ran last, or stops gracefully after it: commit every epoch
+        saved (:meth:`flush`)."""
         self.flush(session)
 
     def when_committed(self, call: Callable[[], object], epoch: int | None = None) -> None:
-        """Call ``call`` once the last epoch saved is committed (or given up): now, or after its
-        waiting commit (or the commit of its asynchronous save). With tier 0, ``epoch`` (the last
-        epoch run) must be committed in memory, or durably when it is a durable epoch."""
+        """Call ``call`` once the last epoch saved (``epoch``, where the caller knows it) is committed
+        (or given up): now, or after its waiting commit (or the commit of its asynchronous save)."""
         in_flight = self.ledger.in_flight_epoch()
-        if self.memory is not None and epoch is not None:
-            durable = epoch in self.ledger.ids or any(w.epoch == epoch for w in self._waiting)
-            done = self._newest_durable_commit() >= epoch if durable else self._newest_commit() >= epoch
-            if self._then or not done:
-                self._then.append((epoch, durable, call))
-            else:
-                call()
-        elif self._waiting:
-            self._then.append((self._waiting[-1].epoch, False, call))
+        if self._waiting:
+            self._then.append((self._waiting[-1].epoch, True, call))
         elif in_flight is not None:
-            self._then.append((in_flight, False, call))
+            self._then.append((in_flight, True, call))
         else:
             call()
 
-    def _newest_durable_commit(self) -> int:
-        return -1 if self.last_committed is None else self.last_committed
-
-    def _newest_commit(self) -> int:
-        return max(self._newest_durable_commit(), -1 if self.last_in_memory is None else self.last_in_memory)
-
     @property
     def newest_commit(self) -> int | None:
-        """The newest epoch committed durably or (tier 0) in cluster memory."""
-        newest = self._newest_commit()
-        return None if newest < 0 else newest
+        """The newest epoch this run committed (or resumed from), in any tier."""
+        return self.last_committed
 
     def _commit(self, pending: PendingCommit) -> None:
         self.writer.ask_commit(pending)
@@ -499,31 +351,16 @@ class CommitPipeline:
             self.last_committed = pending.epoch
             self.writer.manager.report_checkpoint_stats("checkpoint_save")
 
-    def _call_then(self, epoch: int, *, memory: bool = False) -> None:
+    def _call_then(self, epoch: int) -> None:
         """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it, after
-        telling :attr:`on_commit` of the commit; ``memory``: ``epoch`` was committed in cluster memory,
-        which is not enough for the calls that wait for a durable commit (nor for those after them)."""
+        telling :attr:`on_commit` of the commit."""
         record = self.writer.last_commit
-        if not memory and self.on_commit is not None and record is not None and record["epoch"] == epoch:
+        if self.on_commit is not None and record is not None and record["epoch"] == epoch:
             self.on_commit(epoch, *record_bytes(record)[1:])
-        now = []
-        while self._then and self._then[0][0] <= epoch and not (memory and self._then[0][1]):
-            now.append(self._then.pop(0)[2])
+        now = [call for e, _, call in self._then if e <= epoch]
+        self._then = [(e, durable, call) for e, durable, call in self._then if e > epoch]
         for call in now:
             call()
-        if not memory and self.last_in_memory is not None and self.last_in_memory > epoch:
-            self._call_then(self.last_in_memory, memory=True)
-
-    def _observe(self) -> None:
-        """Tier 0: commit in memory the epochs whose snapshots are all registered (see
-        ``MemoryTier.observe``), telling :attr:`on_memory_commit` and making their calls."""
-        if self.memory is None:
-            return
-        for epoch in self.memory.observe():
-            self.last_in_memory = epoch
-            if self.on_memory_commit is not None:
-                self.on_memory_commit(epoch, self.memory.tier0_bytes())
-            self._call_then(epoch, memory=True)
 
     # -- flushes ----------------------------------------------------------------------------
     def _wait_flushes(self, session: Session) -> None:
@@ -552,12 +389,9 @@ class CommitPipeline:
             logger.warning("%s", exc)
         try:
             for pending in self._waiting:
-                if self.memory is not None:  # tier 0 restores from memory: nothing is read from the prefix
-                    break
-                if not self.ledger.flushed(pending.epoch) and not self.writer.flush_here(pending.epoch):
+                if not self.ledger.flushed(pending.epoch) and not self._flush_here(pending.epoch):
                     break
             self.commit_ready()
-            self._observe()
         except Exception as exc:
             logger.warning("%s", exc)
         in_flight = self.ledger.in_flight
@@ -577,14 +411,13 @@ class CommitPipeline:
         self._strays |= self.ledger.writing_nodes()
         for pending in self._waiting:
             self._forget(pending.epoch)
-        self._waiting = []
-        if self.last_in_memory is not None:  # what memory holds is committed: a restore starts after it
-            try:
-                self._call_then(self.last_in_memory)
-            except Exception as exc:
-                logger.warning("%s", exc)
-        self._then = []
+        self._waiting, self._then = [], []
         return self.last_committed != before
+
+    def _flush_here(self, epoch: int) -> bool:
+        """After a loss: make ``epoch``'s groups whose flush no node reported durable from this process
+        (see ``EpochWriter.flush_here``)."""
+        return self.writer.flush_here(epoch)
 
     def end_writes(self, session: Session, lost: list[str] | tuple[str, ...] = ()) -> None:
         """Stop the background writes of saves that will not be committed, on every node that may still
@@ -610,43 +443,14 @@ class CommitPipeline:
 
     def recover(self, session: Session, lost: list[str]) -> None:
         """After the loss of the nodes ``lost``, once :meth:`settle` committed what it could: end the
-        other nodes' background writes and remove what this run left uncommitted (with tier 0 when
-        the run ends: a recovery from memory reads nothing from the prefix)."""
+        other nodes' background writes and remove what this run left uncommitted."""
         self.debris = True
         self.end_writes(session, lost)
-        if self.memory is None:
-            self._remove_debris()
+        self._remove_debris()
 
-    # -- recovery from memory (tier 0) -------------------------------------------------------
-    def memory_source(self) -> tuple[int, dict[str, str]] | None:
-        """After a loss: the newest epoch committed in memory, not older than the newest durable commit,
-        whose every node still has a copy, with the key each node is restored from (see
-        ``MemoryTier.source``); ``None`` without tier 0 or such an epoch."""
-        if self.memory is None:
-            return None
-        return self.memory.source(self.last_committed)
-
-    def restore_memory(self, source: tuple[int, dict[str, str]]) -> MemoryEpoch:
-        """Restore every node from ``source`` (see :meth:`memory_source`) and return that epoch's record.
-        The durable tier catches up at its next durable epoch (proving the prefix shared first: the
-        nodes may be on other workers now)."""
-        assert self.memory is not None
-        epoch, keys = source
-        record = self.memory.record(epoch)
-        assert record is not None
-        self.memory.cluster.restore(keys)
-        self.memory.restored(epoch)
-        self.last_in_memory = epoch
-        self._durable.update(unproven=True, newest=self.last_committed)  # writes in flight ended with the loss
-        return record
-
-    def restarted(self, epoch: int | None) -> None:
-        """The nodes were restored from the prefix's ``epoch`` (``None``: from scratch): tier 0 forgets
-        every epoch it held."""
-        if self.memory is not None:
-            self.memory.restored(None)
-            self.last_in_memory = None
-            self._durable["newest"] = epoch
+    def recovered(self, epoch: int | None, *, in_memory: bool) -> None:
+        """The nodes were restored from ``epoch`` (``in_memory``: by tier 0; else from the prefix, or
+        from scratch when ``None``)."""
 
     def remove_debris(self) -> None:
         """Remove what saves that never committed left under the prefix for the job's nodes (of this run
@@ -730,11 +534,8 @@ class CommitPipeline:
         return self.writer.staging.resume_older(self.writer.store, epoch)
 
     def close(self) -> None:
-        """The run ends (the lock is about to be released): release tier 0's snapshots, delete the
-        groups of the epochs retention un-committed, then what this run left uncommitted, if anything,
-        when nothing writes any more."""
-        if self.memory is not None:
-            self.memory.close()
+        """The run ends (the lock is about to be released): delete the groups of the epochs retention
+        un-committed, then what this run left uncommitted, if anything, when nothing writes any more."""
         self.writer.tidy(final=True)
         if self.debris:
             self._remove_debris()
