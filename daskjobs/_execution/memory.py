@@ -99,6 +99,10 @@ class ClusterMemory(Protocol):
     def release(self, keys: Iterable[str]) -> None:
         """Let the cluster drop ``keys``."""
 
+    def release_when_held(self, keys: Iterable[str], older: Iterable[str]) -> None:
+        """Release ``older`` as soon as every key of ``keys`` is registered (unless one of ``keys`` is
+        released first): the snapshots an epoch committed in memory supersedes go at once."""
+
     def restore(self, sources: Mapping[str, str]) -> None:
         """Make each node's workspace (``sources``: node -> key) a copy of the snapshot under its key,
         on the node's worker (the snapshot travels there if it is held elsewhere)."""

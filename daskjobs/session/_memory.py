@@ -199,9 +199,11 @@ class DaskMemory:
         self._client, self._session = client, session_id
         self._workers, self._placement, self._restore = workers, placement, restore
         self.owner = str(client.id)
+        self._lock = threading.Lock()
         self._futures: dict[str, Future] = {}
         self._late: dict[str, float] = {}
         self._live: tuple[float, list[str]] = (-1.0, [])
+        self._waiting: set[asyncio.Task[None]] = set()
 
     def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
         return f"daskjobs-{self._session}-tier0-{epoch}-{save_id[:8]}-{node}-{copy}"
@@ -235,11 +237,35 @@ class DaskMemory:
 
     # -- keys -----------------------------------------------------------------------------
     def hold(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            self._futures[key] = Future(key, self._client)
+        made = {key: Future(key, self._client) for key in keys}
+        with self._lock:
+            self._futures.update(made)
 
     def registered(self, keys: Iterable[str]) -> dict[str, bool]:
-        return {key: key in self._futures and self._futures[key].status != "pending" for key in keys}
+        with self._lock:
+            return {key: key in self._futures and self._futures[key].status != "pending" for key in keys}
+
+    def release_when_held(self, keys: Iterable[str], older: Iterable[str]) -> None:
+        """Release ``older`` as soon as every key of ``keys`` is registered (on the client's event loop,
+        when the scheduler's reports arrive); not when one of ``keys`` is released first."""
+        with self._lock:
+            futures = [self._futures[key] for key in keys if key in self._futures]
+        superseded = list(older)
+        if not futures or not superseded:
+            return
+
+        async def wait() -> None:
+            for future in futures:  # a future released meanwhile is cancelled, which ends the wait
+                await future._state.wait()
+            if all(future.status == "finished" for future in futures):
+                self.release(superseded)
+
+        def start() -> None:
+            task = asyncio.ensure_future(wait())
+            self._waiting.add(task)
+            task.add_done_callback(self._waiting.discard)
+
+        self._client.loop.add_callback(start)
 
     def holders(self, keys: Iterable[str]) -> dict[str, list[str]]:
         client = self._client
@@ -250,27 +276,32 @@ class DaskMemory:
 
     def release(self, keys: Iterable[str]) -> None:
         now = time.monotonic()
-        again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
-        for key in keys:
-            future = self._futures.pop(key, None)
-            if future is not None and future.status == "pending":
-                self._late[key] = now
-        if again and self._client.status == "running":
+        with self._lock:
+            again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
+            released = [self._futures.pop(key) for key in keys if key in self._futures]
+            self._late.update({f.key: now for f in released if f.status == "pending"})
             for key in again:
                 del self._late[key]
+        released.clear()  # the futures go: their keys are released
+        if again and self._client.status == "running":
             self._client._send_to_scheduler({"op": "client-releases-keys", "keys": again, "client": self.owner})
 
     def release_all(self) -> None:
         """Release every key this driver holds (the session closes)."""
-        self.release(list(self._futures))
-        self._late = {k: t - _RELEASE_AGAIN_AFTER for k, t in self._late.items()}
+        with self._lock:
+            held = list(self._futures)
+        self.release(held)
+        with self._lock:
+            self._late = {k: t - _RELEASE_AGAIN_AFTER for k, t in self._late.items()}
         self.release([])
 
     def restore(self, sources: Mapping[str, str]) -> None:
-        missing = [key for key in sources.values() if key not in self._futures]
+        with self._lock:
+            missing = [key for key in sources.values() if key not in self._futures]
+            futures = {node: self._futures.get(key) for node, key in sources.items()}
         if missing:
             raise KeyError(f"tier-0 snapshots {missing} are not held by this session")
-        self._restore({node: self._futures[key] for node, key in sources.items()})
+        self._restore({node: future for node, future in futures.items() if future is not None})
 
 
 class ProcessMemory:
@@ -322,6 +353,11 @@ class ProcessMemory:
         with self._lock:
             for key in keys:
                 self._kept.pop(key, None)
+
+    def release_when_held(self, keys: Iterable[str], older: Iterable[str]) -> None:
+        """Release ``older`` now if every key of ``keys`` is kept (a snapshot is kept as it is made)."""
+        if all(self.registered(keys).values()):
+            self.release(older)
 
     def restore(self, sources: Mapping[str, str]) -> None:
         for node, key in sources.items():

@@ -222,6 +222,9 @@ class MemoryTier:
             self.drop(epoch)
             return failed
         record.stop_values, record.metrics, record.accepted = dict(stop_values), dict(metrics), True
+        if self.cluster is not None:  # once this epoch is committed, the ones before it go at once
+            older = [key for e, r in self._epochs.items() if e < epoch for key in r.all_keys()]
+            self.cluster.release_when_held(record.all_keys(), older)
         return {}
 
     def _push_failed(self, node: str, failure: PushFailure, failed: dict[str, Any]) -> None:
