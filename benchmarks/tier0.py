@@ -2,7 +2,7 @@
 
 Three parts (``--part``, default all):
 
-* ``overhead`` (a): the tiny 2-node job of ``save_every_epoch.py`` (2 nodes × 2 tasks, a node
+* ``overhead`` (a): the tiny 2-node job of ``save_every_epoch.py`` (2 nodes x 2 tasks, a node
   per worker process) and the 64-node job of ``scale_nodes.py`` (2 worker processes, one thread
   per node), each without checkpoints and with tier 0 (``in_memory=True``, a snapshot of every
   node in memory every epoch with one replica, a durable commit every 10 epochs on local disk).
@@ -10,7 +10,7 @@ Three parts (``--part``, default all):
   the epoch's run, its snapshots, the commit of the epoch before) averaged over a window of
   ``--epochs`` epochs that holds whole cycles of ``durable_every`` (so a durable epoch's share is
   in it), after ``--warmup`` epochs. Runs alternate, ``--rounds`` rounds; the figure of a variant
-  is the median over its runs. Target: tier 0 ≤ 1.1× no checkpoints, for both jobs.
+  is the median over its runs. Target: tier 0 ≤ 1.1x no checkpoints, for both jobs.
 * ``recovery`` (b, d): a 2-node job on a ``node_cluster`` (a nanny restarts a killed worker),
   ``--mib`` MiB per node, durable every 10; a node's worker is SIGKILLed in the middle of an
   epoch; measured: the time from the kill to the commit (in memory) of the epoch run again, the
@@ -19,7 +19,7 @@ Three parts (``--part``, default all):
   target 0). The time has two parts: noticing the loss and waiting for the node's new worker
   (the nanny's restart, ~1 s here), and the restore (the snapshot's transfer). Also (d) the
   tier-0 bytes held (``tier0_bytes`` of the last record, and what the workers actually hold,
-  asked from each worker) against (1 + replicas) × the workspace bytes.
+  asked from each worker) against (1 + replicas) x the workspace bytes.
 * the kill soak (c) is ``kill_soak.py --in-memory --durable-every 10`` (and ``--kill-pairs``).
 
 Prints tables (stderr) and JSON (stdout, or ``--json FILE``). The machine's load average is in the
@@ -51,7 +51,7 @@ from scale_nodes import define_job as scale_job
 import daskjobs as dj
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from prefix_reads import ROOT_VARIABLE, reads_everywhere, watch  # noqa: E402
+from prefix_reads import ROOT_VARIABLE, reads_everywhere, watch
 
 DURABLE_EVERY = 10
 
@@ -167,8 +167,9 @@ def recovery(args: argparse.Namespace, folder: str) -> dict[str, Any]:
                     marks["restored"] = record
 
             manager = dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=DURABLE_EVERY)
+            job = recovery_job(args.mib)
             runner = dj.JobRunner(
-                recovery_job(args.mib), manager, max_epochs=8, max_failures=1, progress=False, hooks=Kill(), on_epoch=on_epoch
+                job, manager, max_epochs=8, max_failures=1, progress=False, hooks=Kill(), on_epoch=on_epoch
             )
             runner.train(session)
             record = marks["restored"]
@@ -201,7 +202,8 @@ def recovery(args: argparse.Namespace, folder: str) -> dict[str, Any]:
         "bytes_ratio_recorded": trials[0]["tier0_bytes_recorded"] / ((1 + replicas) * workspace),
         "bytes_ratio_on_workers": statistics.median(b for t in trials for b in t["tier0_bytes_on_workers"])
         / ((1 + replicas) * workspace),
-        "bytes_ratio_on_workers_max": max(t["tier0_bytes_on_workers_max"] for t in trials) / ((1 + replicas) * workspace),
+        "bytes_ratio_on_workers_max": max(t["tier0_bytes_on_workers_max"] for t in trials)
+        / ((1 + replicas) * workspace),
     }
 
 
