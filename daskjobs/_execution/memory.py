@@ -1,12 +1,14 @@
 """Tier 0, checkpoints kept in cluster memory (SPEC §3): what the checkpoint steps, the sessions and
-the commit pipeline say to each other about a node's snapshot held in memory.
+the commit pipeline say to each other about the node snapshots held in memory.
 
 A node's snapshot of an epoch (its whole GLOBAL workspace, copied as a save would write it) is
-kept on the node's own worker under a key and, as replicas, on other workers under keys of their
-own: Dask data of the driver's client on a ``DaskSession``, a copy in the process on a
-``LocalSession``. The steps hand a snapshot to the :class:`SnapshotKeeper` of the node's state
-(worker side); the driver holds, checks, releases and restores through the session's
-:class:`ClusterMemory`. No Dask here: the sessions implement both protocols.
+kept in the memory of the node's worker and, as replicas, of other workers. The snapshots of the
+nodes one worker serves travel and are held together, as one **bundle** per worker and epoch
+(node -> snapshot): Dask data of the driver's client under one key on the worker, and under one
+key per replica on its peers, whatever the number of nodes. The steps hand a node's snapshot to
+the :class:`SnapshotKeeper` of its state (worker side); the driver plans the bundles, checks,
+releases and restores through the session's :class:`ClusterMemory`. No Dask here: the sessions
+implement both protocols.
 """
 
 from __future__ import annotations
@@ -22,31 +24,44 @@ from .._model.values import Value
 
 
 @dataclass(frozen=True)
-class KeepOrder:
-    """Where the snapshot of ``node`` at ``epoch`` goes: under :attr:`key` on the node's own worker,
-    under each key of :attr:`replicas` on that key's worker (peer address), all held by
-    :attr:`owner` (the driver's Dask client id; ``""`` in one process)."""
+class Bundle:
+    """The nodes a worker serves, as planned for an epoch: their snapshots go together, under
+    :attr:`key` on :attr:`holder` and under each key of :attr:`replicas` on that key's worker."""
 
-    node: str
-    epoch: int
     key: str
+    holder: str
+    nodes: tuple[str, ...]
     replicas: Mapping[str, str] = field(default_factory=dict)
-    owner: str = ""
 
     def all_keys(self) -> list[str]:
-        """The node's own key, then its replicas' keys."""
+        """The holder's key, then the replicas' keys."""
         return [self.key, *self.replicas]
 
 
+@dataclass(frozen=True)
+class KeepOrder:
+    """Where the snapshot of ``node`` at ``epoch`` goes: into :attr:`bundle`, held by :attr:`owner`
+    (the driver's Dask client id; ``""`` in one process)."""
+
+    node: str
+    epoch: int
+    bundle: Bundle
+    owner: str = ""
+
+    def all_keys(self) -> list[str]:
+        return self.bundle.all_keys()
+
+
 class Kept(TypedDict):
-    """What a keeper says of a snapshot it took: its bytes and the address of the worker holding it."""
+    """What a keeper says of a snapshot it took: its bytes and the worker holding it (``holder``
+    empty: the node did not run where its bundle was planned, so its snapshot is not kept)."""
 
     bytes: int
     holder: str
 
 
 class PushFailure(TypedDict):
-    """A replica that could not be sent to its peer (reported by the node's next hook)."""
+    """A bundle that could not be sent to a peer (reported by its nodes' next hooks)."""
 
     epoch: int
     peer: str
@@ -63,26 +78,24 @@ class SnapshotKeeper(Protocol):
         its replicas) would not fit in the worker's memory limit: before the snapshot is made."""
 
     def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
-        """Hold ``snapshot`` (not copied again: the caller made it) under ``order.key`` and send its
-        replicas, in the background, to ``order.replicas``' peers; their keys are registered once
-        stored."""
+        """Add ``snapshot`` (not copied again: the caller made it) to its bundle; once every node of
+        the bundle is in, the bundle is held here and sent, in the background, to its peers, and
+        its keys are registered."""
 
     def failures(self, node: str) -> list[PushFailure]:
-        """The replicas of ``node`` that could not be sent since the last call (then forgotten)."""
+        """The replicas of ``node``'s bundles that could not be sent since the last call (then forgotten)."""
 
 
 class ClusterMemory(Protocol):
-    """The driver's side of tier 0 on a session: which peers hold replicas, which keys are held,
-    and restoring node workspaces from them."""
+    """The driver's side of tier 0 on a session: where the bundles go, which keys are held, and
+    restoring node workspaces from them."""
 
     owner: str
     """Who the keys are held for (the driver's Dask client id; ``""`` in one process)."""
 
-    def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
-        """The key of copy ``copy`` (0: the node's own worker) of ``node``'s snapshot of ``epoch``."""
-
-    def peers(self, nodes: Sequence[str], replicas: int) -> dict[str, list[str]]:
-        """Per node, up to ``replicas`` workers other than its own to hold its replicas."""
+    def bundles(self, epoch: int, save_id: str, nodes: Sequence[str], replicas: int) -> list[Bundle]:
+        """The bundles of ``nodes``' snapshots of ``epoch``: one per worker serving some of them, each
+        replicated on up to ``replicas`` other workers."""
 
     def forget_workers(self) -> None:
         """Look at the cluster's workers afresh before choosing the next peers (after a loss)."""
@@ -104,8 +117,8 @@ class ClusterMemory(Protocol):
         released first): the snapshots an epoch committed in memory supersedes go at once."""
 
     def restore(self, sources: Mapping[str, str]) -> None:
-        """Make each node's workspace (``sources``: node -> key) a copy of the snapshot under its key,
-        on the node's worker (the snapshot travels there if it is held elsewhere)."""
+        """Make each node's workspace (``sources``: node -> the key of a bundle holding its snapshot)
+        a copy of its snapshot, on the node's worker (the bundle travels there if held elsewhere)."""
 
 
 def snapshot_bytes(snapshot: Mapping[str, Value]) -> int:

@@ -32,7 +32,7 @@ from ._plugin import (
     WorkerStates,
     call_on_node,
     drop_session,
-    install_node,
+    install_snapshot,
     register_workspaces,
     wait_for_steps,
 )
@@ -152,8 +152,8 @@ class DaskSession(Session):
         return self._memory
 
     def _restore_snapshots(self, sources: Mapping[str, Future]) -> None:
-        """Make each node's workspace a copy of the snapshot future ``sources[node]``, on its worker
-        (a fresh workspace: a new token); a lost worker raises :class:`NodeLostError`."""
+        """Make each node's workspace a copy of its snapshot in the tier-0 bundle future ``sources[node]``,
+        on its worker (a fresh workspace: a new token); a lost worker raises :class:`NodeLostError`."""
         self._check_client()
         self._preflight(list(sources), {})
         prefix = f"daskjobs-{self.session_id}-tier0-restore-{uuid.uuid4().hex[:8]}"
@@ -162,7 +162,7 @@ class DaskSession(Session):
         for node, snapshot in sources.items():
             key = f"{prefix}-{node}"
             futures[key] = self._client.submit(
-                install_node,
+                install_snapshot,
                 self._states,
                 node,
                 snapshot,

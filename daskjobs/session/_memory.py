@@ -34,7 +34,7 @@ from distributed.protocol import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
 
 from .._config import config_timeout
-from .._execution.memory import KeepOrder, Kept, PushFailure, snapshot_bytes
+from .._execution.memory import Bundle, KeepOrder, Kept, PushFailure, snapshot_bytes
 from .._model.values import Value, copy_value
 from ..errors import CheckpointWriteError
 from ._placement import live_workers
@@ -52,16 +52,20 @@ def _address(worker: Worker) -> str:
 class WorkerMemory:
     """The tier-0 snapshots of the nodes a worker serves (see the module docstring).
 
-    :meth:`keep` is called from a node's epoch task (a thread); the rest runs on the worker's
-    event loop.
+    :meth:`keep` is called from a node's epoch task (a thread): it adds the snapshot to its bundle,
+    and the node that completes the bundle hands it to the worker's event loop, which stores it,
+    sends its replicas and registers it.
     """
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
         self._lock = threading.Lock()
-        self._waiting: list[tuple[KeepOrder, dict[str, Value], int]] = []
+        self._open: dict[str, tuple[KeepOrder, dict[str, dict[str, Value]], int]] = {}
+        """Bundle key -> an order of it, the snapshots in it so far, their bytes."""
+        self._sealed: list[tuple[KeepOrder, dict[str, dict[str, Value]], int]] = []
         self._failed: dict[str, list[PushFailure]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._memory: tuple[float, int] = (-1.0, 0)
 
     # -- from a node's task ---------------------------------------------------------------
     def check_fits(self, order: KeepOrder, nbytes: int) -> None:
@@ -74,26 +78,47 @@ class WorkerMemory:
         if not limit:
             return
         fraction = dask.config.get("distributed.worker.memory.pause", default=0.8) or 0.95
-        needed = nbytes * (1 + len(order.replicas))
-        used = int(self._worker.monitor.get_process_memory())
+        needed = nbytes * (1 + len(order.bundle.replicas))
+        used = self._process_memory()
         if used + needed > fraction * limit:
             raise CheckpointWriteError(
                 f"node {order.node!r}, epoch {order.epoch}: its tier-0 snapshot ({nbytes} bytes) and "
-                f"{len(order.replicas)} replica(s) of that size do not fit in the memory of worker "
+                f"{len(order.bundle.replicas)} replica(s) of that size do not fit in the memory of worker "
                 f"{_address(self._worker)}: {used} bytes in use, limit {int(limit)} bytes, of which Dask lets "
                 f"{fraction:.0%} be used; give the workers more memory (--memory-limit), or keep fewer replicas "
                 "(replicas=...), or turn tier 0 off (in_memory=False)"
             )
 
+    def _process_memory(self) -> int:
+        """The process's memory (RSS), read at most every 50 ms (reading it costs a system call)."""
+        at, used = self._memory
+        if time.monotonic() - at > 0.05:
+            used = int(self._worker.monitor.get_process_memory())
+            self._memory = (time.monotonic(), used)
+        return used
+
     def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
-        """Hold ``snapshot`` under ``order.key`` here and send its replicas (in the background)."""
+        """Add ``snapshot`` to its bundle (kept only where the bundle was planned)."""
         nbytes = snapshot_bytes(snapshot)
+        me = _address(self._worker)
+        if order.bundle.holder != me:  # the node moved after its bundle was planned: not kept
+            return {"bytes": nbytes, "holder": ""}
+        bundle = order.bundle
         with self._lock:
-            self._waiting.append((order, snapshot, nbytes))
-            start = len(self._waiting) == 1
-        if start:
+            for key in [k for k, (o, _, _) in self._open.items() if o.owner == order.owner and o.epoch < order.epoch]:
+                del self._open[key]  # a bundle an earlier epoch never completed (a node's task failed)
+            _, snapshots, total = self._open.get(bundle.key, (order, {}, 0))
+            snapshots[order.node] = snapshot
+            total += nbytes
+            full = len(snapshots) >= len(bundle.nodes)
+            if full:
+                self._open.pop(bundle.key, None)
+                self._sealed.append((order, snapshots, total))
+            else:
+                self._open[bundle.key] = (order, snapshots, total)
+        if full:
             self._worker.loop.add_callback(self._start)
-        return {"bytes": nbytes, "holder": _address(self._worker)}
+        return {"bytes": nbytes, "holder": me}
 
     def failures(self, node: str) -> list[PushFailure]:
         with self._lock:
@@ -107,27 +132,29 @@ class WorkerMemory:
 
     async def _store(self) -> None:
         with self._lock:
-            batch, self._waiting = self._waiting, []
-        if not batch:
+            sealed, self._sealed = self._sealed, []
+        if not sealed:
             return
         worker, me = self._worker, _address(self._worker)
-        worker.update_data(data={order.key: snapshot for order, snapshot, _ in batch}, stimulus_id=_stimulus())
+        worker.update_data(
+            data={order.bundle.key: snapshots for order, snapshots, _ in sealed}, stimulus_id=_stimulus()
+        )
         by_peer: dict[str, dict[str, Any]] = {}
-        for order, snapshot, _ in batch:
-            for key, peer in order.replicas.items():
-                by_peer.setdefault(peer, {})[key] = to_serialize(snapshot)
+        for order, snapshots, _ in sealed:
+            for key, peer in order.bundle.replicas.items():
+                by_peer.setdefault(peer, {})[key] = to_serialize(snapshots)
         peers = sorted(by_peer)
         sent = await asyncio.gather(*(self._push(peer, by_peer[peer]) for peer in peers), return_exceptions=True)
         failed = {peer: outcome for peer, outcome in zip(peers, sent, strict=True) if outcome is not None}
-        for order, _, _ in batch:
-            for peer in sorted(set(order.replicas.values()) & set(failed)):
+        for order, _, _ in sealed:
+            for peer in sorted(set(order.bundle.replicas.values()) & set(failed)):
                 self._fail(order, peer, failed[peer])
-        for owner in sorted({order.owner for order, _, _ in batch}):
-            mine = [(order, nbytes) for order, _, nbytes in batch if order.owner == owner]
+        for owner in sorted({order.owner for order, _, _ in sealed}):
+            mine = [(order, total) for order, _, total in sealed if order.owner == owner]
             await self._register(owner, mine, me, set(failed))
 
     async def _push(self, peer: str, data: dict[str, Any]) -> BaseException | None:
-        """Send ``data`` (key -> serialised snapshot) into ``peer``'s memory; the error, if it failed."""
+        """Send ``data`` (key -> serialised bundle) into ``peer``'s memory; the error, if it failed."""
         try:
             await asyncio.wait_for(
                 self._worker.rpc(peer).update_data(data=data, stimulus_id=_stimulus()),
@@ -137,39 +164,53 @@ class WorkerMemory:
             return exc
         return None
 
-    async def _register(self, owner: str, kept: list[tuple[KeepOrder, int]], me: str, failed: set[str]) -> None:
-        """Register the keys of ``kept`` (and their replicas, those sent) as ``owner``'s data.
+    async def _register(self, owner: str, sealed: list[tuple[KeepOrder, int]], me: str, failed: set[str]) -> None:
+        """Register the bundles of ``sealed`` (and their replicas, those sent) as ``owner``'s data: in
+        one call to the scheduler when the replicas went to one peer (the usual ring), else one per peer.
 
-        The scheduler's ``update_data`` raises on a worker it no longer knows after creating the
-        key it was at: so the replicas go first, one peer per call, and the own keys last."""
+        The scheduler's ``update_data`` fails on a worker it no longer knows, after creating the key it
+        was to hold there and before it registers anything for the client: so the replicas come
+        first, and after such a failure the own keys are registered alone."""
         scheduler = self._worker.scheduler
-        by_peer: dict[str, dict[str, int]] = {}
-        for order, nbytes in kept:
-            for key, peer in order.replicas.items():
+        own = {order.bundle.key: [me] for order, _ in sealed}
+        nbytes = {key: total for order, total in sealed for key in order.all_keys()}
+        by_peer: dict[str, dict[str, list[str]]] = {}
+        for order, _ in sealed:
+            for key, peer in order.bundle.replicas.items():
                 if peer not in failed:
-                    by_peer.setdefault(peer, {})[key] = nbytes
-        for peer, keys in sorted(by_peer.items()):
+                    by_peer.setdefault(peer, {})[key] = [peer]
+        calls = [{**next(iter(by_peer.values()), {}), **own}] if len(by_peer) <= 1 else [*by_peer.values(), own]
+        for who_has in calls:
             try:
-                await scheduler.update_data(who_has={k: [peer] for k in keys}, nbytes=keys, client=owner)
-            except Exception as exc:  # the peer left after it took the replicas: they went with it
-                for order, _ in kept:
-                    if peer in order.replicas.values():
-                        self._fail(order, peer, exc)
-        own = {order.key: nbytes for order, nbytes in kept}
-        try:
-            await scheduler.update_data(who_has={k: [me] for k in own}, nbytes=own, client=owner)
-        except Exception as exc:  # nothing will ever release them: drop them here
-            closing = str(getattr(self._worker.status, "name", self._worker.status)) in ("closing", "closed")
-            log = logger.debug if closing else logger.warning
-            log("could not register tier-0 snapshots %s with the scheduler: %r", sorted(own), exc)
-            if not closing:
-                _forget(self._worker, list(own))
+                await scheduler.update_data(who_has=who_has, nbytes={k: nbytes[k] for k in who_has}, client=owner)
+            except Exception as exc:
+                replicas = [key for key in who_has if key not in own]
+                for order, _ in sealed:  # a peer left after it took the replicas: they went with it
+                    for key in set(order.bundle.replicas) & set(replicas):
+                        self._fail(order, order.bundle.replicas[key], exc)
+                if not replicas:
+                    self._unregistered(list(own), exc)
+                elif len(calls) == 1:
+                    calls.append(own)
+
+    def _unregistered(self, keys: list[str], error: BaseException) -> None:
+        """The own keys could not be registered: nothing would ever release them, so they go here."""
+        closing = str(getattr(self._worker.status, "name", self._worker.status)) in ("closing", "closed")
+        log = logger.debug if closing else logger.warning
+        log("could not register tier-0 snapshots %s with the scheduler: %r", sorted(keys), error)
+        if not closing:
+            _forget(self._worker, keys)
 
     def _fail(self, order: KeepOrder, peer: str, error: BaseException) -> None:
+        """Every node of ``order``'s bundle hears, at its next hook, that its replica on ``peer`` failed."""
+        for node in order.bundle.nodes:
+            self._record_failure(node, order.epoch, peer, error)
+
+    def _record_failure(self, node: str, epoch: int, peer: str, error: BaseException) -> None:
         left = isinstance(error, OSError | asyncio.TimeoutError | KeyError)
-        failure: PushFailure = {"epoch": order.epoch, "peer": peer, "error": repr(error), "fatal": not left}
+        failure: PushFailure = {"epoch": epoch, "peer": peer, "error": repr(error), "fatal": not left}
         with self._lock:
-            self._failed.setdefault(order.node, []).append(failure)
+            self._failed.setdefault(node, []).append(failure)
 
 
 def _stimulus() -> str:
@@ -205,10 +246,7 @@ class DaskMemory:
         self._live: tuple[float, list[str]] = (-1.0, [])
         self._waiting: set[asyncio.Task[None]] = set()
 
-    def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
-        return f"daskjobs-{self._session}-tier0-{epoch}-{save_id[:8]}-{node}-{copy}"
-
-    # -- peers ----------------------------------------------------------------------------
+    # -- bundles --------------------------------------------------------------------------
     def forget_workers(self) -> None:
         """Ask the scheduler for its workers again before choosing the next peers (after a loss)."""
         self._live = (-1.0, [])
@@ -222,18 +260,22 @@ class DaskMemory:
             self._live = (time.monotonic(), live)
         return live
 
-    def peers(self, nodes: Sequence[str], replicas: int) -> dict[str, list[str]]:
-        """Per node, the ``replicas`` workers after its own in the ring of workers (fewer when the
-        cluster has fewer)."""
+    def bundles(self, epoch: int, save_id: str, nodes: Sequence[str], replicas: int) -> list[Bundle]:
+        """One bundle per worker serving some of ``nodes`` (as placed now), replicated on the
+        ``replicas`` workers after it in the ring of workers (fewer when the cluster has fewer)."""
         live = self.live_workers()
         placement = self._placement()
-        chosen: dict[str, list[str]] = {}
+        by_worker: dict[str, list[str]] = {}
         for node in nodes:
-            own = placement.get(node)
-            start = live.index(own) + 1 if own in live else 0
-            ring = [live[(start + i) % len(live)] for i in range(len(live))] if live else []
-            chosen[node] = [a for a in ring if a != own][:replicas]
-        return chosen
+            by_worker.setdefault(placement.get(node, ""), []).append(node)
+        made = []
+        for index, (holder, served) in enumerate(sorted(by_worker.items())):
+            start = live.index(holder) + 1 if holder in live else 0
+            ring = [live[(start + i) % len(live)] for i in range(len(live))]
+            peers = [a for a in ring if a != holder][:replicas]
+            key = f"daskjobs-{self._session}-tier0-{epoch}-{save_id[:8]}-{index}"
+            made.append(Bundle(f"{key}-0", holder, tuple(served), {f"{key}-{i + 1}": p for i, p in enumerate(peers)}))
+        return made
 
     # -- keys -----------------------------------------------------------------------------
     def hold(self, keys: Iterable[str]) -> None:
@@ -318,22 +360,21 @@ class ProcessMemory:
         self._restore = restore
         self._id = uuid.uuid4().hex[:8]
 
-    def key(self, epoch: int, save_id: str, node: str, copy: int) -> str:
-        return f"daskjobs-{self._id}-tier0-{epoch}-{save_id[:8]}-{node}-{copy}"
+    def bundles(self, epoch: int, save_id: str, nodes: Sequence[str], replicas: int) -> list[Bundle]:
+        """One bundle per node, kept in this process (no replicas)."""
+        key = f"daskjobs-{self._id}-tier0-{epoch}-{save_id[:8]}"
+        return [Bundle(f"{key}-{node}", "this process", (node,)) for node in nodes]
 
     def check_fits(self, order: KeepOrder, nbytes: int) -> None:
         """A copy in this process always fits (the process has no memory limit of Dask's)."""
 
     def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
         with self._lock:
-            self._kept[order.key] = snapshot
+            self._kept[order.bundle.key] = {order.node: snapshot}
         return {"bytes": snapshot_bytes(snapshot), "holder": "this process"}
 
     def failures(self, node: str) -> list[PushFailure]:
         return []
-
-    def peers(self, nodes: Sequence[str], replicas: int) -> dict[str, list[str]]:
-        return {node: [] for node in nodes}
 
     def forget_workers(self) -> None:
         """Nothing to forget: the process is the only holder."""
@@ -362,5 +403,5 @@ class ProcessMemory:
     def restore(self, sources: Mapping[str, str]) -> None:
         for node, key in sources.items():
             with self._lock:
-                snapshot = self._kept[key]
+                snapshot = self._kept[key][node]
             self._restore(node, {name: copy_value(value, name) for name, value in snapshot.items()})

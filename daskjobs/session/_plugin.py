@@ -228,6 +228,12 @@ def install_node(states: WorkerStates, node: str, blobs: dict[str, Value]) -> st
     return state.token
 
 
+def install_snapshot(states: WorkerStates, node: str, bundle: dict[str, dict[str, Value]]) -> str:
+    """Task on ``node``'s worker: a fresh workspace of ``node`` holding copies of its snapshot in
+    ``bundle`` (a tier-0 bundle: node -> snapshot); returns its token."""
+    return install_node(states, node, bundle[node])
+
+
 def drop_session(session: str, dask_worker: Worker) -> None:
     """``client.run`` target: forget ``session``'s workspaces on this worker."""
     plugin = dask_worker.plugins.get(PLUGIN_NAME)

@@ -121,15 +121,17 @@ class MemoryEpoch:
     committed: bool = False
 
     def all_keys(self) -> list[str]:
-        return [key for order in self.orders.values() for key in order.all_keys()]
+        """The keys of the epoch's bundles and of their replicas."""
+        return list(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
 
     def held(self) -> dict[str, tuple[int, str]]:
-        """Key -> (bytes, the worker it was put on), for the nodes that reported their snapshot."""
+        """Key -> (bytes, the worker it was put on), for the bundles of the nodes that reported."""
         found: dict[str, tuple[int, str]] = {}
         for node, kept in self.kept.items():
-            order = self.orders[node]
-            found[order.key] = (kept["bytes"], kept["holder"])
-            found.update({key: (kept["bytes"], peer) for key, peer in order.replicas.items()})
+            bundle = self.orders[node].bundle
+            for key, holder in [(bundle.key, bundle.holder), *bundle.replicas.items()]:
+                nbytes, _ = found.get(key, (0, holder))
+                found[key] = (nbytes + kept["bytes"], holder)
         return found
 
 
@@ -171,11 +173,10 @@ class MemoryTier:
         """Where each node's snapshot of ``epoch`` goes (an earlier attempt of it is dropped); its keys
         are held from now on, so their registration is heard."""
         self.drop(epoch)
-        save_id = uuid.uuid4().hex
         cluster, replicas = self.cluster, self.options.replicas
         assert cluster is not None
-        peers = cluster.peers(nodes, replicas)
-        fewest = min((len(p) for p in peers.values()), default=replicas)
+        bundles = cluster.bundles(epoch, uuid.uuid4().hex, nodes, replicas)
+        fewest = min((len(b.replicas) for b in bundles), default=replicas)
         if fewest < replicas and cluster.owner and not self._warned_few:  # one process ("") holds no replicas
             self._warned_few = True
             logger.warning(
@@ -184,16 +185,7 @@ class MemoryTier:
                 replicas,
                 fewest,
             )
-        orders = {
-            node: KeepOrder(
-                node,
-                epoch,
-                cluster.key(epoch, save_id, node, 0),
-                {cluster.key(epoch, save_id, node, i + 1): peer for i, peer in enumerate(peers[node])},
-                cluster.owner,
-            )
-            for node in nodes
-        }
+        orders = {node: KeepOrder(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
         cluster.hold(record.all_keys())
         return orders
@@ -207,18 +199,23 @@ class MemoryTier:
         if record is None:
             return {}
         failed: dict[str, Any] = {}
+        moved = []
         for node in record.orders:
             outcome = finished.get(node)
             if not isinstance(outcome, dict):
                 failed[node] = "no result"
-            elif "memory" in outcome:
+            elif "memory" in outcome and outcome["memory"]["holder"]:
                 record.kept[node] = outcome["memory"]
+            elif "memory" in outcome:
+                moved.append(node)
             else:
                 failed[node] = outcome.get("memory_error", "no snapshot")
         for node, outcome in finished.items():
             for failure in (outcome or {}).get("pushes", ()) if isinstance(outcome, dict) else ():
                 self._push_failed(node, failure, failed)
-        if failed:
+        if moved and not failed:
+            logger.info("tier 0: epoch %d is not kept in memory: node(s) %s moved since it started", epoch, moved)
+        if failed or moved:
             self.drop(epoch)
             return failed
         record.stop_values, record.metrics, record.accepted = dict(stop_values), dict(metrics), True
