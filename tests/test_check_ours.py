@@ -22,6 +22,7 @@ NOTEBOOK_JOBS = {
     "03_local_cluster": ("define_job()[0]", 4),
     "04_readers": ("define_job(sgd_step)[0]", 6),
     "05_prove_resume": ("define_job(noisy_step_fixed)", 5),
+    "06_elastic": ("define_job()", 6),
 }
 
 
