@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import stop_group
 
 import daskjobs as dj
 from daskjobs.cli import main
@@ -139,6 +140,7 @@ def epochs(prefix: str | Path, **options) -> list[int]:
     return [info.epoch for info in dj.list_checkpoints(str(prefix), **options)]
 
 
+@pytest.mark.slow
 def test_version_through_python_m(jobs):
     """``python -m daskjobs --version`` prints the version."""
     result = daskjobs("--version", cwd=jobs)
@@ -172,6 +174,7 @@ def test_run_local_every_target_form(jobs, target, monkeypatch, capsys):
         (["jobs.py:not_a_job"], 2, "jobs.py:not_a_job is not a Job or a callable returning one"),
     ],
 )
+@pytest.mark.slow
 def test_run_exit_codes_of_the_real_command(jobs, args, code, message):
     """The real command's exit codes, with a module target (from the current folder) too."""
     result = daskjobs("run", *args, cwd=jobs)
@@ -318,6 +321,7 @@ def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, 
         ("jobs.py:job.missing", "jobs.py has no attribute 'job.missing'; it has e.g. "),
     ],
 )
+@pytest.mark.slow
 def test_a_target_that_is_no_job_is_a_one_line_usage_error(jobs, target, message):
     """``daskjobs run file.py:X`` where X is missing, an int, a module, a class that is not a Job
     or a function that needs arguments: exit 2, one line on stderr, nothing created (not even
@@ -331,12 +335,14 @@ def test_a_target_that_is_no_job_is_a_one_line_usage_error(jobs, target, message
     assert sorted(p.name for p in jobs.iterdir() if p.name != "__pycache__") == ["jobs.py"]
 
 
+@pytest.mark.slow
 def test_a_job_subclass_is_a_target(jobs):
     """A Job subclass is a callable returning a Job: it is called (a Job without steps needs --max-epochs)."""
     result = daskjobs("run", "jobs.py:SubJob", "--local", "--no-progress", "--max-epochs", "1", cwd=jobs)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_traceback_of_the_step(jobs):
     """-v adds the traceback, including the one from the node."""
     result = daskjobs("run", "jobs.py:failing", "--local", "-v", cwd=jobs)
@@ -391,7 +397,9 @@ def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
         pytest.param(signal.SIGINT, 130, [], marks=[pytest.mark.cluster, pytest.mark.slow], id="node_cluster-SIGINT"),
     ],
 )
+@pytest.mark.representative("once-2-130-where0", "twice-15-143-where1", "once-node_cluster-SIGINT")
 @pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
+@pytest.mark.slow
 def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, times):
     """SIGINT exits 130, SIGTERM 143 (also when a second signal follows), with one line and no traceback;
     what is committed verifies. The signal goes to the whole process group, as a terminal's Ctrl-C
@@ -417,9 +425,7 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, 
             time.sleep(0.1)
         _out, err = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_group(process)
     assert process.returncode == code, err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2, err
@@ -470,6 +476,7 @@ def test_daskjobs_own_modules_are_never_shipped_by_value(monkeypatch):
     assert len(cloudpickle.dumps(dj.ArrayReader)) < 200  # a module and a name, not the class
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
     """--scheduler at an address nobody listens on: exit 1 naming the address, within the connect timeout."""
     result = subprocess.run(
