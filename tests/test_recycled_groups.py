@@ -168,6 +168,7 @@ small_arrays = st.one_of(
 workspaces = st.dictionaries(st.sampled_from(["a", "b", "c"]), small_arrays, max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(workspaces, min_size=2, max_size=7), keep=st.integers(1, 3))
 def test_any_sequence_of_saves_with_retention_keeps_every_kept_epoch_exact(monkeypatch, steps, keep):
