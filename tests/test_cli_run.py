@@ -3,12 +3,14 @@ checkpoints and resume, storage options, failures and signals, with their exit c
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,14 @@ def run_here(*args: str, cwd: Path, monkeypatch, capsys) -> subprocess.Completed
     return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
+@pytest.fixture
+def run_cli(
+    jobs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Callable[..., subprocess.CompletedProcess]:
+    """``run_cli(*args)``: ``daskjobs ARGS`` in this process (:func:`run_here`), in the folder of ``jobs``."""
+    return functools.partial(run_here, cwd=jobs, monkeypatch=monkeypatch, capsys=capsys)
+
+
 def last_line(result: subprocess.CompletedProcess) -> str:
     return result.stdout.strip().splitlines()[-1]
 
@@ -148,17 +158,9 @@ def test_version_through_python_m(jobs):
 
 
 @pytest.mark.parametrize("target", ["jobs.py:job", "jobs.py:counter", "{path}:job"])
-def test_run_local_every_target_form(jobs, target, monkeypatch, capsys):
+def test_run_local_every_target_form(jobs, target, run_cli):
     """A Job or a callable returning one, by module or file path (relative or absolute)."""
-    result = run_here(
-        "run",
-        target.format(path=jobs / "jobs.py"),
-        "--local",
-        "--no-progress",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    result = run_cli("run", target.format(path=jobs / "jobs.py"), "--local", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert last_line(result) == (
         "job 'counter': last epoch 5, no checkpoint (pass --checkpoint PREFIX to keep one); ran epochs 1-5"
@@ -182,88 +184,30 @@ def test_run_exit_codes_of_the_real_command(jobs, args, code, message):
     assert message in (result.stdout if code == 0 else result.stderr)
 
 
-def test_checkpoint_then_rerun_resumes_then_finished(jobs, monkeypatch, capsys):
+def test_checkpoint_then_rerun_resumes_then_finished(jobs, run_cli):
     """--max-epochs stops early with a commit; a re-run resumes; a third run runs nothing."""
     prefix = jobs / "ckpt"
-    first = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--max-epochs",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    first = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--max-epochs", "2")
     assert first.returncode == 0, first.stderr
     assert last_line(first) == f"job 'counter': last epoch 2, committed under {prefix}; ran epochs 1-2"
-    second = run_here(
-        "run", "jobs.py:job", "--local", "--checkpoint", str(prefix), cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
-    )
+    second = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix))
     assert last_line(second) == f"job 'counter': last epoch 5, committed under {prefix}; ran epochs 3-5"
     assert epochs(prefix) == [0, 1, 2, 3, 4, 5]
-    third = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--keep-last",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    third = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--keep-last", "2")
     assert third.returncode == 0, third.stderr
     assert "last epoch 5" in last_line(third)
     assert "no epoch ran" in last_line(third)
 
 
-def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys):
+def test_resume_from_an_older_epoch_and_a_missing_one(jobs, run_cli):
     """--resume-from N re-runs from N; an epoch that is not committed is a usage error listing the committed."""
     prefix = jobs / "ckpt"
-    assert (
-        run_here(
-            "run",
-            "jobs.py:job",
-            "--local",
-            "--checkpoint",
-            str(prefix),
-            cwd=jobs,
-            monkeypatch=monkeypatch,
-            capsys=capsys,
-        ).returncode
-        == 0
-    )
-    again = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--resume-from",
-        "3",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    assert run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix)).returncode == 0
+    again = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--resume-from", "3")
     assert again.returncode == 0, again.stderr
     assert last_line(again).endswith("ran epochs 4-5")
     before = epochs(prefix)
-    missing = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--resume-from",
-        "9",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    missing = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--resume-from", "9")
     assert missing.returncode == 2
     assert f"epoch 9 is not committed under {prefix}; committed: 0, 1, 2, 3, 4, 5" in missing.stderr
     assert epochs(prefix) == before
@@ -291,11 +235,9 @@ def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys)
         (["jobs.py:job", "--local", "--scheduler", "tcp://127.0.0.1:1"], 2, "not allowed with argument"),
     ],
 )
-def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, monkeypatch, capsys):
+def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, run_cli):
     """Failures exit 1, usage errors 2; one paragraph on stderr, no traceback, nothing created."""
-    result = run_here(
-        "run", *args, "--local" if "--scheduler" not in args else "-v", cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
-    )
+    result = run_cli("run", *args, "--local" if "--scheduler" not in args else "-v")
     assert result.returncode == code, result.stderr
     assert message in result.stderr
     if "-v" not in args and "--scheduler" not in args:
@@ -351,24 +293,12 @@ def test_verbose_shows_the_traceback_of_the_step(jobs):
     assert "division by zero on purpose" in result.stderr
 
 
-def test_storage_option_reaches_s3(jobs, s3_prefix, monkeypatch, capsys):
+def test_storage_option_reaches_s3(jobs, s3_prefix, run_cli):
     """--storage-option KEY=VALUE (JSON when it parses) configures the checkpoint filesystem."""
     url, options = s3_prefix
     flags = [arg for key, value in options.items() for arg in ("--storage-option", f"{key}={value}")]
     flags = [flag.replace("=False", "=false") for flag in flags]
-    result = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        url,
-        *flags,
-        "--max-epochs",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    result = run_cli("run", "jobs.py:job", "--local", "--checkpoint", url, *flags, "--max-epochs", "2")
     assert result.returncode == 0, result.stderr
     assert last_line(result).startswith(f"job 'counter': last epoch 2, committed under {url}")
     assert epochs(url, storage_options=options) == [0, 1, 2]
