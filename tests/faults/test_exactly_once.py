@@ -124,6 +124,7 @@ def start_driver(
 ) -> subprocess.Popen:
     code = (
         "import importlib.util, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})\n"  # tests/: the helpers this file imports
         f"spec = importlib.util.spec_from_file_location('exactly_once_job', {__file__!r})\n"
         "module = sys.modules['exactly_once_job'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
