@@ -31,7 +31,7 @@ REASONS = {
 }
 
 
-@pytest.mark.representative("retire-async", "lifetime-sync", "sigterm-sync")  # each departure and save mode
+@pytest.mark.representative("retire-async", "lifetime-sync")  # SIGTERM departs in the limits test below
 @pytest.mark.parametrize("saves", [[], ["--async-save"]], ids=["sync", "async"])
 @pytest.mark.parametrize("how", sorted(REASONS))
 def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
