@@ -41,9 +41,12 @@ def daskjobs_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "daskjobs.cli"]
 
 
-@pytest.fixture
-def real_cluster(tmp_path: Path) -> Iterator[RealCluster]:
-    """A ``dask scheduler`` plus one ``daskjobs worker`` per entry of WORKERS; all killed afterwards."""
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A ``dask scheduler`` plus one ``daskjobs worker`` per entry of WORKERS, shared by the module's
+    tests (a DaskSession's workspaces are its own; tests that restart the workers wait for the new
+    ones); all killed afterwards."""
+    tmp_path = tmp_path_factory.mktemp("real_cluster")
     env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT": "5s"}
     processes: dict[str, subprocess.Popen] = {}
     scheduler, address = start_scheduler(tmp_path, env=env, timeout=STARTUP_TIMEOUT)

@@ -34,10 +34,11 @@ def define_job() -> dj.Job:
     return job
 
 
-@pytest.fixture
-def certificates(tmp_path):
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
     """``(ca file, cert file, key file)``: one CA, one certificate for 127.0.0.1 and localhost."""
     trustme = pytest.importorskip("trustme")
+    tmp_path = tmp_path_factory.mktemp("certificates")
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     paths = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -47,10 +48,11 @@ def certificates(tmp_path):
     return tuple(str(p) for p in paths)
 
 
-@pytest.fixture
-def tls_cluster(tmp_path, certificates):
-    """A TLS scheduler process and ``daskjobs worker`` processes for nodes a and b; yields
-    ``(address, client Security)``."""
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory, certificates):
+    """A TLS scheduler process and ``daskjobs worker`` processes for nodes a and b, shared by the
+    module's tests (none changes it); yields ``(address, client Security)``."""
+    tmp_path = tmp_path_factory.mktemp("tls_cluster")
     ca, cert, key = certificates
     tls = ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
     security = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)

@@ -48,8 +48,8 @@ def checkpoint_options(saves: list[str], prefix) -> list[str]:
     return ["--checkpoint", str(prefix), *saves[1:]]
 
 
-@pytest.mark.representative(  # every session kind, signal and save mode at least once
-    "local-SIGINT-sync", "cluster-SIGINT-async", "scheduler-SIGTERM-async", "scheduler-SIGINT-no-checkpoint"
+@pytest.mark.representative(  # every session kind, signal and save mode once (SIGINT to `run --local`: test_cli_run)
+    "local-SIGTERM-sync", "cluster-SIGINT-async", "scheduler-SIGINT-no-checkpoint"
 )
 @pytest.mark.parametrize("saves", SAVES)
 @pytest.mark.parametrize("sig", SIGNALS)
