@@ -136,6 +136,7 @@ workspaces = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(blobs=workspaces)
 def test_random_workspaces_round_trip_through_fork_snapshots(tmp_path_factory, blobs):

@@ -68,6 +68,7 @@ def notebook_job(notebook: Path, expression: str, folder: Path) -> Path:
     return path
 
 
+@pytest.mark.representative("01_quickstart", "05_prove_resume")  # the others (and their runs): -m matrix
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOK_JOBS))
 def test_every_notebooks_job_resumes_exactly(notebook, tmp_path):
     """The job each notebook defines, interrupted after its middle epoch."""
