@@ -130,8 +130,14 @@ class Session(abc.ABC):
         """The URL of the Dask dashboard of the cluster the session runs on; ``None`` without one."""
         return None
 
-    def wait_for_nodes(self, nodes: Iterable[object] | None = None, timeout: float | None = None) -> None:  # noqa: B027
-        """Wait until each node can run again (after a worker was lost); nothing to wait for in this process."""
+    def wait_for_nodes(  # noqa: B027
+        self,
+        nodes: Iterable[object] | None = None,
+        timeout: float | None = None,
+        resources: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        """Wait until each node can run again (after a worker was lost; ``resources``: node -> extra
+        resources its worker must provide); nothing to wait for in this process."""
 
     # -- running --------------------------------------------------------------------------
     def run(self, runnable: Runnable, workspace_type: WorkspaceType | str | None = None) -> None:
