@@ -9,13 +9,19 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..._model.task import Task
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.naming import db_name
 from .._format.records import committed_entry
 from .._protocol.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import CommitRecord, CommittedEntry, EntryRef, EntryReport, PreviousEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -31,7 +37,7 @@ class PendingCommit:
     timings: Mapping[str, float] = field(default_factory=dict)
 
 
-def write_error(epoch: int, failed: Mapping[str, Any]) -> CheckpointWriteError:
+def write_error(epoch: int, failed: Mapping[str, BaseException | str]) -> CheckpointWriteError:
     """One error for the nodes whose save of ``epoch`` failed (``{node: error or reason}``), caused by the first."""
     detail = "; ".join(f"node {n!r}: {e}" for n, e in sorted(failed.items()))
     error = CheckpointWriteError(f"saving epoch {epoch} failed on {len(failed)} node(s): {detail}")
@@ -41,8 +47,8 @@ def write_error(epoch: int, failed: Mapping[str, Any]) -> CheckpointWriteError:
 
 
 def previous_entries(
-    store: CheckpointStore, epoch: int, committed: list[int], last_record: dict[str, Any] | None
-) -> dict[str, dict[str, Any]]:
+    store: CheckpointStore, epoch: int, committed: list[int], last_record: CommitRecord | None
+) -> dict[str, PreviousEntry]:
     """What the commit record of the newest of ``committed`` before ``epoch`` holds of each node (the
     summary naming its manifest, or a record's whole entry before format version 4), with the node
     and epoch: what each node's save reuses chunks from (delta); {} without.
@@ -59,7 +65,14 @@ def previous_entries(
         except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
             logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
             return {}
-    return {node: {**committed_entry(record, node), "node": node, "epoch": older[-1]} for node in record["nodes"]}
+    return {node: _named(committed_entry(record, node), node, older[-1]) for node in record["nodes"]}
+
+
+def _named(entry: CommittedEntry, node: str, epoch: int) -> PreviousEntry:
+    """``entry`` (what ``epoch``'s commit record holds of ``node``) naming its node and epoch."""
+    if "blobs" in entry:  # a whole entry names them itself (validated)
+        return entry
+    return {**entry, "node": node, "epoch": epoch}
 
 
 class SaveLedger:
@@ -72,7 +85,7 @@ class SaveLedger:
     def __init__(self) -> None:
         self.ids: dict[int, str] = {}
         self.tasks: dict[int, list[Task]] = {}
-        self.entries: dict[int, dict[str, dict[str, Any]]] = {}
+        self.entries: dict[int, dict[str, EntryReport]] = {}
         self.in_flight: PendingCommit | None = None
         """The asynchronous save written in the background, once its commit was asked for."""
         self.salvaged: dict[str, Any] = {}
@@ -169,7 +182,7 @@ class SaveLedger:
             self.unflushed[epoch] = later
         return {}
 
-    def finished(self, epoch: int) -> dict[str, dict[str, Any]]:
+    def finished(self, epoch: int) -> dict[str, EntryReport]:
         """The nodes' entries of ``epoch``'s save, to commit (kept until :meth:`forget`, so a failed
         commit can be tried again); refuses entries of another save.
 
@@ -187,7 +200,7 @@ class SaveLedger:
                 raise InvalidStateError(
                     f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
                 )
-            entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
+            entries = {task.node: _reported(task.outputs()[0].fetch()) for task in tasks}
             self.entries[epoch] = entries
         save_id = self.ids[epoch]
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
@@ -199,21 +212,25 @@ class SaveLedger:
         return entries
 
 
+def _reported(output: Value) -> EntryReport:
+    """What a save task returned of a node's entry (see ``entry_array``): JSON text as a uint8 array."""
+    entry: EntryReport = json.loads(np.asarray(output).tobytes())
+    return entry
+
+
 class LastCheckpoint:
     """The last checkpoint a manager saved or loaded: where it is and its nodes' entries (or their
     summaries; blob names are read only when asked), the durations to report, and the commit record
     a save reuses chunks from (delta) without reading it again."""
 
     def __init__(self) -> None:
-        self.found: tuple[CheckpointStore, int, dict[str, Mapping[str, Any]]] | None = None
+        self.found: tuple[CheckpointStore, int, dict[str, EntryRef]] | None = None
         self.stats: dict[str, int] = {}
         """Nanoseconds by checkpoint name (``<db_prefix>/<node>.<epoch>``), for the metadata handler."""
-        self.record: dict[str, Any] | None = None
+        self.record: CommitRecord | None = None
         """The commit record saved or loaded last through the manager's own store."""
 
-    def remember(
-        self, store: CheckpointStore, epoch: int, entries: Mapping[str, Mapping[str, Any]], prefix: str
-    ) -> None:
+    def remember(self, store: CheckpointStore, epoch: int, entries: Mapping[str, EntryRef], prefix: str) -> None:
         """Keep the durations of the node ``entries`` of ``epoch`` just saved or loaded from ``store``,
         and where their blob names are (``prefix``: the manager's ``db_prefix``)."""
         self.found = (store, epoch, dict(entries))

@@ -21,6 +21,7 @@ from .saving import Hook
 
 if TYPE_CHECKING:
     from ...session import Session
+    from .._format.documents import CommitRecord, PreviousEntry
     from .._protocol.store import CheckpointStore
     from .manager import MultiNodeCheckpointManager
     from .metadata import MetadataHandler
@@ -62,7 +63,7 @@ class EpochWriter:
         self.nodes_delete = False
         """Whether the last hooks handed retired groups to the nodes (see :meth:`hooks`)."""
         self.newest_seen: int | None = None
-        self.last_commit: dict[str, Any] | None = None
+        self.last_commit: CommitRecord | None = None
 
     @property
     def store(self) -> CheckpointStore:
@@ -168,7 +169,7 @@ class EpochWriter:
         older epoch). The next save then reuses that epoch's chunks (delta)."""
         return self.locked and not self.manager.async_save and not self.staging.retire
 
-    def new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
+    def new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, PreviousEntry]]:
         """A new save id for ``epoch``, the store to write it to and the node entries to reuse
         chunks from (delta); refuses to overwrite a commit."""
         committed = self._committed_at_least(epoch)
@@ -186,7 +187,7 @@ class EpochWriter:
         source = next(iter(previous.values()))["epoch"] if previous else None
         return self.ledger.start(epoch, source), self.staging.target(self.store, epoch), previous
 
-    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, PreviousEntry]:
         """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
         earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
         written = self.ledger.newest_written(epoch)
@@ -281,7 +282,7 @@ class EpochWriter:
             ledger.unflushed[epoch].discard(node)
         return ledger.flushed(epoch)
 
-    def commit(self, pending: PendingCommit) -> dict[str, Any]:
+    def commit(self, pending: PendingCommit) -> CommitRecord:
         """Commit ``pending.epoch``, saved and durable on every node: write its commit record last,
         then apply retention; return the record."""
         ledger, store, epoch = self.ledger, self.store, pending.epoch

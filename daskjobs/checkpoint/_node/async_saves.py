@@ -35,7 +35,9 @@ from .save_steps import (
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
+    from ..._model.values import Value
     from ..._model.workspace import Workspace
+    from .._format.documents import NodeEntry, PreviousEntry
     from .._protocol.store import CheckpointStore
 
 SAVER = "daskjobs.background_save"
@@ -51,12 +53,12 @@ class BackgroundSave:
         node: str,
         epoch: int,
         save_id: str,
-        blobs: dict[str, np.ndarray],
-        previous: dict[str, Any] | None = None,
+        blobs: dict[str, Value],
+        previous: NodeEntry | None = None,
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
         self.previous = previous
-        self._entry: dict[str, Any] | None = None
+        self._entry: NodeEntry | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
         self._thread.start()
@@ -77,7 +79,7 @@ class BackgroundSave:
         """Wait for the write to end, successfully or not."""
         self._thread.join()
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> NodeEntry:
         """Wait for the write; after a failure, try once more synchronously, then raise."""
         self._thread.join()
         if self._error is not None:
@@ -95,7 +97,7 @@ def start_background(
     node: str,
     epoch: int,
     save_id: str,
-    previous: dict[str, Any] | None,
+    previous: NodeEntry | None,
     snapshot_mode: str,
 ) -> None:
     """Snapshot the node's GLOBAL workspace now and start writing it in the background.
@@ -131,7 +133,7 @@ class AsyncSaveStep:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     snapshot_mode: str = "copy"
     """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
@@ -181,7 +183,7 @@ class AsyncSaveFinish:
     epoch: int
     save_id: str
     previous_id: str | None
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     """The summary of the newest committed epoch's node entry, for delta reuse. The entry of the save
     in flight, when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
     snapshot_mode: str = "copy"

@@ -8,7 +8,7 @@ corrupt checkpoint) surface as themselves, not as a user's task failure.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._execution.node_run import INTERNAL
 from ...errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
@@ -17,6 +17,7 @@ from .sharing import unseen_commit
 
 if TYPE_CHECKING:
     from ..._model.workspace import Workspace
+    from .._format.documents import CommittedEntry
     from .._protocol.store import CheckpointStore
 
 STAGED = "daskjobs.staged_load"
@@ -43,7 +44,7 @@ class ReadStep:
     store: CheckpointStore
     node: str
     epoch: int
-    entry: dict[str, Any]
+    entry: CommittedEntry
     names: tuple[str, ...] | None
     load_id: str
 

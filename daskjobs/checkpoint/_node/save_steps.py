@@ -24,14 +24,15 @@ import numpy as np
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
 from ...errors import CheckpointError, CheckpointLockedError
-from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background, in_background
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
+    from ..._model.values import Value
     from ..._model.workspace import Workspace
+    from .._format.documents import CommittedEntry, EntryReport, NodeEntry, PreviousEntry
     from .._protocol.store import CheckpointStore, GroupFlush
 
 logger = logging.getLogger("daskjobs")
@@ -43,35 +44,41 @@ UNFLUSHED = "daskjobs.unflushed_save"
 MANIFEST = "daskjobs.last_manifest"
 """Node service holding the last entry the node wrote or loaded whole and verified: what its next
 save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
-_REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
 WRITE_LATER_UP_TO = 1 << 20
 """A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
 the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
 
 
-def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
+def reported(entry: NodeEntry) -> EntryReport:
     """What a node tells the driver of an entry it wrote: its totals and the reference of its manifest
     (``None`` for an entry described before its group was written), never its blobs: the driver's
     work and messages stay the same size whatever a node holds."""
     ref = entry.get(MANIFEST_KEY)
-    return {**{key: entry[key] for key in _REPORTED}, MANIFEST_KEY: dict(ref) if isinstance(ref, Mapping) else None}
+    return {
+        "node": entry["node"],
+        "epoch": entry["epoch"],
+        "save_id": entry["save_id"],
+        "bytes": entry["bytes"],
+        "bytes_written": entry["bytes_written"],
+        "bytes_reused": entry["bytes_reused"],
+        "seconds": entry["seconds"],
+        MANIFEST_KEY: ref.copy() if isinstance(ref, Mapping) else None,
+    }
 
 
-def entry_array(entry: dict[str, Any]) -> np.ndarray:
+def entry_array(entry: NodeEntry) -> np.ndarray:
     """What a node tells the driver of its entry (:func:`reported`) as a uint8 blob, the form in which
     save tasks return it."""
     return np.frombuffer(json.dumps(reported(entry)).encode(), dtype=np.uint8).copy()
 
 
-def remember(state: NodeState, entry: Mapping[str, Any] | None) -> None:
+def remember(state: NodeState, entry: NodeEntry | None) -> None:
     """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
     if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
-        state.services[MANIFEST] = dict(entry)
+        state.services[MANIFEST] = entry.copy()
 
 
-def reuse_base(
-    state: NodeState, store: CheckpointStore, node: str, previous: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
+def reuse_base(state: NodeState, store: CheckpointStore, node: str, previous: PreviousEntry | None) -> NodeEntry | None:
     """The whole entry a save reuses chunks from, given what the driver named (``previous``: the
     summary of the newest earlier save, or a whole entry of a record before format version 4).
 
@@ -80,8 +87,8 @@ def reuse_base(
     missing or does not match is never reused from: the save writes every chunk (a warning names
     the :class:`~daskjobs.errors.CheckpointCorruptError`).
     """
-    if previous is None or not is_summary(previous):
-        return None if previous is None else dict(previous)
+    if previous is None or "blobs" in previous:
+        return None if previous is None else previous.copy()
     ref = previous.get(MANIFEST_KEY)
     mine = state.services.get(MANIFEST)
     if (
@@ -106,12 +113,12 @@ def reuse_base(
         return None
 
 
-def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
+def snapshot(blobs: Mapping[str, Value], buffers: Mapping[str, Value]) -> dict[str, Value]:
     """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
 
     Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
     """
-    copies = {}
+    copies: dict[str, Value] = {}
     for name, value in blobs.items():
         if not isinstance(value, np.ndarray):
             copies[name] = copy_value(value, name)
@@ -141,8 +148,8 @@ class PendingFlush:
 
     save_id: str
     epoch: int
-    done: Future[dict[str, Any] | None]
-    copies: dict[str, Any] | None = None
+    done: Future[NodeEntry | None] | Future[None]
+    copies: dict[str, Value] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,7 @@ class Unflushed:
 
     save_id: str
     epoch: int
-    copies: dict[str, Any] | None
+    copies: dict[str, Value] | None
 
 
 def settle_flush(state: NodeState) -> dict[str, Any] | None:
@@ -178,9 +185,9 @@ def reuse_from(
     state: NodeState,
     store: CheckpointStore,
     node: str,
-    previous: Mapping[str, Any] | None,
+    previous: PreviousEntry | None,
     flushed: dict[str, Any] | None,
-) -> dict[str, Any] | None:
+) -> NodeEntry | None:
     """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
     ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
     if flushed is not None and flushed["error"] is not None:
@@ -188,7 +195,7 @@ def reuse_from(
     return reuse_base(state, store, node, previous)
 
 
-def small(blobs: dict[str, Any]) -> bool:
+def small(blobs: Mapping[str, Value]) -> bool:
     """Whether a workspace is written whole by the background thread (see :data:`WRITE_LATER_UP_TO`)."""
     return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
@@ -198,17 +205,17 @@ def write_later(
     store: CheckpointStore,
     node: str,
     epoch: int,
-    blobs: dict[str, Any],
+    blobs: Mapping[str, Value],
     *,
     save_id: str,
-    previous: Mapping[str, Any] | None,
+    previous: NodeEntry | None,
     retired: RetiredEpoch | None,
-) -> dict[str, Any]:
+) -> NodeEntry:
     """Copy a small workspace and hand its whole write, and the flush, to the background thread;
     return the entry the write will return, computed here (see ``CheckpointStore.describe_node``)."""
     copies = snapshot(blobs, {})
     entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-    done: Future[dict[str, Any] | None] = Future()
+    done: Future[NodeEntry | None] = Future()
     unsynced = functools.partial(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
@@ -222,9 +229,7 @@ def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -
     state.services[FLUSH] = PendingFlush(save_id, epoch, flush.soon())
 
 
-def _write_there(
-    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
-) -> None:
+def _write_there(unsynced: Callable[[], tuple[NodeEntry, GroupFlush | None]], done: Future[NodeEntry | None]) -> None:
     """Write a small workspace's copy in the background thread (``unsynced``: its
     ``write_node_unsynced``); ``done`` gets the written entry once the group is durable (in the next
     batch of syncs, with the groups of the other nodes this process serves), or the error."""
@@ -271,14 +276,14 @@ class ResaveFinish:
     node: str
     epoch: int
     save_id: str
-    entry: Mapping[str, Any]
+    entry: EntryReport
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         kept = state.services.get(UNFLUSHED)
         mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
         copies = kept.copies if isinstance(kept, Unflushed) and mine else None
 
-        def write() -> dict[str, Any]:
+        def write() -> EntryReport:
             blobs = copies if copies is not None else self.store.read_unflushed(self.node, self.epoch, self.entry)
             return reported(self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id))
 
@@ -296,7 +301,7 @@ class SaveStep:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
 
     def __call__(self, ws: Workspace) -> None:
         state = ws._state
@@ -331,9 +336,9 @@ class SaveFinish:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     flush_later: bool = False
-    doomed: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
+    doomed: tuple[tuple[int, CommittedEntry | None], ...] = ()
 
     def __call__(self, state: NodeState) -> dict[str, Any]:
         with state.lock:
@@ -345,7 +350,7 @@ class SaveFinish:
             deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed[1:]))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
-        def write() -> dict[str, Any]:
+        def write() -> EntryReport:
             if not self.flush_later:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
@@ -366,7 +371,7 @@ class SaveFinish:
         return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
 
 
-def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
+def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, CommittedEntry | None], ...]) -> None:
     """Delete ``node``'s groups of retired epochs (``(epoch, entry)``); failures are logged, and
     after a lost lock nothing more is deleted (the next run's cleanup removes what is left)."""
     for epoch, entry in doomed:
