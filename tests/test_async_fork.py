@@ -75,7 +75,7 @@ def snapshot_and_disturb(
     state = NodeState("a")
     state.scope.blobs = blobs
     outcome = AsyncSaveFinish(store, "a", epoch, f"s{epoch}", None, previous, mode)(state)
-    assert outcome["error"] is None
+    assert outcome.error is None
     saver = state.services[SAVER]
     assert isinstance(saver, ForkedSave if mode == "fork" else BackgroundSave)
     disturb(blobs)
@@ -228,7 +228,7 @@ def test_auto_forks_for_big_workspaces_only(tmp_path, nbytes, saver):
     state = NodeState("a")
     state.scope.blobs = {"w": np.ones(nbytes // 8), "cfg": {"lr": 1}}
     store = CheckpointStore(tmp_path / "ckpt", fsync=False)
-    assert AsyncSaveFinish(store, "a", 0, "s0", None, None, "auto")(state)["error"] is None
+    assert AsyncSaveFinish(store, "a", 0, "s0", None, None, "auto")(state).error is None
     assert isinstance(state.services[SAVER], saver)
     state.scope.blobs["w"] += 1
     assert np.array_equal(store.read_node("a", 0, state.services[SAVER].result())["w"], np.ones(nbytes // 8))

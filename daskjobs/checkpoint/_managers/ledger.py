@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from ..._model.task import Task
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.naming import db_name
 from .._format.records import committed_entry
+from .._node.outcomes import AsyncSaveOutcome, FlushOutcome, SaveOutcome
 from .._protocol.store import CheckpointStore
 
 if TYPE_CHECKING:
@@ -44,6 +45,27 @@ def write_error(epoch: int, failed: Mapping[str, BaseException | str]) -> Checkp
     first = next(iter(failed.values()))
     error.__cause__ = first if isinstance(first, BaseException) else None
     return error
+
+
+def saved_entries(outcomes: Mapping[str, object]) -> tuple[dict[str, EntryReport], dict[str, BaseException | str]]:
+    """The entries the nodes' save outcomes (``SaveOutcome``) hold, and the nodes without one, with
+    its error (or why not)."""
+    entries: dict[str, EntryReport] = {}
+    failed: dict[str, BaseException | str] = {}
+    for node, outcome in outcomes.items():
+        if not isinstance(outcome, SaveOutcome):
+            failed[node] = "no result"
+        elif outcome.entry is None:
+            failed[node] = "no result" if outcome.error is None else outcome.error
+        else:
+            entries[node] = outcome.entry
+    return entries, failed
+
+
+def in_flight_outcomes(finished: Mapping[str, object]) -> dict[str, SaveOutcome | None]:
+    """How the asynchronous save in flight ended on each node, as the hooks that returned ``finished``
+    (``AsyncSaveOutcome``) reported it."""
+    return {n: r.previous if isinstance(r, AsyncSaveOutcome) else None for n, r in finished.items()}
 
 
 def previous_entries(
@@ -88,7 +110,7 @@ class SaveLedger:
         self.entries: dict[int, dict[str, EntryReport]] = {}
         self.in_flight: PendingCommit | None = None
         """The asynchronous save written in the background, once its commit was asked for."""
-        self.salvaged: dict[str, Any] = {}
+        self.salvaged: dict[str, SaveOutcome | None] = {}
         """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
         self.sources: dict[int, int] = {}
         """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
@@ -126,28 +148,28 @@ class SaveLedger:
         """The nodes whose background flush of some epoch is still to be reported."""
         return set().union(*self.unflushed.values())
 
-    def note_flushes(self, results: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-        """Take the flush outcomes nodes reported (``results[node]["flushed"]``), with the entry a
-        background write returned; return, by epoch, the nodes whose flush failed or is gone (their
-        error, or why), which stay unflushed."""
+    def note_flushes(self, results: Mapping[str, object]) -> dict[int, dict[str, BaseException | str]]:
+        """Take the flush reports nodes gave (the ``flushed`` of a ``SaveOutcome`` or ``FlushOutcome``),
+        with the entry a background write returned; return, by epoch, the nodes whose flush failed or
+        is gone (their error, or why), which stay unflushed."""
         epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
-        bad: dict[int, dict[str, Any]] = {}
+        bad: dict[int, dict[str, BaseException | str]] = {}
         for node, result in results.items():
-            if not isinstance(result, dict) or "flushed" not in result:
+            if not isinstance(result, SaveOutcome | FlushOutcome):
                 continue
-            outcome = result["flushed"] or {}
-            reported = epochs.get(outcome.get("save_id"))
+            flushed = result.flushed
+            reported = None if flushed is None else epochs.get(flushed.save_id)
             for epoch, nodes in self.unflushed.items():
                 if node not in nodes:
                     continue
-                if epoch != reported:
+                if flushed is None or epoch != reported:
                     bad.setdefault(epoch, {})[node] = "its background flush is gone (the worker restarted?)"
-                elif outcome.get("error") is not None:
-                    bad.setdefault(epoch, {})[node] = outcome["error"]
+                elif flushed.error is not None:
+                    bad.setdefault(epoch, {})[node] = flushed.error
                 else:
                     nodes.discard(node)
-                    if isinstance(outcome.get("entry"), dict) and epoch in self.entries:
-                        self.entries[epoch][node] = outcome["entry"]  # the write's own (a hard link may have failed)
+                    if flushed.entry is not None and epoch in self.entries:
+                        self.entries[epoch][node] = flushed.entry  # the write's own (a hard link may have failed)
         return bad
 
     def newest_written(self, before: int) -> int | None:
@@ -169,15 +191,15 @@ class SaveLedger:
         if pending is not None:
             self.forget(pending.epoch)
 
-    def take(self, epoch: int, outcomes: Mapping[str, Any]) -> dict[str, Any]:
-        """Keep the entries the nodes returned for ``epoch``; return the nodes without one (with
-        their error, or why), which fail the epoch (it is forgotten then)."""
-        bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+    def take(self, epoch: int, outcomes: Mapping[str, object]) -> dict[str, BaseException | str]:
+        """Keep the entries the nodes' save outcomes (``SaveOutcome``) hold for ``epoch``; return the nodes
+        without one (with their error, or why), which fail the epoch (it is forgotten then)."""
+        entries, bad = saved_entries(outcomes)
         if bad:
             self.forget(epoch)
             return bad
-        self.entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
-        later = {n for n, o in outcomes.items() if o.get("later")}
+        self.entries[epoch] = entries
+        later = {n for n, o in outcomes.items() if isinstance(o, SaveOutcome) and o.later}
         if later:
             self.unflushed[epoch] = later
         return {}

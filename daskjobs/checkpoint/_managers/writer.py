@@ -12,11 +12,12 @@ from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.records import make_commit_record
 from .._node.async_saves import AsyncSaveFinish, AsyncSaveStep, EndWrites, WaitSaveStep
+from .._node.outcomes import SaveOutcome
 from .._node.save_steps import ENTRY_BLOB, FlushFinish, ResaveFinish, SaveFinish, SaveStep, idle, reported
 from .._node.sharing import unseen_groups
 from .._protocol.retention import Retention, retention_warning
 from .._protocol.staging import Staging
-from .ledger import LastCheckpoint, PendingCommit, SaveLedger, previous_entries, write_error
+from .ledger import LastCheckpoint, PendingCommit, SaveLedger, in_flight_outcomes, previous_entries, write_error
 from .saving import Hook
 
 if TYPE_CHECKING:
@@ -93,7 +94,9 @@ class EpochWriter:
         self.ledger.tasks[epoch] = tasks
         return group
 
-    def run_hooks(self, session: Session, name: str, finish: Mapping[str, Hook], epoch: int | None = None) -> Any:
+    def run_hooks(
+        self, session: Session, name: str, finish: Mapping[str, Hook], epoch: int | None = None
+    ) -> dict[str, object]:
         """Run ``finish`` (node -> hook) alone, in a small PRIVATE group on those nodes; return what the
         hooks returned, by node (a failure raises ``GroupRunFailed``)."""
         group = self.group(lambda g, node: Task(idle, group=g, node=node, name=name), WorkspaceType.PRIVATE, [*finish])
@@ -241,7 +244,7 @@ class EpochWriter:
                 session.run_group(group, job=self.manager._job_name, epoch=epoch)
             if known:
                 waited = ledger.finished(epoch) if waiting else {}
-                bad = ledger.take(epoch, {**known, **{n: {"entry": e} for n, e in waited.items()}})
+                bad = ledger.take(epoch, {**known, **{n: SaveOutcome(entry=e) for n, e in waited.items()}})
                 if bad:
                     ledger.in_flight = None
                     raise write_error(epoch, bad)
@@ -249,13 +252,13 @@ class EpochWriter:
         ledger.in_flight = None
         return pending
 
-    def commit_waited(self, finished: Mapping[str, Any]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
+    def commit_waited(self, finished: Mapping[str, object]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
         """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
         for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
         pending = self.ledger.take_in_flight()
         if pending is None:
             return None, {}
-        bad = self.ledger.take(pending.epoch, {n: (r or {}).get("previous") for n, r in finished.items()})
+        bad = self.ledger.take(pending.epoch, in_flight_outcomes(finished))
         if bad:
             return None, {pending.epoch: write_error(pending.epoch, bad)}
         try:

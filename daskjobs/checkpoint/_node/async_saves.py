@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,11 +21,11 @@ from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
 from ...errors import CheckpointError
 from .fork import ForkedSave, forks
+from .outcomes import AsyncSaveOutcome, SaveOutcome
 from .save_steps import (
     ENTRY_BLOB,
     UNFLUSHED,
     entry_array,
-    outcome,
     remember,
     reported,
     reuse_base,
@@ -173,9 +173,8 @@ class AsyncSaveFinish:
     """An epoch's ``finish`` hook with asynchronous saves.
 
     On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
-    outcome, then snapshots the workspace and starts writing ``epoch`` in the background.
-    Returns ``{"previous": {"entry"} | {"error"} | None, "error": None | exception}``, the
-    latter for a failure to start this epoch's save.
+    outcome, then snapshots the workspace and starts writing ``epoch`` in the background; returns
+    both (see :class:`~.outcomes.AsyncSaveOutcome`).
     """
 
     store: CheckpointStore
@@ -191,36 +190,39 @@ class AsyncSaveFinish:
     delta: bool = True
     """Whether chunks may be reused at all (the manager's ``delta``)."""
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
+    def __call__(self, state: NodeState) -> AsyncSaveOutcome:
         running = state.services.pop(SAVER, None)
-        previous = None
+        previous: SaveOutcome | None = None
+        written: NodeEntry | None = None
         if running is not None:
             if running.save_id == self.previous_id:
-                previous = outcome(running.result)
-                remember(state, previous.get("entry"))
+                try:
+                    written = running.result()
+                except Exception as exc:
+                    previous = SaveOutcome(error=exc)
+                else:
+                    previous = SaveOutcome(entry=reported(written))
+                remember(state, written)
             else:  # a save the driver gave up on: let it end, never two in flight
                 running.join()
         if self.previous_id is not None and previous is None:
-            previous = {
-                "error": CheckpointError(
+            previous = SaveOutcome(
+                error=CheckpointError(
                     f"node {self.node!r} has no save in flight for the epoch before {self.epoch} "
                     "(its worker restarted?); save that epoch again"
                 )
-            }
+            )
 
-        written = (previous or {}).get("entry") if self.delta else None
-        if written is not None and written.get("epoch", -1) > (self.previous or {}).get("epoch", -1):
-            base: dict[str, Any] | None = written  # a failed link to it (its epoch given up) writes the bytes
+        committed = -1 if self.previous is None else self.previous["epoch"]
+        if self.delta and written is not None and written["epoch"] > committed:
+            base: NodeEntry | None = written  # a failed link to it (its epoch given up) writes the bytes
         else:
             base = reuse_base(state, self.store, self.node, self.previous)
-
-        def start() -> dict[str, Any]:
+        try:
             start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
-            return {}
-
-        if previous is not None and previous.get("entry") is not None:
-            previous = {"entry": reported(previous["entry"])}
-        return {"previous": previous, "error": outcome(start).get("error")}
+        except Exception as exc:
+            return AsyncSaveOutcome(previous, exc)
+        return AsyncSaveOutcome(previous)
 
 
 @dataclass(frozen=True)

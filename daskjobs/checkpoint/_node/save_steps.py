@@ -6,18 +6,19 @@ save, and a save whose flush failed until the driver has it written again. Async
 :class:`SaveStep` is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it
 raises (a failed write) surface as themselves, not as a user's task failure. The ``*Finish``
 classes run as hooks at the end of an epoch's own Dask task (:meth:`~daskjobs.Session.run_group`
-``finish=``); they return their outcome instead of raising.
+``finish=``); they return their outcome (:mod:`.outcomes`) instead of raising.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from ...errors import CheckpointError, CheckpointLockedError
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background, in_background
+from .outcomes import FlushOutcome, FlushReport, SaveOutcome
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
@@ -132,12 +134,12 @@ def snapshot(blobs: Mapping[str, Value], buffers: Mapping[str, Value]) -> dict[s
     return copies
 
 
-def outcome(write: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
+def outcome(write: Callable[[], EntryReport]) -> SaveOutcome:
+    """The entry of a successful write, the error of a failed one."""
     try:
-        return {"entry": write()}
+        return SaveOutcome(entry=write())
     except Exception as exc:
-        return {"error": exc}
+        return SaveOutcome(error=exc)
 
 
 @dataclass(frozen=True)
@@ -163,11 +165,10 @@ class Unflushed:
     copies: dict[str, Value] | None
 
 
-def settle_flush(state: NodeState) -> dict[str, Any] | None:
-    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
-    "entry": what the background write returned (:func:`reported`), or None}``. The written entry
-    is remembered for the next save's delta; after a failed flush nothing is, and the save is kept
-    as :class:`Unflushed`."""
+def settle_flush(state: NodeState) -> FlushReport | None:
+    """Wait for the node's background flush, if any, and report how it ended (with the entry the
+    background write returned, :func:`reported`). The written entry is remembered for the next
+    save's delta; after a failed flush nothing is, and the save is kept as :class:`Unflushed`."""
     pending = state.services.pop(FLUSH, None)
     if not isinstance(pending, PendingFlush):
         return None
@@ -176,9 +177,9 @@ def settle_flush(state: NodeState) -> dict[str, Any] | None:
     except Exception as exc:
         state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
         state.services[UNFLUSHED] = Unflushed(pending.save_id, pending.epoch, pending.copies)
-        return {"save_id": pending.save_id, "error": exc, "entry": None}
+        return FlushReport(pending.save_id, exc)
     remember(state, entry)
-    return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
+    return FlushReport(pending.save_id, None, None if entry is None else reported(entry))
 
 
 def reuse_from(
@@ -186,11 +187,11 @@ def reuse_from(
     store: CheckpointStore,
     node: str,
     previous: PreviousEntry | None,
-    flushed: dict[str, Any] | None,
+    flushed: FlushReport | None,
 ) -> NodeEntry | None:
     """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
     ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
-    if flushed is not None and flushed["error"] is not None:
+    if flushed is not None and flushed.error is not None:
         return None
     return reuse_base(state, store, node, previous)
 
@@ -254,10 +255,10 @@ def _write_there(unsynced: Callable[[], tuple[NodeEntry, GroupFlush | None]], do
 
 @dataclass(frozen=True)
 class FlushFinish:
-    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
+    """A ``finish`` hook that waits for the node's background flush and reports it (see :func:`settle_flush`)."""
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        return {"flushed": settle_flush(state)}
+    def __call__(self, state: NodeState) -> FlushOutcome:
+        return FlushOutcome(settle_flush(state))
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,8 @@ class ResaveFinish:
     """A ``finish`` hook writing again, durably, the node's save ``save_id`` of ``epoch`` whose
     background flush failed: from the snapshot the background write kept, else from its group read
     back and verified against ``entry`` (what the node reported of it; see
-    ``CheckpointStore.read_unflushed``). Returns ``{"entry"}`` (the rewritten group's, same save id)
-    or ``{"error"}``.
+    ``CheckpointStore.read_unflushed``). Returns the rewritten group's entry (same save id) or the
+    error.
 
     Nothing links chunks of the group written again: the node's next save already wrote whole (a
     node never links chunks of a group whose flush failed).
@@ -278,7 +279,7 @@ class ResaveFinish:
     save_id: str
     entry: EntryReport
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
+    def __call__(self, state: NodeState) -> SaveOutcome:
         kept = state.services.get(UNFLUSHED)
         mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
         copies = kept.copies if isinstance(kept, Unflushed) and mine else None
@@ -288,7 +289,7 @@ class ResaveFinish:
             return reported(self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id))
 
         written = outcome(write)
-        if mine and "entry" in written:
+        if mine and written.entry is not None:
             state.services.pop(UNFLUSHED, None)
         return written
 
@@ -315,11 +316,11 @@ class SaveStep:
 
 @dataclass(frozen=True)
 class SaveFinish:
-    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``, and
-    under ``"flushed"`` the outcome of the node's previous background flush (see :func:`settle_flush`).
+    """:class:`SaveStep` as an epoch's ``finish`` hook: returns the entry or the error, and the report
+    of the node's previous background flush (see :func:`settle_flush`).
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
-    entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
+    outcome then says ``later`` and the next hook (or :class:`FlushFinish`) reports the
     outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole, by
     the process's one background write thread, one group after the other (the groups of every
     node it serves: side by side, their threads would pass the GIL to each other around every
@@ -340,7 +341,7 @@ class SaveFinish:
     flush_later: bool = False
     doomed: tuple[tuple[int, CommittedEntry | None], ...] = ()
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
+    def __call__(self, state: NodeState) -> SaveOutcome:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
@@ -368,7 +369,8 @@ class SaveFinish:
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
             return reported(entry)
 
-        return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
+        written = outcome(write)
+        return dataclasses.replace(written, later=FLUSH in state.services, flushed=flushed)
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, CommittedEntry | None], ...]) -> None:
