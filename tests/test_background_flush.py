@@ -21,7 +21,8 @@ from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._managers.ledger import SaveLedger
 from daskjobs.checkpoint._node.outcomes import FlushOutcome, FlushReport, SaveOutcome
-from daskjobs.checkpoint._node.save_steps import FLUSH, FlushFinish, SaveFinish
+from daskjobs.checkpoint._node.save_steps import FlushFinish, SaveFinish
+from daskjobs.checkpoint._node.slots import checkpoint_slots
 from daskjobs.checkpoint._storage import durable as _durable
 from daskjobs.checkpoint._storage.durable import in_background
 from daskjobs.errors import CheckpointWriteError
@@ -98,7 +99,7 @@ def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path, elements)
     first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
     assert first.later
     assert first.flushed is None
-    assert FLUSH in state.services
+    assert checkpoint_slots(state).flush is not None
     state.scope.blobs["w"] = np.full(elements, 2.0)  # after the hook: the copy (or the written group) keeps 0.0
     second = SaveFinish(store, "n", 2, "s2", first.entry, flush_later=True)(state)
     assert second.flushed.save_id == "s1"
@@ -278,7 +279,7 @@ def test_in_process_sessions_flush_at_once(prefix):
     runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
     assert runner.train(session) == 2
     assert committed(prefix) == [0, 1, 2]
-    assert all(FLUSH not in state.services for state in session._states.states.values())
+    assert all(checkpoint_slots(state).flush is None for state in session._states.states.values())
     session.close()
 
 

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from .._model.group import ReportStep
 from .._model.metrics import MetricLog
@@ -38,6 +38,9 @@ def private_trap_message(job: str, group: str, node: str, blob: str) -> str:
     )
 
 
+Slot = TypeVar("Slot")
+
+
 @dataclass
 class NodeState:
     """A node's persistent workspace plus what the node runtime keeps between runs."""
@@ -48,9 +51,19 @@ class NodeState:
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     generation: int = 0
     runs: dict[str, NodeRun] = field(default_factory=dict)
-    services: dict[str, Any] = field(default_factory=dict)
+    slots: dict[type, object] = field(default_factory=dict)
+    """What the layers above keep on the node between runs, one object of each type (see :meth:`slot`)."""
     where: str = "this process"
     """Where the node's workspace lives, for messages: e.g. ``worker 'a' (tcp://10.0.0.5:40211)``."""
+
+    def slot(self, kind: type[Slot]) -> Slot:
+        """The node's one ``kind()``, made on first use: what a layer above keeps on the node between
+        runs, typed by its own class (the checkpoint's background saves, flushes and staged loads:
+        ``CheckpointSlots``), which this layer need not know."""
+        found = self.slots.get(kind)
+        if found is None:
+            found = self.slots.setdefault(kind, kind())
+        return cast(Slot, found)
 
     @property
     def token(self) -> str:

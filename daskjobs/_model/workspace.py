@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import DefinitionTypeError, JobDefinitionError
+from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
 from .values import Value, as_value, check_label, validate_name
 
 if TYPE_CHECKING:
+    from .._execution.node_run import NodeState
     from .metrics import MetricLog
 
 
@@ -144,7 +145,7 @@ class Workspace(MutableMapping[str, Value]):
         lock: threading.RLock,
         epoch: int | None = None,
         instance_id: int = 0,
-        state: object = None,
+        state: NodeState | None = None,
         metrics: MetricLog | None = None,
         task: tuple[int, str] | None = None,
     ) -> None:
@@ -287,3 +288,17 @@ class Workspace(MutableMapping[str, Value]):
 
     def __repr__(self) -> str:
         return f"Workspace(node={self.node!r}, epoch={self.epoch}, blobs={sorted(self._scope.names())})"
+
+
+def node_state(ws: Workspace) -> NodeState:
+    """The runtime state of the node whose workspace ``ws`` is, for daskjobs' own steps (checkpoint
+    saves and loads keep what they need between runs there, see ``NodeState.slot``).
+
+    Raises
+    ------
+    InvalidStateError
+        ``ws`` was made outside a node's run (it belongs to no node state).
+    """
+    if ws._state is None:
+        raise InvalidStateError(f"the workspace of node {ws.node!r} belongs to no node run: it has no node state")
+    return ws._state

@@ -19,12 +19,12 @@ import numpy as np
 
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
+from ..._model.workspace import node_state
 from ...errors import CheckpointError
 from .fork import ForkedSave, forks
 from .outcomes import AsyncSaveOutcome, SaveOutcome
 from .save_steps import (
     ENTRY_BLOB,
-    UNFLUSHED,
     entry_array,
     remember,
     reported,
@@ -32,6 +32,7 @@ from .save_steps import (
     settle_flush,
     snapshot,
 )
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
     from ..._model.workspace import Workspace
     from .._format.documents import NodeEntry, PreviousEntry
     from .._protocol.store import CheckpointStore
-
-SAVER = "daskjobs.background_save"
-BUFFERS = "daskjobs.snapshot_buffers"
 
 
 class BackgroundSave:
@@ -107,18 +105,19 @@ def start_background(
     ``"auto"``: fork for a big workspace (:func:`~.fork.forks`). JSON values are copied (and
     checked) in both.
     """
+    slots = checkpoint_slots(state)
     with state.lock:
         if forks(snapshot_mode, state.scope.blobs):
             blobs = {
                 name: value if isinstance(value, np.ndarray) else copy_value(value, name)
                 for name, value in state.scope.blobs.items()
             }
-            state.services.pop(BUFFERS, None)
-            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
+            slots.buffers = {}
+            slots.saver = ForkedSave(store, node, epoch, save_id, blobs, previous)
             return
-        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-    state.services[BUFFERS] = copies
-    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+        copies = snapshot(state.scope.blobs, slots.buffers)
+    slots.buffers = copies
+    slots.saver = BackgroundSave(store, node, epoch, save_id, copies, previous)
 
 
 @dataclass(frozen=True)
@@ -138,8 +137,8 @@ class AsyncSaveStep:
     """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        running = state.services.get(SAVER)
+        state = node_state(ws)
+        running = checkpoint_slots(state).saver
         if running is not None:
             running.join()
         base = reuse_base(state, self.store, self.node, self.previous)
@@ -155,15 +154,16 @@ class WaitSaveStep:
     save_id: str
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        saver = state.services.get(SAVER)
+        state = node_state(ws)
+        slots = checkpoint_slots(state)
+        saver = slots.saver
         if saver is None or saver.save_id != self.save_id:
             raise CheckpointError(
                 f"node {self.node!r} has no save of epoch {self.epoch} in flight (its worker restarted?); "
                 "save the epoch again"
             )
         entry = saver.result()
-        state.services.pop(SAVER, None)
+        slots.saver = None
         remember(state, entry)
         ws[ENTRY_BLOB] = entry_array(entry)
 
@@ -191,7 +191,8 @@ class AsyncSaveFinish:
     """Whether chunks may be reused at all (the manager's ``delta``)."""
 
     def __call__(self, state: NodeState) -> AsyncSaveOutcome:
-        running = state.services.pop(SAVER, None)
+        slots = checkpoint_slots(state)
+        running, slots.saver = slots.saver, None
         previous: SaveOutcome | None = None
         written: NodeEntry | None = None
         if running is not None:
@@ -234,8 +235,8 @@ class EndWrites:
 
     def __call__(self, state: NodeState) -> None:
         settle_flush(state)
-        state.services.pop(UNFLUSHED, None)
-        saver = state.services.pop(SAVER, None)
+        slots = checkpoint_slots(state)
+        saver, slots.unflushed, slots.saver = slots.saver, None, None
         if saver is None:
             return
         pid = getattr(saver, "pid", None)

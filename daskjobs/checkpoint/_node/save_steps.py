@@ -24,11 +24,13 @@ import numpy as np
 
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
+from ..._model.workspace import node_state
 from ...errors import CheckpointError, CheckpointLockedError
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background, in_background
 from .outcomes import FlushOutcome, FlushReport, SaveOutcome
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
@@ -41,11 +43,6 @@ logger = logging.getLogger("daskjobs")
 
 ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
-FLUSH = "daskjobs.pending_flush"
-UNFLUSHED = "daskjobs.unflushed_save"
-MANIFEST = "daskjobs.last_manifest"
-"""Node service holding the last entry the node wrote or loaded whole and verified: what its next
-save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
 WRITE_LATER_UP_TO = 1 << 20
 """A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
 the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
@@ -77,7 +74,7 @@ def entry_array(entry: NodeEntry) -> np.ndarray:
 def remember(state: NodeState, entry: NodeEntry | None) -> None:
     """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
     if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
-        state.services[MANIFEST] = entry.copy()
+        checkpoint_slots(state).manifest = entry.copy()
 
 
 def reuse_base(state: NodeState, store: CheckpointStore, node: str, previous: PreviousEntry | None) -> NodeEntry | None:
@@ -92,9 +89,9 @@ def reuse_base(state: NodeState, store: CheckpointStore, node: str, previous: Pr
     if previous is None or "blobs" in previous:
         return None if previous is None else previous.copy()
     ref = previous.get(MANIFEST_KEY)
-    mine = state.services.get(MANIFEST)
+    mine = checkpoint_slots(state).manifest
     if (
-        isinstance(mine, dict)
+        mine is not None
         and mine.get("epoch") == previous.get("epoch")
         and mine.get("save_id") == previous.get("save_id")
         and (ref is None or mine.get(MANIFEST_KEY) == ref)
@@ -169,14 +166,15 @@ def settle_flush(state: NodeState) -> FlushReport | None:
     """Wait for the node's background flush, if any, and report how it ended (with the entry the
     background write returned, :func:`reported`). The written entry is remembered for the next
     save's delta; after a failed flush nothing is, and the save is kept as :class:`Unflushed`."""
-    pending = state.services.pop(FLUSH, None)
-    if not isinstance(pending, PendingFlush):
+    slots = checkpoint_slots(state)
+    pending, slots.flush = slots.flush, None
+    if pending is None:
         return None
     try:
         entry = pending.done.result()
     except Exception as exc:
-        state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
-        state.services[UNFLUSHED] = Unflushed(pending.save_id, pending.epoch, pending.copies)
+        slots.manifest = None  # never link chunks of a group whose flush failed
+        slots.unflushed = Unflushed(pending.save_id, pending.epoch, pending.copies)
         return FlushReport(pending.save_id, exc)
     remember(state, entry)
     return FlushReport(pending.save_id, None, None if entry is None else reported(entry))
@@ -221,13 +219,13 @@ def write_later(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
     in_background(functools.partial(_write_there, unsynced, done))
-    state.services[FLUSH] = PendingFlush(save_id, epoch, done, copies)
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, done, copies)
     return entry
 
 
 def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:
     """Hand the fsync of a group written here to the process's next batch of syncs."""
-    state.services[FLUSH] = PendingFlush(save_id, epoch, flush.soon())
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, flush.soon())
 
 
 def _write_there(unsynced: Callable[[], tuple[NodeEntry, GroupFlush | None]], done: Future[NodeEntry | None]) -> None:
@@ -280,9 +278,10 @@ class ResaveFinish:
     entry: EntryReport
 
     def __call__(self, state: NodeState) -> SaveOutcome:
-        kept = state.services.get(UNFLUSHED)
-        mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
-        copies = kept.copies if isinstance(kept, Unflushed) and mine else None
+        slots = checkpoint_slots(state)
+        kept = slots.unflushed
+        mine = kept is not None and kept.save_id == self.save_id
+        copies = kept.copies if kept is not None and mine else None
 
         def write() -> EntryReport:
             blobs = copies if copies is not None else self.store.read_unflushed(self.node, self.epoch, self.entry)
@@ -290,7 +289,7 @@ class ResaveFinish:
 
         written = outcome(write)
         if mine and written.entry is not None:
-            state.services.pop(UNFLUSHED, None)
+            slots.unflushed = None
         return written
 
 
@@ -305,7 +304,7 @@ class SaveStep:
     previous: PreviousEntry | None = None
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
+        state = node_state(ws)
         with state.lock:
             blobs = dict(state.scope.blobs)
         previous = reuse_from(state, self.store, self.node, self.previous, settle_flush(state))
@@ -370,7 +369,7 @@ class SaveFinish:
             return reported(entry)
 
         written = outcome(write)
-        return dataclasses.replace(written, later=FLUSH in state.services, flushed=flushed)
+        return dataclasses.replace(written, later=checkpoint_slots(state).flush is not None, flushed=flushed)
 
 
 def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, CommittedEntry | None], ...]) -> None:
