@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
-from .values import Value, as_value, check_label, validate_name
+from .values import BlobValue, Value, as_value, check_label, validate_name
 
 if TYPE_CHECKING:
     from .._execution.node_run import NodeState
@@ -102,7 +102,7 @@ class Scope:
         return False
 
 
-class Workspace(MutableMapping[str, Value]):
+class Workspace(MutableMapping[str, BlobValue]):
     """A node's blobs as seen by one step: a mutable mapping from name to value.
 
     A value is a ``numpy.ndarray`` (bool, integer, float, complex or fixed-width strings;
@@ -217,7 +217,7 @@ class Workspace(MutableMapping[str, Value]):
         if self._metrics is not None:
             self._metrics.add(name, number)
 
-    def __getitem__(self, name: str) -> Value:
+    def __getitem__(self, name: str) -> BlobValue:
         scope = self._scope.find(name)
         if scope is None:
             self._scope.note_miss(name)
@@ -246,7 +246,7 @@ class Workspace(MutableMapping[str, Value]):
         del scope.blobs[name]
         scope.writers.pop(name, None)
 
-    def pop(self, name: str, *default: object) -> Value:
+    def pop(self, name: str, *default: object) -> BlobValue:
         """Remove ``name`` and return its value (or ``default`` if given and ``name`` is missing)."""
         scope = self._scope.find(name)
         if scope is None:
@@ -256,7 +256,7 @@ class Workspace(MutableMapping[str, Value]):
         scope.writers.pop(name, None)
         return scope.blobs.pop(name)
 
-    def setdefault(self, name: str, default: object = None) -> Value:
+    def setdefault(self, name: str, default: object = None) -> BlobValue:
         """``self[name]``; when missing, assign ``default`` first and return the value stored.
 
         Like any assignment, ``default`` is normalised, so ``ws.setdefault("n", 0)`` returns

@@ -169,9 +169,9 @@ class NodeCheckpoint(Mapping[str, Any]):
 
 def _delayed(read: Any, *args: Any) -> Any:
     """A dask task calling ``read(*args)`` (a verifying read of a :class:`GroupReader`)."""
-    import dask
+    from dask.delayed import delayed
 
-    return dask.delayed(read, pure=True)(*args)
+    return delayed(read, pure=True)(*args)
 
 
 class CheckpointView(Mapping[str, NodeCheckpoint]):
