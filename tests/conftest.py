@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from marker_rule import ProcessWatch, needs_marker
 
 import daskjobs as dj
 
@@ -56,13 +57,60 @@ def prefix(tmp_path):
     return str(tmp_path / "ckpt")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Test modules are pickled by value so that worker processes can run their steps."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Test modules (and the shared jobs of :mod:`jobs`) are pickled by value so that worker
+    processes can run their steps; the cases a ``representative`` mark leaves out are ``matrix``."""
     import cloudpickle
+    import jobs
 
+    cloudpickle.register_pickle_by_value(jobs)
     for module in {item.module for item in items if item.module is not None}:
         if module.__name__ in sys.modules:
             cloudpickle.register_pickle_by_value(module)
+    mark_the_matrix(items, check_ids=not any("::" in arg for arg in config.args))
+
+
+def mark_the_matrix(items: list[pytest.Item], check_ids: bool) -> None:
+    """``@pytest.mark.representative("id", ...)`` on a parametrised test: the default run keeps the
+    cases of those ids; the others are marked ``matrix`` (``python -m pytest -m matrix`` runs them).
+    With ``check_ids`` (no test was picked by its node id) an id that is no case is an error."""
+    cases: dict[tuple[str, str], list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("representative") is not None:
+            cases.setdefault((item.path, getattr(item, "originalname", item.name)), []).append(item)
+    for (path, function), found in cases.items():
+        keep = set(found[0].get_closest_marker("representative").args)
+        unknown = keep - {item.callspec.id for item in found}
+        if unknown and check_ids:
+            raise pytest.UsageError(f"{path}::{function}: representative cases {sorted(unknown)} are not parametrised")
+        for item in found:
+            if item.callspec.id not in keep:
+                item.add_marker(pytest.mark.matrix)
+
+
+_watch = ProcessWatch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start watching for processes the test starts (its fixtures' included)."""
+    _watch.start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Fail a fast-lane test (neither ``slow`` nor ``cluster``) that started a Python process."""
+    try:
+        result = yield
+    finally:
+        started = _watch.stop()
+    if started and needs_marker({mark.name for mark in item.iter_markers()}):
+        pytest.fail(
+            f"{item.nodeid} started {', '.join(sorted(set(started)))}: mark it slow (or cluster, for worker "
+            "processes) to keep it out of the fast lane (tests/README.md, Markers)",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -107,11 +107,11 @@ def string_report(jobs_dir: Path, request: pytest.FixtureRequest, monkeypatch: p
 
 
 def matrix(kinds: dict[str, tuple[str, ...]]) -> list:
-    """(defect, mode, session kind) for every mode of each kind; cluster ones marked."""
+    """(defect, mode, session kind) for every mode of each kind, marked slow (child drivers), cluster ones cluster."""
     cases = []
     for defect in DEFECTS:
         for kind, modes in kinds.items():
-            marks = [pytest.mark.cluster, pytest.mark.slow] if kind == "dask" else []
+            marks = [pytest.mark.cluster, pytest.mark.slow] if kind == "dask" else [pytest.mark.slow]
             cases += [pytest.param(defect, mode, kind, marks=marks, id=f"{defect}-{mode}-{kind}") for mode in modes]
     return cases
 
@@ -131,6 +131,7 @@ def test_each_defect_is_named_in_each_mode(string_report, defect, mode, kind):
     assert (run.mode, run.interrupt_at, run.resumed_from, run.epochs) == (mode, 2, 2, (0, 1, 2, 3, 4))
 
 
+@pytest.mark.slow
 def test_the_first_divergence_is_the_earliest(string_report):
     """The report's first divergence is the earliest (nondeterminism before the rest), and the
     divergences are sorted by epoch; one defect alone is reported as the whole job's."""
@@ -143,6 +144,7 @@ def test_the_first_divergence_is_the_earliest(string_report):
     assert (alone.first.kind, alone.first.epoch, alone.first.node, alone.first.blob) == ("resume", 3, "a", "x")
 
 
+@pytest.mark.slow
 def test_each_run_of_a_string_target_is_a_new_process(jobs_dir, monkeypatch):
     """Every run's process seeds its global random generators afresh, and reference B runs with a
     hash seed of its own (also when Dask fixed it in this process's environment): an unseeded NumPy
@@ -177,7 +179,7 @@ CLUSTER = [pytest.mark.cluster, pytest.mark.slow]
 @pytest.mark.parametrize(
     ("target", "kind"),
     [
-        ("string", "local"),
+        pytest.param("string", "local", marks=pytest.mark.slow),
         ("callable", "local"),
         pytest.param("string", "dask", marks=CLUSTER),
         pytest.param("callable", "dask", marks=CLUSTER),
@@ -213,6 +215,7 @@ def tree(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
+@pytest.mark.slow
 def test_only_temporary_prefixes_are_written(jobs_dir, tmp_path, monkeypatch):
     """A check that fails (here in the resume of an interrupted run) leaves the job's own checkpoints
     as they were, removes every temporary prefix and process file it made, leaves no process behind
@@ -244,6 +247,7 @@ def test_only_temporary_prefixes_are_written(jobs_dir, tmp_path, monkeypatch):
         ("not_a_job", "A", "is not a Job or a callable returning one"),
     ],
 )
+@pytest.mark.slow
 def test_a_failing_run_raises_naming_it(jobs_dir, monkeypatch, job, run, message):
     """A run that fails raises ResumeCheckError naming the run and saying why."""
     monkeypatch.chdir(jobs_dir)
@@ -253,7 +257,7 @@ def test_a_failing_run_raises_naming_it(jobs_dir, monkeypatch, job, run, message
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("target", ["string", "callable"])
+@pytest.mark.parametrize("target", [pytest.param("string", marks=pytest.mark.slow), "callable"])
 def test_every_run_has_a_deadline(jobs_dir, monkeypatch, target):
     """A run longer than ``timeout`` is ended (a child process killed at its deadline; a run in this
     process stopped after its running epoch) and the check raises naming it."""

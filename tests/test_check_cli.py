@@ -55,6 +55,7 @@ def squeeze(line: str) -> str:
     return " ".join(line.split())
 
 
+@pytest.mark.slow
 def test_a_job_that_resumes_exactly_exits_0(jobs, monkeypatch, capsys):
     """Every run equal to A: exit 0, one line per run (stop and kill by default), the verdict."""
     result = check_here(
@@ -76,6 +77,7 @@ def test_a_job_that_resumes_exactly_exits_0(jobs, monkeypatch, capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_job_that_diverges_exits_1_naming_the_first_divergence(jobs):
     """A divergence: exit 1; the first divergence (epoch, node, blob, run, kind, largest absolute
     difference) and its likely causes, through the real command line."""
@@ -92,6 +94,7 @@ def test_a_job_that_diverges_exits_1_naming_the_first_divergence(jobs):
     assert lines[causes + 2].startswith("  - the global random generator seeded once in init")
 
 
+@pytest.mark.slow
 def test_json(jobs, monkeypatch, capsys):
     """``--json`` prints the report as JSON: runs, divergences, the first with its likely causes."""
     result = check_here(
@@ -114,7 +117,11 @@ def test_json(jobs, monkeypatch, capsys):
     [
         (["no_such.py:job", "--local"], "TARGET file no_such.py does not exist"),
         (["check_jobs.py", "--local"], "TARGET must be package.module:name or path/to/file.py:name"),
-        (["check_jobs.py:exact", "--local", "--interrupt-at", "4"], "reference run A ended at epoch 4"),
+        pytest.param(  # run A runs in a child driver
+            ["check_jobs.py:exact", "--local", "--interrupt-at", "4"],
+            "reference run A ended at epoch 4",
+            marks=pytest.mark.slow,
+        ),
         (["check_jobs.py:exact", "--local", "--mode", "lose-node"], "it needs a cluster, not --local"),
         (["check_jobs.py:exact", "--local", "--timeout", "0"], "--timeout must be a positive number"),
         (["check_jobs.py:exact", "--mode", "pause"], "invalid choice: 'pause'"),
@@ -131,6 +138,7 @@ def test_usage_errors_exit_2(jobs, monkeypatch, capsys, args, message):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_run_exits_1_naming_it(jobs, monkeypatch, capsys):
     """A run that fails, or a job that would never stop: exit 1 and one paragraph naming the run and
     the error."""

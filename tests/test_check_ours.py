@@ -22,6 +22,7 @@ NOTEBOOK_JOBS = {
     "03_local_cluster": ("define_job()[0]", 4),
     "04_readers": ("define_job(sgd_step)[0]", 6),
     "05_prove_resume": ("define_job(noisy_step_fixed)", 5),
+    "06_elastic": ("define_job()", 6),
 }
 
 
@@ -67,6 +68,7 @@ def notebook_job(notebook: Path, expression: str, folder: Path) -> Path:
     return path
 
 
+@pytest.mark.representative("01_quickstart", "05_prove_resume")  # the others (and their runs): -m matrix
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOK_JOBS))
 def test_every_notebooks_job_resumes_exactly(notebook, tmp_path):
     """The job each notebook defines, interrupted after its middle epoch."""

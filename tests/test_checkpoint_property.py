@@ -13,6 +13,7 @@ import tempfile
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -67,6 +68,7 @@ def changed(value: object) -> object:
     return [value]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workspace=workspaces, compressed=st.booleans())
 def test_save_restore_equals_input(workspace, compressed):

@@ -6,11 +6,10 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from processes import dead_pid
 
 import daskjobs as dj
 from daskjobs.errors import CheckpointError, CheckpointLockedError, CheckpointWriteError, TaskFailedError
@@ -510,12 +509,9 @@ def test_concurrent_runner_is_refused_while_the_first_trains(prefix):
 
 def test_stale_lock_of_a_dead_local_process_is_broken(prefix):
     """A lock left by a process of this host that no longer exists is taken over with a warning."""
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
-    )
     store = dj.MultiNodeCheckpointManager(prefix).store
     store.check_writable()
-    store.acquire_lock({"host": socket.gethostname(), "pid": int(dead.stdout), "job": "pipeline", "started": ""})
+    store.acquire_lock({"host": socket.gethostname(), "pid": dead_pid(), "job": "pipeline", "started": ""})
     job, _ = make_job()
     assert dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), progress=False).train(None) == 4
     assert store.read_lock() is None

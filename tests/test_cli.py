@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import dead_pid
 
 import daskjobs as dj
 from daskjobs.checkpoint._format.records import RECORD_FORMAT_VERSION
@@ -78,6 +79,7 @@ def committed(tmp_path) -> str:
     return prefix
 
 
+@pytest.mark.slow
 def test_list_show_verify_through_the_real_command(committed):
     """list: one line per epoch; show: the latest by default; verify: OK per epoch; all exit 0."""
     listed = daskjobs("checkpoints", "list", committed)
@@ -120,6 +122,7 @@ def test_show_epoch_and_json(committed, capsys):
     assert record == dj.open_checkpoint(committed, 3).record
 
 
+@pytest.mark.slow
 def test_show_missing_epoch_lists_the_committed_ones(committed):
     """A missing epoch is a usage error (exit 2) that lists what exists."""
     dj.MultiNodeCheckpointManager(committed).store.delete_epoch(1, ["ps"])
@@ -165,6 +168,7 @@ def test_a_daskjobs_prefix_without_a_commit_is_a_usage_error(tmp_path, action, c
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_mistyped_prefix_through_the_real_command(tmp_path):
     """The real command exits 2 and does not create the prefix."""
     result = daskjobs("checkpoints", "list", str(tmp_path / "nothing"))
@@ -176,6 +180,7 @@ def test_mistyped_prefix_through_the_real_command(tmp_path):
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow
 def test_verify_names_epoch_node_and_blob_of_a_corrupt_chunk(committed):
     """A flipped byte: verify exits 1 naming epoch, node and blob; the other epochs still verify OK."""
     (chunk,) = glob.glob(os.path.join(committed, "ps.4", "weights", "c*"))
@@ -239,6 +244,7 @@ def test_show_marks_corrupt_newest_records_and_shows_the_newest_readable(committ
     assert "epoch 0" in failed.stderr
 
 
+@pytest.mark.slow
 def test_prune_dry_run_keep_last_keep_every(committed, capsys):
     """--dry-run deletes nothing; --keep-last/--keep-every keep those and the newest epoch."""
     before = tree(Path(committed))
@@ -297,8 +303,7 @@ def test_unlock_refuses_a_live_or_unknown_holder_without_force(committed, holder
     import socket
 
     if holder["pid"] == "dead":
-        done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
-        holder = {"pid": int(done.stdout)}
+        holder = {"pid": dead_pid()}
     store = dj.MultiNodeCheckpointManager(committed).store
     store.acquire_lock({"host": socket.gethostname(), "job": "j", "started": "", **holder})
     plain = here("checkpoints", "unlock", committed, capsys=capsys)

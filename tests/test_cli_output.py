@@ -122,6 +122,7 @@ IMPORT_CASES = [
 
 
 @pytest.mark.parametrize(("subcommand", "files", "message"), IMPORT_CASES)
+@pytest.mark.slow
 def test_a_job_file_that_does_not_import_is_a_usage_error_naming_file_and_line(tmp_path, subcommand, files, message):
     """Exit 2, one line on stderr naming the file (and line) where the import failed; nothing created."""
     for name, text in files.items():
@@ -146,6 +147,7 @@ def committed(folder: Path, epochs: int) -> Path:
 
 
 @pytest.mark.parametrize("action", ["verify", pytest.param("list", marks=pytest.mark.matrix)])
+@pytest.mark.slow
 def test_a_reader_that_went_away_ends_quietly(folder, action):
     """stdout closed before the command prints (``| head`` that has read enough): exit 0, stderr empty."""
     prefix = committed(folder, 2)
@@ -168,6 +170,7 @@ def test_head_of_a_long_listing_ends_quietly(folder):
     assert re.fullmatch(r"       0  counter  nodes=a  8 bytes  \S+  stopped=-\n", result.stdout), result.stdout
 
 
+@pytest.mark.slow
 def test_run_goes_on_when_its_reader_went_away(folder):
     """``daskjobs run ... | head -1``: the job runs to its end and commits every epoch; exit 0, no error."""
     process = subprocess.Popen(
@@ -181,6 +184,7 @@ def test_run_goes_on_when_its_reader_went_away(folder):
 
 
 # -- without a terminal ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_without_a_terminal_run_prints_a_line_per_committed_epoch(folder):
     """CI, a batch log: no bar, no ANSI; one line per committed epoch (time, checkpoint, metrics, stop
     values), then the final line; ``--no-progress`` leaves only the final line."""

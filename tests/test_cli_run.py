@@ -4,15 +4,18 @@ checkpoints and resume, storage options, failures and signals, with their exit c
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from processes import stop_group
 
 import daskjobs as dj
 from daskjobs.cli import main
@@ -132,6 +135,14 @@ def run_here(*args: str, cwd: Path, monkeypatch, capsys) -> subprocess.Completed
     return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
+@pytest.fixture
+def run_cli(
+    jobs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Callable[..., subprocess.CompletedProcess]:
+    """``run_cli(*args)``: ``daskjobs ARGS`` in this process (:func:`run_here`), in the folder of ``jobs``."""
+    return functools.partial(run_here, cwd=jobs, monkeypatch=monkeypatch, capsys=capsys)
+
+
 def last_line(result: subprocess.CompletedProcess) -> str:
     return result.stdout.strip().splitlines()[-1]
 
@@ -140,6 +151,7 @@ def epochs(prefix: str | Path, **options) -> list[int]:
     return [info.epoch for info in dj.list_checkpoints(str(prefix), **options)]
 
 
+@pytest.mark.slow
 def test_version_through_python_m(jobs):
     """``python -m daskjobs --version`` prints the version."""
     result = daskjobs("--version", cwd=jobs)
@@ -147,17 +159,9 @@ def test_version_through_python_m(jobs):
 
 
 @pytest.mark.parametrize("target", ["jobs.py:job", "jobs.py:counter", "{path}:job"])
-def test_run_local_every_target_form(jobs, target, monkeypatch, capsys):
+def test_run_local_every_target_form(jobs, target, run_cli):
     """A Job or a callable returning one, by module or file path (relative or absolute)."""
-    result = run_here(
-        "run",
-        target.format(path=jobs / "jobs.py"),
-        "--local",
-        "--no-progress",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    result = run_cli("run", target.format(path=jobs / "jobs.py"), "--local", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert last_line(result) == (
         "job 'counter': last epoch 5, no checkpoint (pass --checkpoint PREFIX to keep one); ran epochs 1-5"
@@ -173,6 +177,7 @@ def test_run_local_every_target_form(jobs, target, monkeypatch, capsys):
         (["jobs.py:not_a_job"], 2, "jobs.py:not_a_job is not a Job or a callable returning one"),
     ],
 )
+@pytest.mark.slow
 def test_run_exit_codes_of_the_real_command(jobs, args, code, message):
     """The real command's exit codes, with a module target (from the current folder) too."""
     result = daskjobs("run", *args, cwd=jobs)
@@ -180,88 +185,30 @@ def test_run_exit_codes_of_the_real_command(jobs, args, code, message):
     assert message in (result.stdout if code == 0 else result.stderr)
 
 
-def test_checkpoint_then_rerun_resumes_then_finished(jobs, monkeypatch, capsys):
+def test_checkpoint_then_rerun_resumes_then_finished(jobs, run_cli):
     """--max-epochs stops early with a commit; a re-run resumes; a third run runs nothing."""
     prefix = jobs / "ckpt"
-    first = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--max-epochs",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    first = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--max-epochs", "2")
     assert first.returncode == 0, first.stderr
     assert last_line(first) == f"job 'counter': last epoch 2, committed under {prefix}; ran epochs 1-2"
-    second = run_here(
-        "run", "jobs.py:job", "--local", "--checkpoint", str(prefix), cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
-    )
+    second = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix))
     assert last_line(second) == f"job 'counter': last epoch 5, committed under {prefix}; ran epochs 3-5"
     assert epochs(prefix) == [0, 1, 2, 3, 4, 5]
-    third = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--keep-last",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    third = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--keep-last", "2")
     assert third.returncode == 0, third.stderr
     assert "last epoch 5" in last_line(third)
     assert "no epoch ran" in last_line(third)
 
 
-def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys):
+def test_resume_from_an_older_epoch_and_a_missing_one(jobs, run_cli):
     """--resume-from N re-runs from N; an epoch that is not committed is a usage error listing the committed."""
     prefix = jobs / "ckpt"
-    assert (
-        run_here(
-            "run",
-            "jobs.py:job",
-            "--local",
-            "--checkpoint",
-            str(prefix),
-            cwd=jobs,
-            monkeypatch=monkeypatch,
-            capsys=capsys,
-        ).returncode
-        == 0
-    )
-    again = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--resume-from",
-        "3",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    assert run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix)).returncode == 0
+    again = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--resume-from", "3")
     assert again.returncode == 0, again.stderr
     assert last_line(again).endswith("ran epochs 4-5")
     before = epochs(prefix)
-    missing = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        str(prefix),
-        "--resume-from",
-        "9",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    missing = run_cli("run", "jobs.py:job", "--local", "--checkpoint", str(prefix), "--resume-from", "9")
     assert missing.returncode == 2
     assert f"epoch 9 is not committed under {prefix}; committed: 0, 1, 2, 3, 4, 5" in missing.stderr
     assert epochs(prefix) == before
@@ -289,11 +236,9 @@ def test_resume_from_an_older_epoch_and_a_missing_one(jobs, monkeypatch, capsys)
         (["jobs.py:job", "--local", "--scheduler", "tcp://127.0.0.1:1"], 2, "not allowed with argument"),
     ],
 )
-def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, monkeypatch, capsys):
+def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, run_cli):
     """Failures exit 1, usage errors 2; one paragraph on stderr, no traceback, nothing created."""
-    result = run_here(
-        "run", *args, "--local" if "--scheduler" not in args else "-v", cwd=jobs, monkeypatch=monkeypatch, capsys=capsys
-    )
+    result = run_cli("run", *args, "--local" if "--scheduler" not in args else "-v")
     assert result.returncode == code, result.stderr
     assert message in result.stderr
     if "-v" not in args and "--scheduler" not in args:
@@ -319,6 +264,7 @@ def test_run_errors_are_one_paragraph_with_exit_code(jobs, args, code, message, 
         ("jobs.py:job.missing", "jobs.py has no attribute 'job.missing'; it has e.g. "),
     ],
 )
+@pytest.mark.slow
 def test_a_target_that_is_no_job_is_a_one_line_usage_error(jobs, target, message):
     """``daskjobs run file.py:X`` where X is missing, an int, a module, a class that is not a Job
     or a function that needs arguments: exit 2, one line on stderr, nothing created (not even
@@ -332,12 +278,14 @@ def test_a_target_that_is_no_job_is_a_one_line_usage_error(jobs, target, message
     assert sorted(p.name for p in jobs.iterdir() if p.name != "__pycache__") == ["jobs.py"]
 
 
+@pytest.mark.slow
 def test_a_job_subclass_is_a_target(jobs):
     """A Job subclass is a callable returning a Job: it is called (a Job without steps needs --max-epochs)."""
     result = daskjobs("run", "jobs.py:SubJob", "--local", "--no-progress", "--max-epochs", "1", cwd=jobs)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_traceback_of_the_step(jobs):
     """-v adds the traceback, including the one from the node."""
     result = daskjobs("run", "jobs.py:failing", "--local", "-v", cwd=jobs)
@@ -346,24 +294,12 @@ def test_verbose_shows_the_traceback_of_the_step(jobs):
     assert "division by zero on purpose" in result.stderr
 
 
-def test_storage_option_reaches_s3(jobs, s3_prefix, monkeypatch, capsys):
+def test_storage_option_reaches_s3(jobs, s3_prefix, run_cli):
     """--storage-option KEY=VALUE (JSON when it parses) configures the checkpoint filesystem."""
     url, options = s3_prefix
     flags = [arg for key, value in options.items() for arg in ("--storage-option", f"{key}={value}")]
     flags = [flag.replace("=False", "=false") for flag in flags]
-    result = run_here(
-        "run",
-        "jobs.py:job",
-        "--local",
-        "--checkpoint",
-        url,
-        *flags,
-        "--max-epochs",
-        "2",
-        cwd=jobs,
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
+    result = run_cli("run", "jobs.py:job", "--local", "--checkpoint", url, *flags, "--max-epochs", "2")
     assert result.returncode == 0, result.stderr
     assert last_line(result).startswith(f"job 'counter': last epoch 2, committed under {url}")
     assert epochs(url, storage_options=options) == [0, 1, 2]
@@ -392,7 +328,9 @@ def test_default_session_is_a_node_cluster_with_a_dashboard(jobs):
         pytest.param(signal.SIGINT, 130, [], marks=[pytest.mark.cluster, pytest.mark.slow], id="node_cluster-SIGINT"),
     ],
 )
+@pytest.mark.representative("once-2-130-where0", "twice-15-143-where1", "once-node_cluster-SIGINT")
 @pytest.mark.parametrize("times", [1, 2], ids=["once", "twice"])
+@pytest.mark.slow
 def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, times):
     """SIGINT exits 130, SIGTERM 143 (also when a second signal follows), with one line and no traceback;
     what is committed verifies. The signal goes to the whole process group, as a terminal's Ctrl-C
@@ -419,9 +357,7 @@ def test_signal_stops_with_exit_code_and_commits_intact(jobs, sig, code, where, 
             time.sleep(0.6)  # a second signal, not the first one delivered again
         _out, err = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_group(process)
     assert process.returncode == code, err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2, err
@@ -491,6 +427,7 @@ def test_daskjobs_own_modules_are_never_shipped_by_value(monkeypatch):
     assert len(cloudpickle.dumps(dj.ArrayReader)) < 200  # a module and a name, not the class
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_a_one_paragraph_failure(jobs):
     """--scheduler at an address nobody listens on: exit 1 naming the address, within the connect timeout."""
     result = subprocess.run(

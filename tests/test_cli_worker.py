@@ -23,6 +23,7 @@ def daskjobs(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=30, check=False)
 
 
+@pytest.mark.slow
 def test_version():
     """--version prints the package version."""
     result = daskjobs("--version")
@@ -30,6 +31,7 @@ def test_version():
     assert result.stdout.strip() == f"daskjobs {dj.__version__}"
 
 
+@pytest.mark.slow
 def test_help_lists_the_worker_subcommand():
     """--help describes the command and lists the worker subcommand."""
     result = daskjobs("--help")
@@ -38,6 +40,7 @@ def test_help_lists_the_worker_subcommand():
     assert "worker" in result.stdout
 
 
+@pytest.mark.slow
 def test_worker_help():
     """worker --help documents the scheduler address and the node, thread and resource options."""
     result = daskjobs("worker", "--help")
@@ -46,6 +49,7 @@ def test_worker_help():
         assert text in result.stdout
 
 
+@pytest.mark.slow
 def test_no_subcommand_is_a_usage_error():
     """Running daskjobs without a subcommand exits with status 2 and a usage message."""
     result = daskjobs()

@@ -38,6 +38,7 @@ def gone_pid() -> int:
     return process.pid
 
 
+@pytest.mark.slow
 def test_only_folders_of_owners_that_are_gone_are_removed(tmp_path):
     me = psutil.Process(os.getpid())
     host = socket.gethostname()

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 from distributed import get_worker
+from processes import spawn, stop_group
 
 import daskjobs as dj
 
@@ -80,21 +81,14 @@ def processes(commands: list[list[str]], logs: Path) -> Iterator[list[subprocess
     started = []
     try:
         for index, argv in enumerate(commands):
-            with (logs / f"worker-{index}.log").open("ab") as out:
-                started.append(
-                    subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env(), start_new_session=True)
-                )
+            started.append(spawn(argv, logs / f"worker-{index}.log", env=env()))
         yield started
     finally:
         for process in started:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
         for process in started:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+            stop_group(process, signal.SIGTERM, timeout=15)
 
 
 def check_placement(address: str, logs: Path) -> None:

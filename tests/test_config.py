@@ -77,6 +77,7 @@ def test_a_bad_setting_stops_a_run_before_it_starts(name, value, tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_the_command_line_reports_a_bad_setting_from_the_environment_in_one_line(tmp_path):
     """``DASK_DASKJOBS__RECOVERY_TIMEOUT=later daskjobs demo --local``: exit 2 (bad input), one line."""
     root = str(Path(__file__).resolve().parents[1])

@@ -110,6 +110,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_failing_to_connect_is_prompt_with_one_message_and_a_prompt_exit(case, certificates, tmp_path):
     """Each bad address raises its daskjobs error, with one message (nothing chained) naming the
     address, within 5 s; the interpreter then exits within 5 s (no half-made client left behind)."""
@@ -201,6 +202,7 @@ DASKJOBS_RUN = [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--max-ep
     ],
     ids=["refused", "port too big", "http"],
 )
+@pytest.mark.slow
 def test_run_on_an_unreachable_scheduler_exits_promptly(tmp_path, template, code, message):
     """``daskjobs run --scheduler`` at a closed port exits 1, at a malformed address 2, within 5 s
     of starting to connect, with one line on stderr and nothing created under --checkpoint."""

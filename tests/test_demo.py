@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from processes import stop_group
 
 import daskjobs as dj
 from daskjobs.demo import DemoConfig, build_demo_job
@@ -65,9 +66,7 @@ def test_demo_command_interrupted_and_resumed(tmp_path):
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=60)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_group(process)
     committed = [i.epoch for i in dj.list_checkpoints(checkpoints)]
     assert committed
     assert max(committed) >= 4
@@ -86,6 +85,7 @@ def test_demo_command_interrupted_and_resumed(tmp_path):
     assert "already finished" in again.stdout
 
 
+@pytest.mark.slow
 def test_checkpoints_cli(tmp_path):
     """`daskjobs checkpoints list|show|verify|prune|unlock` work on a demo prefix."""
     checkpoints = str(tmp_path / "demo")
@@ -131,6 +131,7 @@ def test_checkpoints_cli(tmp_path):
         (["--keep-last", "-3"], "argument --keep-last: expected a positive integer, got -3"),
     ],
 )
+@pytest.mark.slow
 def test_demo_with_a_count_below_one_is_a_usage_error(tmp_path, args, message):
     """`daskjobs demo --trainers 0` (and other counts below one): exit 2, one line on stderr, no
     checkpoint folder created, and with --fresh an existing one is not deleted."""

@@ -256,6 +256,7 @@ def test_git_ignores_what_the_demo_and_the_docs_build_write():
     assert "docs/_build/" in ignored
 
 
+@pytest.mark.slow
 def test_shadowing_clone_folder_is_explained_with_the_error_python_gives(tmp_path):
     """A folder named ``daskjobs`` in the current directory hides an editable install (setuptools'
     import hook comes after Python's path search, which takes the folder for a namespace package):

@@ -30,11 +30,12 @@ SCRIPT = textwrap.dedent(
     kind, prefix, markers, sleep = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
     nodes = sys.argv[5].split(",")
 
-    QUICK = []  # kind "reuse": set before the second run, whose steps do not sleep
+    QUICK = markers / "quick"  # kind "reuse": made before the second run, whose steps do not sleep
+    # (a file, not a global: the workers keep the steps they were sent for the first run)
 
     def step(ws):
         (markers / f"started-{ws.epoch}").touch()
-        if ws.epoch >= 2 and kind not in ("commit", "cluster-commit") and not QUICK:
+        if ws.epoch >= 2 and kind not in ("commit", "cluster-commit") and not QUICK.exists():
             time.sleep(sleep)
         ws["n"] = ws["n"] + 1
 
@@ -85,7 +86,7 @@ SCRIPT = textwrap.dedent(
                         if kind != "reuse":
                             raise
                         # The same session again: the abandoned step still sleeps on a worker.
-                        QUICK.append(True)
+                        QUICK.touch()
                         again = dj.JobRunner(job, dj.MultiNodeCheckpointManager(prefix), max_epochs=4, progress=False)
                         try:
                             last = again.train(session)
@@ -166,7 +167,9 @@ CASES = [
 EXPECTED = {signal.SIGINT: (130, "KeyboardInterrupt"), signal.SIGTERM: (143, "JobInterruptedError")}
 
 
+@pytest.mark.representative("local-SIGINT", "local-SIGTERM", "cluster-SIGTERM")
 @pytest.mark.parametrize(("kind", "sig"), CASES)
+@pytest.mark.slow
 def test_one_signal_commits_the_running_epoch_then_stops(tmp_path, kind, sig):
     """The running epoch 2 finishes and is committed; then the exception, with one log line saying how to resume."""
     code, out, err, _ = run_and_signal(tmp_path, kind, [sig], sleep=1.5)
@@ -184,6 +187,7 @@ def test_one_signal_commits_the_running_epoch_then_stops(tmp_path, kind, sig):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_the_same_signal_again_within_half_a_second_is_one_request(tmp_path, sig):
     """A signal the process gets twice 0.1 s apart (a wrapper in its process group, GNU ``timeout`` or
     ``srun``, forwarding the signal the whole group got) stops gracefully: epoch 2 is committed."""
@@ -195,7 +199,9 @@ def test_the_same_signal_again_within_half_a_second_is_one_request(tmp_path, sig
     assert lock_released(tmp_path)
 
 
+@pytest.mark.representative("local-SIGINT", "local-SIGTERM", "cluster-SIGINT")
 @pytest.mark.parametrize(("kind", "sig"), CASES)
+@pytest.mark.slow
 def test_second_signal_abandons_the_running_epoch(tmp_path, kind, sig):
     """A second signal stops at once: nothing of epoch 2 is committed, the lock is released, no flood."""
     code, out, err, seconds = run_and_signal(tmp_path, kind, [sig, sig], sleep=20)
@@ -215,6 +221,7 @@ def test_second_signal_abandons_the_running_epoch(tmp_path, kind, sig):
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.representative("SIGINT")  # either signal abandons the epoch the same way
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_session_reused_after_an_abandoned_epoch_waits_for_its_step(tmp_path, sig):
     """SPEC §1.8/§4: after a second SIGINT on a DaskSession the abandoned step still runs on its
@@ -271,6 +278,7 @@ def test_handlers_are_restored_and_threads_untouched():
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_second_signal_abandons_a_step_running_on_the_main_thread(tmp_path, sig):
     """One node on a LocalSession runs its step on the main thread, where the second signal lands:
     it still ends the run with the signal's own error (not as a failed step), nothing of epoch 2
@@ -287,6 +295,7 @@ def test_second_signal_abandons_a_step_running_on_the_main_thread(tmp_path, sig)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_second_signal_during_a_commit_is_not_a_failed_save(tmp_path, sig):
     """Both signals land while the main thread commits epoch 2 (right after its record is written):
     the run ends with the signal's error naming the newest committed epoch, never retried as a
@@ -307,6 +316,7 @@ def test_second_signal_during_a_commit_is_not_a_failed_save(tmp_path, sig):
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.representative("SIGTERM")  # both signals: test_second_signal_during_a_commit_is_not_a_failed_save
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_commit_cut_short_by_a_second_signal_is_made_before_any_later_one(tmp_path, sig):
     """On a cluster an epoch's commit record is written while a later epoch runs: both signals land
@@ -323,6 +333,7 @@ def test_a_commit_cut_short_by_a_second_signal_is_made_before_any_later_one(tmp_
     assert lock_released(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_local_session_run_interrupted_abruptly_waits_for_its_steps_before_the_next_run():
     """A KeyboardInterrupt in the driver (a second Ctrl-C) leaves a LocalSession's step running in
     its thread: the next run waits for it, so the straggler cannot overwrite what that run writes."""

@@ -154,6 +154,7 @@ def test_metric_named_like_a_column_keeps_both():
     assert row["loss"] == 2.0
 
 
+@pytest.mark.slow
 def test_plot_is_a_figure_of_metrics_and_times(runner):
     from matplotlib.figure import Figure
 

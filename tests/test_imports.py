@@ -29,16 +29,19 @@ def imported_after(modules: tuple[str, ...], probe: str) -> bool:
     return result.stdout.strip() == "True"
 
 
+@pytest.mark.slow
 def test_core_does_not_import_zarr():
     """Importing the job model, workspaces, executor and readers does not import zarr."""
     assert imported_after(CORE, "zarr") is False
 
 
+@pytest.mark.slow
 def test_core_does_not_import_distributed():
     """Importing the job model, workspaces, executor and readers does not import distributed."""
     assert imported_after(CORE, "distributed") is False
 
 
+@pytest.mark.slow
 def test_import_daskjobs_in_fresh_process():
     """import daskjobs works in a fresh interpreter and exposes its version."""
     code = "import daskjobs as dj; print(dj.__version__); print(dj.LocalSession.__name__)"
@@ -56,6 +59,7 @@ def test_all_is_sorted_and_complete():
 
 
 @pytest.mark.parametrize("first", ["", "dj.DaskSession; dj.open_checkpoint; dj.ArrayReader; dj.JobRunner"])
+@pytest.mark.slow
 def test_dir_shows_the_public_names_only(first):
     """dir(daskjobs) lists __all__ and dunders: no helper import (importlib), no private module, no
     subpackage loaded on first use; in a fresh interpreter, before and after the lazy names load."""

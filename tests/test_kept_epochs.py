@@ -145,6 +145,7 @@ DEFAULT_LANE = ("full-every-10-latest-damaged", "keep-every-5-keep-last-3")
 @pytest.mark.parametrize(
     "case", [pytest.param(c, marks=() if c in DEFAULT_LANE else pytest.mark.matrix) for c in CASES]
 )
+@pytest.mark.slow
 def test_a_damaged_file_spoils_exactly_the_epochs_that_share_it(case, folder, monkeypatch, capsys):
     """verify marks exactly the epochs that share the damaged file CORRUPT and the others OK, names the
     file with those epochs and the newest epoch that verifies (exit 1); a resume then fails naming
@@ -260,6 +261,7 @@ def test_full_every_must_be_an_int_of_at_least_0(tmp_path, value, error):
 
 
 # -- --fresh ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_fresh_starts_over_and_retires_the_old_commits_once_epoch_0_commits(folder):
     """``run --fresh`` on a prefix of this job: a run failing before its epoch 0 commits leaves every commit as
     it was; one that gets there retires them all (one warning) and goes on from epoch 1."""
@@ -286,6 +288,7 @@ def test_fresh_starts_over_and_retires_the_old_commits_once_epoch_0_commits(fold
     assert int(dj.open_checkpoint(str(prefix))["center"]["n"]) == 2
 
 
+@pytest.mark.slow
 def test_fresh_refuses_another_jobs_prefix_and_needs_a_prefix(folder):
     prefix = folder / "ck"
     train(folder, prefix, 2)
@@ -308,6 +311,7 @@ def test_fresh_refuses_another_jobs_prefix_and_needs_a_prefix(folder):
     )
 
 
+@pytest.mark.slow
 def test_help_says_what_resume_from_and_fresh_delete(folder):
     result = daskjobs("run", "--help", cwd=folder)
     text = " ".join(result.stdout.split())

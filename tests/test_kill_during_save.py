@@ -61,6 +61,7 @@ def start_child(prefix: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.representative("0-0.0", "15-0.05")  # the other moments: -m matrix
 @pytest.mark.parametrize(("after_epoch", "delay"), [(0, 0.0), (3, 0.01), (9, 0.03), (15, 0.05), (21, 0.07)])
 def test_sigkill_then_resume(tmp_path, after_epoch, delay):
     """Wherever the kill lands, the latest commit verifies and equals the reference; resume ends equal."""

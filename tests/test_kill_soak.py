@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import stop_group
 
 import daskjobs as dj
 
@@ -53,9 +53,7 @@ def kill_soak(tmp_path: Path, timeout: float, *options: str) -> dict:
     try:
         _, stderr = process.communicate(timeout=timeout)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process, timeout=60)
     assert process.returncode == 0, stderr[-4000:]
     return json.loads(report.read_text())
 

@@ -138,6 +138,7 @@ RUN = [sys.executable, "-m", "daskjobs", "run", "job.py:job", "--local", "--max-
 
 
 @pytest.mark.parametrize("pid", ["0", "2**64", "str-abc"])
+@pytest.mark.slow
 def test_daskjobs_run_on_a_prefix_with_a_foreign_lock_exits_1_naming_it(tmp_path, pid):
     """``daskjobs run --checkpoint`` on a prefix whose lock names an impossible pid: exit 1, one
     line naming the holder, the lock untouched, nothing committed."""

@@ -5,8 +5,6 @@ of those nodes uses the node's new, empty workspace instead of reporting the old
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +18,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
+from processes import spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 from daskjobs.errors import NodeLostError
@@ -146,41 +145,22 @@ def _no_retries(dask_scheduler) -> None:
 
 
 # -- the watchdog: `daskjobs worker --node a --node b` gone for good --------------------------------
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
 @pytest.fixture
 def real_cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, subprocess.Popen], Callable]]:
     """A ``dask scheduler`` process and ``daskjobs worker`` processes; yields ``(address, workers by
     name, start(name, nodes))``; everything is killed afterwards."""
-    scheduler_file = tmp_path / "scheduler.json"
-    argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
-    argv += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
-    processes = {"scheduler": _spawn(argv, tmp_path / "scheduler.log")}
+    scheduler, address = start_scheduler(tmp_path, timeout=STARTUP)
+    processes = {"scheduler": scheduler}
     workers: dict[str, subprocess.Popen] = {}
     client = None
     try:
-        deadline = time.monotonic() + STARTUP
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert processes["scheduler"].poll() is None, (tmp_path / "scheduler.log").read_text()
-            assert time.monotonic() < deadline, "the scheduler wrote no scheduler file"
-            time.sleep(0.05)
-        address = json.loads(scheduler_file.read_text())["address"]
         client = Client(address, timeout=STARTUP, set_as_default=False)
 
         def start(name: str, nodes: list[str]) -> None:
             old = set(served(client).values())
             argv = [sys.executable, "-m", "daskjobs", "worker", address, "--host", "127.0.0.1", "--nthreads", "2"]
             argv += [arg for node in nodes for arg in ("--node", node)]
-            workers[name] = _spawn([*argv, "--local-directory", str(tmp_path / "w")], tmp_path / f"{name}.log")
+            workers[name] = spawn([*argv, "--local-directory", str(tmp_path / "w")], tmp_path / f"{name}.log")
             started = time.monotonic()
             while not all(served(client).get(n) not in (None, *old) for n in nodes):
                 assert time.monotonic() < started + STARTUP, served(client)
@@ -191,7 +171,7 @@ def real_cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, subprocess.Pop
         if client is not None:
             client.close()
         for process in [*workers.values(), *processes.values()]:
-            _kill(process)
+            stop_group(process)
 
 
 def test_the_watchdog_names_every_node_of_a_worker_gone_for_good(real_cluster, fresh_cluster):
@@ -220,7 +200,7 @@ def test_the_watchdog_names_every_node_of_a_worker_gone_for_good(real_cluster, f
 def _killer(process: subprocess.Popen) -> threading.Thread:
     def kill_soon() -> None:
         time.sleep(1.5)
-        _kill(process)
+        stop_group(process)
 
     thread = threading.Thread(target=kill_soon, daemon=True)
     thread.start()

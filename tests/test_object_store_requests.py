@@ -33,6 +33,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_requests_per_epoch_are_the_floor_plus_bookkeeping(tmp_path):
     out = tmp_path / "requests.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -114,6 +114,7 @@ def test_not_jupyter_in_a_plain_process():
     assert in_jupyter() is False
 
 
+@pytest.mark.slow
 def test_widget_in_jupyter_text_without_ipywidgets(monkeypatch):
     from tqdm.notebook import tqdm as notebook_tqdm
     from tqdm.std import tqdm as text_tqdm

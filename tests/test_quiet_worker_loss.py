@@ -57,6 +57,7 @@ def worker_pid(session: dj.DaskSession, name: str) -> int:
     return client.run(os.getpid, workers=[address])[address]
 
 
+@pytest.mark.representative("0-after-a-commit", "0-mid-epoch", "0-in-its-step")  # the second trials: -m matrix
 @pytest.mark.parametrize("moment", ["after-a-commit", "mid-epoch", "in-its-step"])
 @pytest.mark.parametrize("trial", range(2))
 def test_a_killed_worker_is_recovered_without_a_dask_error(tmp_path, capfd, caplog, moment, trial):

@@ -24,7 +24,7 @@ from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._format import chunks as _chunks
 from daskjobs.errors import CheckpointCorruptError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # the checkpoints read are made by `daskjobs run`
 
 JOB = textwrap.dedent(
     '''

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from distributed import Client, get_worker
+from processes import logs, served, spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 from daskjobs.errors import NodeLostError
@@ -42,75 +41,39 @@ def daskjobs_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "daskjobs.cli"]
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Signal the process's whole session (the nanny and its worker) and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
-def _logs(tmp_path: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
-
-
-def _served(client: Client) -> dict[str, str]:
-    """Node -> address of a live worker serving it."""
-    served = {}
-    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
-        for resource in info["resources"]:
-            if resource.startswith("daskjobs-node-"):
-                served[resource.removeprefix("daskjobs-node-")] = addr
-    return served
-
-
-@pytest.fixture
-def real_cluster(tmp_path: Path) -> Iterator[RealCluster]:
-    """A ``dask scheduler`` plus one ``daskjobs worker`` per entry of WORKERS; all killed afterwards."""
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A ``dask scheduler`` plus one ``daskjobs worker`` per entry of WORKERS, shared by the module's
+    tests (a DaskSession's workspaces are its own; tests that restart the workers wait for the new
+    ones); all killed afterwards."""
+    tmp_path = tmp_path_factory.mktemp("real_cluster")
     env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT": "5s"}
-    scheduler_file = tmp_path / "scheduler.json"
     processes: dict[str, subprocess.Popen] = {}
-    scheduler_argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
-    scheduler_argv += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
-    scheduler = _spawn(scheduler_argv, tmp_path / "scheduler.log", env)
+    scheduler, address = start_scheduler(tmp_path, env=env, timeout=STARTUP_TIMEOUT)
     client = None
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert scheduler.poll() is None, f"the scheduler exited:\n{_logs(tmp_path)}"
-            assert time.monotonic() < deadline, f"no scheduler file:\n{_logs(tmp_path)}"
-            time.sleep(0.05)
-        address = json.loads(scheduler_file.read_text())["address"]
         assert address.startswith("tcp://127.0.0.1:")
         client = Client(address, timeout=STARTUP_TIMEOUT, set_as_default=False)
 
         def start_workers() -> None:
-            old = set(_served(client).values())
+            old = set(served(client).values())
             for name, nodes in WORKERS.items():
                 argv = [*daskjobs_command(), "worker", address, "--host", "127.0.0.1", "--nthreads", "2"]
                 argv += [arg for node in nodes for arg in ("--node", node)]
                 argv += ["--local-directory", str(tmp_path / "workers")]
-                processes[name] = _spawn(argv, tmp_path / f"worker-{name}.log", env)
+                processes[name] = spawn(argv, tmp_path / f"worker-{name}.log", env=env)
             wanted = {node for nodes in WORKERS.values() for node in nodes}
             deadline = time.monotonic() + STARTUP_TIMEOUT
             while True:
-                served = _served(client)
-                if set(served) >= wanted and not old & set(served.values()):
+                now = served(client)
+                if set(now) >= wanted and not old & set(now.values()):
                     return
-                assert time.monotonic() < deadline, f"workers did not register: {served}\n{_logs(tmp_path)}"
+                assert time.monotonic() < deadline, f"workers did not register: {now}\n{logs(tmp_path)}"
                 time.sleep(0.1)
 
         def restart_workers() -> None:
             for process in processes.values():
-                _kill(process)
+                stop_group(process)
             start_workers()
 
         start_workers()
@@ -119,7 +82,7 @@ def real_cluster(tmp_path: Path) -> Iterator[RealCluster]:
         if client is not None:
             client.close()
         for process in [*processes.values(), scheduler]:
-            _kill(process, signal.SIGTERM)
+            stop_group(process, signal.SIGTERM)
 
 
 def where(ws: dj.Workspace) -> None:

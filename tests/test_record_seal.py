@@ -51,6 +51,7 @@ def test_a_sealed_record_reads_back_without_its_seal(sealed):
     assert record["stop_values"] == {"done": False}
 
 
+@pytest.mark.slow
 def test_every_flipped_bit_is_refused(sealed):
     """Each of the record's bits flipped in turn (some thousands of reads): never a record back."""
     store, data, _record = sealed

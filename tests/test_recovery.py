@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import two_coupled_nodes
 
 import daskjobs as dj
 from daskjobs.errors import NodeLostError
@@ -17,30 +18,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 def define_job(kill_marker: str | None = None, kill_epoch: int = 3) -> dj.Job:
     """Two coupled nodes; with ``kill_marker``, node b's worker kills itself once, in ``kill_epoch``."""
-    with dj.Cluster(), dj.Job(name="recovery") as job:
-        with dj.Node("a"):
-            with job.init_group:
-                dj.Task(lambda ws: ws.__setitem__("weights", np.zeros(8)))
-            publish = dj.Task(lambda ws: ws.__setitem__("w", ws["weights"] + ws.epoch), outputs="w")
-        with dj.Node("b"):
-            with job.init_group:
-                dj.Task(lambda ws: ws.__setitem__("history", np.zeros(0)))
 
-            def consume(ws):
-                if kill_marker is not None and ws.epoch == kill_epoch and not os.path.exists(kill_marker):
-                    Path(kill_marker).touch()
-                    os.kill(os.getpid(), signal.SIGKILL)
-                ws["history"] = np.append(ws["history"], ws["w"].sum())
-                ws["ack"] = ws["w"].sum()
+    def reach(point: str) -> None:
+        if kill_marker is not None and point == f"epoch-{kill_epoch}" and not os.path.exists(kill_marker):
+            Path(kill_marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
 
-            consumed = dj.Task(consume, inputs={"w": publish.outputs()[0]}, outputs="ack")
-        with dj.Node("a"):
-            dj.Task(
-                lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0),
-                name="update",
-                inputs={"ack": consumed.outputs()[0]},
-            )
-    return job
+    return two_coupled_nodes("recovery", reach)
 
 
 def reference(epochs: int) -> tuple[np.ndarray, np.ndarray]:

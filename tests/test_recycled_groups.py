@@ -12,7 +12,6 @@ leaves debris that cleanup removes.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from processes import stop_group
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
@@ -168,6 +168,7 @@ small_arrays = st.one_of(
 workspaces = st.dictionaries(st.sampled_from(["a", "b", "c"]), small_arrays, max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(workspaces, min_size=2, max_size=7), keep=st.integers(1, 3))
 def test_any_sequence_of_saves_with_retention_keeps_every_kept_epoch_exact(monkeypatch, steps, keep):
@@ -257,6 +258,7 @@ def test_a_save_killed_while_writing_over_leaves_debris_that_cleanup_removes(tmp
     dj.open_checkpoint(store.url, 1).verify()
 
 
+@pytest.mark.cluster
 def test_a_job_with_retention_writes_over_retired_groups_and_resumes_exactly(tmp_path):
     """The user's path: ``train`` with ``keep_last`` on a cluster of worker processes, stopped and
     resumed. Once retention runs, each epoch's chunk file is a retired epoch's, written over (fewer
@@ -346,6 +348,7 @@ def kill_child(prefix: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.representative("4-0.0", "13-0.023")  # the other moments: -m matrix
 @pytest.mark.parametrize(("after_epoch", "delay"), [(4, 0.0), (6, 0.004), (9, 0.011), (13, 0.023), (17, 0.037)])
 def test_a_process_group_killed_while_groups_are_written_over_resumes_exactly(tmp_path, after_epoch, delay):
     """SIGKILL to the whole process group (driver and workers, as a batch system's kill) while nodes
@@ -369,8 +372,7 @@ def test_a_process_group_killed_while_groups_are_written_over_resumes_exactly(tm
                 break
         time.sleep(delay)
     finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
+        stop_group(child, timeout=30)
     committed = [info.epoch for info in dj.list_checkpoints(prefix)]
     assert committed, "the kill came after some commits"
     for epoch in committed:

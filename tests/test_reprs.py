@@ -52,6 +52,7 @@ def test_runner_repr_shows_last_20_epochs_with_metrics(prefix):
     assert "dashboard" not in text
 
 
+@pytest.mark.cluster
 def test_runner_repr_links_the_dashboard(shared_cluster):
     with dj.DaskSession(shared_cluster) as session:
         runner = dj.JobRunner(small_job(), max_epochs=2, progress=False)

@@ -3,8 +3,6 @@ and the job resumes on a new scheduler; a failed run leaves a usable session."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +13,7 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
+from processes import spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 from daskjobs.errors import NodePlacementError, SessionClosedError, SessionLostError, TaskFailedError
@@ -25,38 +24,15 @@ STARTUP = 60.0
 NODES = ("a", "b")
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-
-
 class ProcessCluster:
     """A ``dask scheduler`` process and one ``daskjobs worker`` process per node, on 127.0.0.1."""
 
     def __init__(self, directory: Path, tls: list[str] | None = None) -> None:
         self.directory, self.tls = directory, tls or []
         self.processes: list[subprocess.Popen] = []
-        scheduler_file = directory / f"scheduler-{time.monotonic_ns()}.json"
         protocol = "tls" if tls else "tcp"
-        argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", f"{protocol}://127.0.0.1"]
-        argv += ["--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
-        self.scheduler = self._start(argv + self.tls, "scheduler")
-        deadline = time.monotonic() + STARTUP
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert self.scheduler.poll() is None, self.logs()
-            assert time.monotonic() < deadline, self.logs()
-            time.sleep(0.05)
-        self.address = json.loads(scheduler_file.read_text())["address"]
+        self.scheduler, self.address = start_scheduler(directory, *self.tls, protocol=protocol, timeout=STARTUP)
+        self.processes.append(self.scheduler)
         for node in NODES:
             argv = [sys.executable, "-m", "daskjobs.cli", "worker", self.address, "--node", node, "--host", "127.0.0.1"]
             self._start([*argv, "--local-directory", str(directory / "workers"), *self.tls], f"worker-{node}")
@@ -76,7 +52,7 @@ class ProcessCluster:
                 time.sleep(0.1)
 
     def _start(self, argv: list[str], name: str) -> subprocess.Popen:
-        process = _spawn(argv, self.directory / f"{name}.log")
+        process = spawn(argv, self.directory / f"{name}.log")
         self.processes.append(process)
         return process
 
@@ -85,7 +61,7 @@ class ProcessCluster:
 
     def close(self) -> None:
         for process in self.processes:
-            _kill(process)
+            stop_group(process)
 
 
 @pytest.fixture

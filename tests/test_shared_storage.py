@@ -8,12 +8,9 @@ processes on 127.0.0.1; the driver is this process, or ``daskjobs run --schedule
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from distributed import Client
+from processes import spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
@@ -142,28 +140,8 @@ class Machines:
             folder.mkdir()
         self.env = {**os.environ, "PYTHONPATH": str(Path(dj.__file__).resolve().parents[1])}
         self.workers: dict[str, tuple[subprocess.Popen, str]] = {}
-        scheduler_file = root / "scheduler.json"
-        argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0"]
-        argv += ["--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file)]
-        self.scheduler = self._spawn(argv, "scheduler")
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert self.scheduler.poll() is None, f"the scheduler exited:\n{self.log()}"
-            assert time.monotonic() < deadline, f"no scheduler file:\n{self.log()}"
-            time.sleep(0.05)
-        self.address = json.loads(scheduler_file.read_text())["address"]
+        self.scheduler, self.address = start_scheduler(self.logs, env=self.env, timeout=STARTUP_TIMEOUT)
         self.client = Client(self.address, timeout=STARTUP_TIMEOUT, set_as_default=False)
-
-    def _spawn(self, argv: list[str], name: str) -> subprocess.Popen:
-        with (self.logs / f"{name}.log").open("ab") as out:
-            return subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.root / "elsewhere",
-                start_new_session=True,
-            )
 
     def log(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.logs.glob("*")))
@@ -186,13 +164,12 @@ class Machines:
             upper.mkdir(exist_ok=True)
             inner = f"{MOUNTS[mount].format(shared=self.shared, upper=upper)} && exec {' '.join(command)}"
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
-        self.workers[node] = (self._spawn(command, f"worker-{node}"), mount)
+        log = self.logs / f"worker-{node}.log"
+        self.workers[node] = (spawn(command, log, env=self.env, cwd=self.root / "elsewhere"), mount)
 
     def stop(self, node: str) -> None:
         process, _ = self.workers.pop(node)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+        stop_group(process)
 
     def serve(self, private: set[str] = frozenset(), mount: str = "tmpfs") -> None:
         """Give the workers of ``private`` nodes ``mount`` and let the others share :attr:`shared`; wait for them."""
@@ -225,9 +202,7 @@ class Machines:
         self.client.close()
         for node in list(self.workers):
             self.stop(node)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.scheduler.pid, signal.SIGKILL)
-        self.scheduler.wait(timeout=10)
+        stop_group(self.scheduler)
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +238,7 @@ def check_error(error: CheckpointStorageError, private: set[str], machines: Mach
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.representative("one-node")
 @unshared
 def test_fresh_run_on_workers_without_the_prefix_fails_before_init(machines, private):
     """Nodes whose workers see another directory: CheckpointStorageError naming them, before the init
@@ -312,6 +288,7 @@ def test_a_node_whose_writes_the_driver_cannot_read_is_named(machines, mount, wh
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.representative("all")
 @unshared
 def test_resume_of_a_checkpoint_only_the_driver_sees_fails_before_loading(machines, private):
     """A checkpoint committed where only the driver sees it: CheckpointStorageError before any load,

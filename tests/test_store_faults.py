@@ -102,7 +102,9 @@ def check_recovery(store: CheckpointStore, committed: list[int]) -> int:
     return latest["epoch"]
 
 
+@pytest.mark.representative("0", "1")  # random moments: the other trials, -m matrix
 @pytest.mark.parametrize("trial", range(6))
+@pytest.mark.slow
 def test_sigkill_at_a_random_moment(tmp_path, trial):
     store = CheckpointStore(tmp_path / "ckpt")
     committed = run_writer(store.url, kill_after=random.Random(trial).uniform(0.0, 0.6))
@@ -112,6 +114,7 @@ def test_sigkill_at_a_random_moment(tmp_path, trial):
 @pytest.mark.parametrize(
     "writes_into_epoch_2", [0, 1, 2 * BLOBS, 2 * BLOBS + 1, FILES_PER_EPOCH - 2, FILES_PER_EPOCH - 1]
 )
+@pytest.mark.slow
 def test_crash_at_each_step_of_a_save(tmp_path, writes_into_epoch_2):
     """Exit before the k-th file of epoch 2: first array, mid-node, node entry, second node, commit record."""
     store = CheckpointStore(tmp_path / "ckpt")

@@ -131,6 +131,7 @@ def test_lock_is_a_conditional_put(s3, url):
     assert first.read_lock() is None
 
 
+@pytest.mark.slow
 def test_another_process_commit_is_seen_at_once(s3, url):
     reader = CheckpointStore(url, {**s3, "skip_instance_cache": True})
     writer = CheckpointStore(url, s3)

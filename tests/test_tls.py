@@ -4,11 +4,6 @@ trustme, a checkpointed job over ``tls://``, plain and certificate-less clients 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
 import sys
 import time
 
@@ -16,6 +11,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, Security
+from processes import logs, spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 from daskjobs.errors import SessionLostError
@@ -38,10 +34,11 @@ def define_job() -> dj.Job:
     return job
 
 
-@pytest.fixture
-def certificates(tmp_path):
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
     """``(ca file, cert file, key file)``: one CA, one certificate for 127.0.0.1 and localhost."""
     trustme = pytest.importorskip("trustme")
+    tmp_path = tmp_path_factory.mktemp("certificates")
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     paths = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -51,52 +48,35 @@ def certificates(tmp_path):
     return tuple(str(p) for p in paths)
 
 
-@pytest.fixture
-def tls_cluster(tmp_path, certificates):
-    """A TLS scheduler process and ``daskjobs worker`` processes for nodes a and b; yields
-    ``(address, client Security)``."""
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory, certificates):
+    """A TLS scheduler process and ``daskjobs worker`` processes for nodes a and b, shared by the
+    module's tests (none changes it); yields ``(address, client Security)``."""
+    tmp_path = tmp_path_factory.mktemp("tls_cluster")
     ca, cert, key = certificates
     tls = ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
     security = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
     processes = []
-
-    def spawn(argv: list[str], name: str) -> None:
-        with (tmp_path / f"{name}.log").open("ab") as out:
-            processes.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-
-    def logs() -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in tmp_path.glob("*.log"))
-
-    scheduler_file = tmp_path / "scheduler.json"
     try:
-        argv = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls", "--host", "127.0.0.1"]
-        spawn(
-            [*argv, "--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file), *tls],
-            "scheduler",
-        )
-        deadline = time.monotonic() + STARTUP
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert processes[0].poll() is None, logs()
-            assert time.monotonic() < deadline, logs()
-            time.sleep(0.05)
-        address = json.loads(scheduler_file.read_text())["address"]
+        scheduler, address = start_scheduler(tmp_path, *tls, protocol="tls", timeout=STARTUP)
+        processes.append(scheduler)
         assert address.startswith("tls://127.0.0.1:")
         for node in ("a", "b"):
             argv = [sys.executable, "-m", "daskjobs.cli", "worker", address, "--node", node, "--host", "127.0.0.1"]
-            spawn([*argv, "--local-directory", str(tmp_path / "workers"), *tls], f"worker-{node}")
+            log = tmp_path / f"worker-{node}.log"
+            processes.append(spawn([*argv, "--local-directory", str(tmp_path / "workers"), *tls], log))
+        deadline = time.monotonic() + STARTUP
         with Client(address, security=security, timeout=STARTUP, set_as_default=False) as client:
             wanted = {dj.node_resource("a"), dj.node_resource("b")}
             while not wanted <= {
                 r for w in client.scheduler_info(n_workers=-1)["workers"].values() for r in w["resources"]
             }:
-                assert time.monotonic() < deadline, logs()
+                assert time.monotonic() < deadline, logs(tmp_path)
                 time.sleep(0.1)
         yield address, security
     finally:
         for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+            stop_group(process)
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from typing import Any
 
 import dask.config
 from distributed import Client, Future, Worker
-from distributed.protocol import to_serialize
+from distributed.protocol.serialize import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
 
 from .._config import config_timeout
@@ -268,7 +268,7 @@ class DaskMemory:
         by_worker: dict[str, list[str]] = {}
         for node in nodes:
             by_worker.setdefault(placement.get(node, ""), []).append(node)
-        made = []
+        made: list[Bundle] = []
         for index, (holder, served) in enumerate(sorted(by_worker.items())):
             start = live.index(holder) + 1 if holder in live else 0
             ring = [live[(start + i) % len(live)] for i in range(len(live))]
@@ -279,7 +279,7 @@ class DaskMemory:
 
     # -- keys -----------------------------------------------------------------------------
     def hold(self, keys: Iterable[str]) -> None:
-        made = {key: Future(key, self._client) for key in keys}
+        made: dict[str, Future] = {key: Future(key, self._client) for key in keys}
         with self._lock:
             self._futures.update(made)
 
@@ -298,7 +298,8 @@ class DaskMemory:
 
         async def wait() -> None:
             for future in futures:  # a future released meanwhile is cancelled, which ends the wait
-                await future._state.wait()
+                if future._state is not None:
+                    await future._state.wait()
             if all(future.status == "finished" for future in futures):
                 self.release(superseded)
 
@@ -307,13 +308,14 @@ class DaskMemory:
             self._waiting.add(task)
             task.add_done_callback(self._waiting.discard)
 
-        self._client.loop.add_callback(start)
+        if self._client.loop is not None:
+            self._client.loop.add_callback(start)
 
     def holders(self, keys: Iterable[str]) -> dict[str, list[str]]:
-        client = self._client
-        found = client.sync(
-            client.scheduler.who_has, keys=list(keys), callback_timeout=config_timeout("connect-timeout")
-        )
+        client, keys = self._client, list(keys)
+        if client.scheduler is None:
+            return {key: [] for key in keys}
+        found = client.sync(client.scheduler.who_has, keys=keys, callback_timeout=config_timeout("connect-timeout"))
         return {key: list(found.get(key) or ()) for key in keys}
 
     def release(self, keys: Iterable[str]) -> None:
@@ -321,7 +323,7 @@ class DaskMemory:
         with self._lock:
             again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
             released = [self._futures.pop(key) for key in keys if key in self._futures]
-            self._late.update({f.key: now for f in released if f.status == "pending"})
+            self._late.update({str(f.key): now for f in released if f.status == "pending"})
             for key in again:
                 del self._late[key]
         released.clear()  # the futures go: their keys are released
@@ -356,7 +358,7 @@ class ProcessMemory:
 
     def __init__(self, restore: Callable[[str, dict[str, Value]], None]) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[str, dict[str, Value]] = {}
+        self._kept: dict[str, dict[str, dict[str, Value]]] = {}
         self._restore = restore
         self._id = uuid.uuid4().hex[:8]
 

@@ -31,6 +31,7 @@ import logging
 import re
 import signal
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 KEY_PREFIX = "daskjobs-"
@@ -50,7 +51,7 @@ _PEER_LOST = ("Worker stream died during communication", "failed during get data
 """A worker's ERRORs (with a traceback) when a peer it fetches data from, or sends data to, goes away."""
 
 
-def _daskjobs_keys(keys: object) -> bool:
+def _daskjobs_keys(keys: Iterable[object]) -> bool:
     return bool(keys) and all(str(key).startswith(KEY_PREFIX) for key in keys)
 
 

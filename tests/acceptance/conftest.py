@@ -37,7 +37,7 @@ def elsewhere(tmp_path: Path) -> Path:
 @pytest.fixture
 def external_cluster(tmp_path: Path) -> Iterator[ExternalCluster]:
     """A scheduler and one ``daskjobs worker`` per node of the acceptance job (``ps``, ``trainer``)."""
-    cluster = ExternalCluster(tmp_path / "cluster")
+    cluster = ExternalCluster(tmp_path / "cluster", env=clean_env())
     try:
         for node in ("ps", "trainer"):
             cluster.start_worker(node)
@@ -71,40 +71,3 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]:
         return _references[key]
 
     return made
-
-
-DEFAULT_CASES = {
-    "test_a_signal_to_the_process_group_stops_gracefully_and_the_job_resumes_exactly": {
-        "local-SIGINT-sync",
-        "local-SIGTERM-async",
-        "cluster-SIGTERM-sync",
-        "cluster-SIGINT-async",
-        "scheduler-SIGTERM-async",
-        "scheduler-SIGINT-no-checkpoint",
-    },
-    "test_a_second_signal_ends_the_process_within_two_seconds": {
-        "local-SIGTERM-sync",
-        "cluster-SIGINT-async",
-        "scheduler-SIGTERM-async",
-    },
-    "test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure": {
-        "retire-async",
-        "lifetime-sync",
-        "sigterm-sync",
-    },
-    "test_workers_killed_for_good_leave_the_job_running_on_the_others": {"two-of-three"},
-    "test_workers_that_join_take_nodes_at_an_epoch_boundary": set(),
-    "test_a_worker_restarted_within_half_a_second_after_a_group_sigterm_is_a_departure": {"pinned"},
-}
-"""The representative cases of the bigger matrices that the default test run keeps: every session
-kind, signal, save mode and kind of departure at least once. The others are marked ``matrix``
-(``python -m pytest -m matrix`` runs them; CI's default run leaves them out to stay under 20 min)."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the cases of the bigger matrices that are not in :data:`DEFAULT_CASES` as ``matrix``."""
-    for item in items:
-        function = getattr(item, "originalname", item.name)
-        keep = DEFAULT_CASES.get(function)
-        if keep is not None and item.callspec.id not in keep:
-            item.add_marker(pytest.mark.matrix)

@@ -10,18 +10,14 @@ and no ERROR, that what is committed verifies, and that the values equal an unin
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import ExternalCluster, stop_group, wait_until  # noqa: F401 - the acceptance tests import them here
 
 import daskjobs as dj
 
@@ -35,113 +31,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a subprocess: this checkout's daskjobs on the path, nothing of the job's folder."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JOB_", "PYTHONPATH"))}
     return {**base, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
-
-
-def wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, process: subprocess.Popen | None = None
-) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` s (or if ``process`` ended)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process is not None and process.poll() is not None:
-            out, err = process.communicate()
-            pytest.fail(f"the process ended (exit {process.returncode}) before {what}:\n{out}\n{err}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """Kill ``process`` and its process group if still running (test teardown)."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class ExternalCluster:
-    """A ``dask scheduler`` and ``daskjobs worker`` processes on 127.0.0.1, started from their own folder."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.address = f"tcp://127.0.0.1:{free_port()}"
-        self.processes: list[subprocess.Popen] = []
-        self.workers: dict[str, subprocess.Popen] = {}
-        self.pool: list[subprocess.Popen] = []
-        port = self.address.rpartition(":")[2]
-        scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", port]
-        self._start([*scheduler, "--no-dashboard"], "scheduler")
-        self._client = None
-
-    def _start(self, argv: list[str], name: str) -> subprocess.Popen:
-        log = open(self.folder / f"{name}-{len(self.processes)}.log", "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            argv, cwd=self.folder, env=clean_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
-        self.processes.append(process)
-        return process
-
-    def start_worker(self, node: str, *options: str) -> subprocess.Popen:
-        """``daskjobs worker ADDRESS --node NODE OPTIONS`` (its process group is its own)."""
-        argv = [sys.executable, "-m", "daskjobs", "worker", self.address, "--node", node, "--nthreads", "2", *options]
-        self.workers[node] = process = self._start(argv, f"worker-{node}")
-        return process
-
-    def start_pool_worker(self, *options: str, plain: bool = True) -> subprocess.Popen:
-        """A pool worker (its process group is its own): a plain ``dask worker ADDRESS`` without any
-        resource, or (``plain=False``) ``daskjobs worker ADDRESS``."""
-        if plain:
-            argv = [sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--no-dashboard"]
-        else:
-            argv = [sys.executable, "-m", "daskjobs", "worker", self.address]
-        process = self._start([*argv, "--nthreads", "2", *options], "pool-worker")
-        self.pool.append(process)
-        return process
-
-    def wait_for_workers(self, count: int, timeout: float = 60) -> None:
-        """Wait until exactly ``count`` workers are connected."""
-        wait_until(
-            lambda: len(self.client().scheduler_info(n_workers=-1)["workers"]) == count, timeout, f"{count} workers"
-        )
-
-    def client(self):
-        from distributed import Client
-
-        if self._client is None:
-            self._client = Client(self.address, timeout=30, set_as_default=False)
-        return self._client
-
-    def worker_address(self, node: str) -> str:
-        """The address of the worker serving ``node`` now."""
-        for address, info in self.client().scheduler_info(n_workers=-1)["workers"].items():
-            if dj.node_resource(node) in info.get("resources", {}):
-                return address
-        raise LookupError(node)
-
-    def wait_for_nodes(self, *nodes: str, timeout: float = 60) -> None:
-        def served() -> bool:
-            workers = self.client().scheduler_info(n_workers=-1)["workers"].values()
-            have = {r for info in workers for r in info.get("resources", {})}
-            return all(dj.node_resource(n) in have for n in nodes)
-
-        wait_until(served, timeout, f"workers for nodes {nodes}")
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        for process in reversed(self.processes):
-            stop_group(process)
 
 
 def session_args(kind: str, request: pytest.FixtureRequest) -> list[str]:

@@ -31,6 +31,7 @@ REASONS = {
 }
 
 
+@pytest.mark.representative("retire-async", "lifetime-sync")  # SIGTERM departs in the limits test below
 @pytest.mark.parametrize("saves", [[], ["--async-save"]], ids=["sync", "async"])
 @pytest.mark.parametrize("how", sorted(REASONS))
 def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
@@ -92,6 +93,8 @@ def test_the_limits_of_recovering_from_departures_are_dask_config(
     key, value = settings[limit]
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0"]
     limited = {f"DASK_DASKJOBS__{key}": value}
+    if limit == "recovery-timeout":  # no new worker comes: the watchdog notices after placement-timeout (10 s)
+        limited["DASK_DASKJOBS__PLACEMENT_TIMEOUT"] = "2s"
     env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5", **limited)
     process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
     wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)

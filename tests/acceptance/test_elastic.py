@@ -42,7 +42,7 @@ SAVES = [pytest.param([], id="sync"), pytest.param(["--async-save"], id="async")
 @pytest.fixture
 def pool(tmp_path: Path):
     """A ``dask scheduler`` and no worker yet (the tests start plain pool workers)."""
-    cluster = ExternalCluster(tmp_path / "cluster")
+    cluster = ExternalCluster(tmp_path / "cluster", env=clean_env())
     try:
         yield cluster
     finally:
@@ -129,6 +129,7 @@ def serving_a_node(cluster: ExternalCluster, workers: list[subprocess.Popen]) ->
     return next(w for w in workers if w.pid in nannies.values())
 
 
+@pytest.mark.representative("two-of-three")
 @pytest.mark.parametrize("killed", [1, 2], ids=["one-of-three", "two-of-three"])
 def test_workers_killed_for_good_leave_the_job_running_on_the_others(
     killed, job_dir, elsewhere, pool, reference, tmp_path
@@ -153,6 +154,7 @@ def test_workers_killed_for_good_leave_the_job_running_on_the_others(
     assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
 
 
+@pytest.mark.representative
 @pytest.mark.parametrize("saves", SAVES)
 def test_workers_that_join_take_nodes_at_an_epoch_boundary(saves, job_dir, elsewhere, pool, reference, tmp_path):
     """One plain pool worker serves both nodes; two more join while epoch 2 runs: a node moves to a new
@@ -198,6 +200,7 @@ class Supervisor:
         self._thread.join(timeout=5)
 
 
+@pytest.mark.representative("pinned")
 @pytest.mark.parametrize("kind", ["pinned", "pool"])
 def test_a_worker_restarted_within_half_a_second_after_a_group_sigterm_is_a_departure(
     kind, job_dir, elsewhere, pool, reference, tmp_path

@@ -22,6 +22,7 @@ from acceptance.harness import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
+@pytest.mark.representative("local-checkpoint", "cluster-no-checkpoint", "scheduler-checkpoint")
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpoint", "no-checkpoint"])
 @pytest.mark.parametrize("kind", SESSIONS)
 def test_a_job_file_of_top_level_functions_runs_on_every_session_kind(
@@ -55,6 +56,9 @@ BAD_STEPS = {
 }
 
 
+@pytest.mark.representative(  # every ending on a worker process, every session kind
+    "system_exit-scheduler", "keyboard_interrupt-cluster", "unpicklable_exception-cluster", "keyboard_interrupt-local"
+)
 @pytest.mark.parametrize("kind", SESSIONS)
 @pytest.mark.parametrize("target", sorted(BAD_STEPS))
 def test_a_step_that_ends_badly_fails_its_task_and_the_worker_lives_on(kind, target, job_dir, elsewhere, request):

@@ -48,6 +48,9 @@ def checkpoint_options(saves: list[str], prefix) -> list[str]:
     return ["--checkpoint", str(prefix), *saves[1:]]
 
 
+@pytest.mark.representative(  # every session kind, signal and save mode once (SIGINT to `run --local`: test_cli_run)
+    "local-SIGTERM-sync", "cluster-SIGINT-async", "scheduler-SIGINT-no-checkpoint"
+)
 @pytest.mark.parametrize("saves", SAVES)
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("kind", SESSIONS)
@@ -98,6 +101,7 @@ def test_a_signal_to_the_process_group_stops_gracefully_and_the_job_resumes_exac
     assert_same_checkpoints(checkpoint_values(prefix), reference(8, ballast))
 
 
+@pytest.mark.representative("local-SIGTERM-sync", "cluster-SIGINT-async", "scheduler-SIGTERM-async")
 @pytest.mark.parametrize("saves", SAVES[:2])
 @pytest.mark.parametrize("sig", SIGNALS)
 @pytest.mark.parametrize("kind", SESSIONS)

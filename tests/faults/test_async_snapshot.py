@@ -58,6 +58,20 @@ class SlowStore(CheckpointStore):
         return super().write_node(node, epoch, blobs, save_id=save_id, **kwargs)
 
 
+class WritesOnceSignalledStore(CheckpointStore):
+    """A local store on which node a's snapshot writer of one epoch writes only once the test has
+    signalled it (the file :attr:`flag` exists; 60 s at most)."""
+
+    flag: str = ""
+
+    def write_node(self, node, epoch, blobs, *, save_id, **kwargs):
+        if in_snapshot_writer() and node == "a" and epoch == VICTIM_EPOCH:
+            deadline = time.monotonic() + 60.0
+            while not os.path.exists(self.flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().write_node(node, epoch, blobs, save_id=save_id, **kwargs)
+
+
 class FullDiskStore(CheckpointStore):
     """A local store whose snapshot writer of one epoch finds the disk full; each try is counted."""
 
@@ -153,17 +167,12 @@ def test_a_writer_sent_sigterm_or_sigint_finishes_its_save(tmp_path, signum):
         (pid,) = [p for p, what in snapshot_writers().items() if what == ("a", VICTIM_EPOCH)]
         os.kill(pid, signum)
         signalled.append(pid)
+        Path(flag).touch()  # os.kill has delivered the signal: a writer it would end is gone now
 
-    class BrieflySlowStore(SlowStore):
-        pause = 8.0  # the signal arrives while it writes; the run then waits for the rest of it
-
-    runner = dj.JobRunner(
-        define_job(),
-        manager_on(BrieflySlowStore, prefix),
-        max_epochs=EPOCHS,
-        progress=False,
-        on_epoch=signal_the_writer,
-    )
+    flag = str(tmp_path / "signalled")
+    manager = manager_on(WritesOnceSignalledStore, prefix)
+    manager.store.flag = flag
+    runner = dj.JobRunner(define_job(), manager, max_epochs=EPOCHS, progress=False, on_epoch=signal_the_writer)
     with dj.LocalSession() as session:
         assert runner.train(session) == EPOCHS
     assert len(signalled) == 1
@@ -243,6 +252,7 @@ def running(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM", "exit"])
+@pytest.mark.slow
 def test_writer_dies_with_its_parent(tmp_path, ending):
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(tmp_path / "ckpt"), ending],

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from processes import stop_group
 
 import daskjobs as dj
 
@@ -123,6 +124,7 @@ def start_driver(
 ) -> subprocess.Popen:
     code = (
         "import importlib.util, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})\n"  # tests/: the helpers this file imports
         f"spec = importlib.util.spec_from_file_location('exactly_once_job', {__file__!r})\n"
         "module = sys.modules['exactly_once_job'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
@@ -139,12 +141,6 @@ def finish(process: subprocess.Popen, timeout: float = 120) -> str:
     return out
 
 
-def kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
-
-
 def wait_for_commit(prefix: str, epoch: int, process: subprocess.Popen, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -158,6 +154,7 @@ def wait_for_commit(prefix: str, epoch: int, process: subprocess.Popen, timeout:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.representative("3-False", "1-True")
 @pytest.mark.parametrize(("num_threads", "async_save"), [(1, False), (3, False), (1, True)])
 def test_driver_killed_mid_epoch_resumes_exactly(prefix, num_threads, async_save):
     """SIGKILL of the driver inside epoch 3; the re-run resumes after the last commit and ends with the
@@ -167,7 +164,7 @@ def test_driver_killed_mid_epoch_resumes_exactly(prefix, num_threads, async_save
         wait_for_commit(prefix, 2, process)
         time.sleep(0.15)  # inside epoch 3: 4 batches of 0.1 s each
     finally:
-        kill(process)
+        stop_group(process)
     committed = max(i.epoch for i in dj.list_checkpoints(prefix))
     assert committed < 6
     out = finish(start_driver(prefix, num_threads, delay=0.0, async_save=async_save))
@@ -210,7 +207,7 @@ def test_driver_killed_while_saving_resumes_exactly(prefix):
         if process.poll() is not None:
             finish(process)
             break
-        kill(process)
+        stop_group(process)
         kills += 1
         cut_saves += bool(uncommitted_groups(prefix))
     assert kills >= 3
@@ -227,6 +224,7 @@ def cluster():
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+@pytest.mark.representative("3")
 @pytest.mark.parametrize("num_threads", [1, 3])
 def test_worker_killed_mid_epoch_is_recovered_exactly(cluster, prefix, tmp_path, num_threads):
     """The node's worker dies inside epoch 3; the runner restores epoch 2 (data and position) on the

@@ -24,6 +24,7 @@ import time
 import uuid
 
 import pytest
+from processes import dead_pid
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
@@ -54,12 +55,6 @@ for line in sys.stdin:
     except BaseException as exc:
         print("error", type(exc).__name__, str(exc).replace("\n", " "), flush=True)
 """
-
-
-def dead_pid() -> int:
-    """The pid of a process of this host that has exited."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
-    return int(done.stdout)
 
 
 def lock_bytes(holder: dict | None = None, raw: bytes | None = None) -> bytes:

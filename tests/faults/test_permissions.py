@@ -45,6 +45,7 @@ store.acquire_lock(local_holder("perm"))
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077], ids=["umask-000", "umask-022", "umask-077"])
+@pytest.mark.slow
 def test_created_files_and_folders_are_never_group_or_world_writable(tmp_path, umask):
     """P1: walk everything created under a fresh root; no mode exceeds 0o644/0o755 less the umask."""
     root = tmp_path / "root"

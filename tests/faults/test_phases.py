@@ -10,6 +10,7 @@ where they do their I/O. A marker file makes each kill fire once.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import dask
 import numpy as np
 import pytest
+from jobs import two_coupled_nodes
 
 import daskjobs as dj
 from daskjobs.checkpoint._node.fork import in_snapshot_writer
@@ -60,48 +62,8 @@ class KillingStore(CheckpointStore):
 
 
 def define_job(markers: str | None = None) -> dj.Job:
-    """Two coupled nodes (an ``inputs`` edge each way); node b's steps may kill its worker once."""
-    with dj.Cluster(), dj.Job(name="phases") as job:
-        with dj.Node("a"):
-            with job.init_group:
-                dj.Task(lambda ws: ws.__setitem__("weights", np.zeros(8)))
-            publish = dj.Task(lambda ws: ws.__setitem__("w", ws["weights"] + ws.epoch), outputs="w")
-        with dj.Node("b"):
-            with job.init_group:
-
-                def init_b(ws):
-                    kill_once(markers, "init")
-                    ws["history"] = np.zeros(0)
-
-                dj.Task(init_b)
-
-            def consume(ws):
-                kill_once(markers, f"epoch-{ws.epoch}")
-                ws["history"] = np.append(ws["history"], ws["w"].sum())
-                ws["ack"] = ws["w"].sum()
-
-            consumed = dj.Task(consume, inputs={"w": publish.outputs()[0]}, outputs="ack")
-            with job.download_group:
-
-                def download(ws):
-                    kill_once(markers, "download")
-                    ws["downloaded"] = ws["history"].sum()
-
-                dj.Task(download, workspace_type=dj.WorkspaceType.GLOBAL)
-            with job.exit_group:
-
-                def exit_step(ws):
-                    kill_once(markers, "exit")
-                    ws["exited"] = ws["downloaded"] + 1
-
-                dj.Task(exit_step, workspace_type=dj.WorkspaceType.GLOBAL)
-        with dj.Node("a"):
-            dj.Task(
-                lambda ws: ws.__setitem__("weights", ws["weights"] + 1.0),
-                name="update",
-                inputs={"ack": consumed.outputs()[0]},
-            )
-    return job
+    """Two coupled nodes with download and exit groups; node b's steps may kill its worker once."""
+    return two_coupled_nodes("phases", functools.partial(kill_once, markers), download_and_exit=True)
 
 
 BLOBS = [("a", "weights"), ("b", "history"), ("b", "downloaded"), ("b", "exited")]
@@ -157,6 +119,9 @@ def check_committed(prefix: str, last: int) -> None:
         assert dj.open_checkpoint(prefix, epoch).verify() > 0
 
 
+@pytest.mark.representative(  # a step (init, exit), a sync, async and forked save, a restore; the rest: -m matrix
+    "init", "save", "async-final-flush", "async-save-fork", "recovery-restore", "exit"
+)
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_node_lost_in_phase_is_recovered(cluster, reference, tmp_path, phase):
     """A worker killed in ``phase`` is recovered from; the final workspaces equal an uninterrupted run."""

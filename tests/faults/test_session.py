@@ -28,6 +28,7 @@ def _worker_of(session: dj.DaskSession, name: str) -> tuple[str, int]:
     return address, session.client.run(os.getpid, workers=[address])[address]
 
 
+@pytest.mark.representative("9")  # SIGKILL; SIGSEGV: -m matrix
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_node_cluster_restarts_a_killed_worker_every_time(sig):
     """The same node's worker killed 3 times in a row is back within seconds each time, in a new

@@ -80,15 +80,15 @@ def _fail_rename(prefix: str) -> None:
     """On this worker: renaming the victim group's staging folder into place fails with EIO, once."""
     from daskjobs.checkpoint._storage import durable
 
-    real, victim = durable.rename_durably, _victim_path(prefix)
+    real, victim = durable.Staged.publish, _victim_path(prefix)
 
-    def failing(rename, sync=True):
-        if rename is not None and victim.match(rename[1]):
-            durable.rename_durably = real
-            raise OSError(errno.EIO, "Input/output error (injected)", rename[1])
-        real(rename, sync=sync)
+    def failing(staged):
+        if victim.match(staged.target):
+            durable.Staged.publish = real
+            raise OSError(errno.EIO, "Input/output error (injected)", staged.target)
+        return real(staged)
 
-    durable.rename_durably = failing
+    durable.Staged.publish = failing
 
 
 def _kill_while_writing_over(prefix: str) -> None:
@@ -132,7 +132,10 @@ def make_job(prefix: str, fault: str) -> dj.Job:
         ws["w"] = ws["w"] * 1.5 + 1
 
     def arm(ws):
-        if ws.epoch == VICTIM and fault in ARMING:  # before the hook that saves the victim epoch
+        # Before the hook that saves the victim epoch, once a run: the epoch run again after a kill
+        # (every group is written in a staging folder) must not be struck again.
+        if ws.epoch == VICTIM and fault in ARMING and not os.path.exists(f"{prefix}-armed"):
+            os.close(os.open(f"{prefix}-armed", os.O_CREAT | os.O_EXCL))
             ARMING[fault](prefix)
 
     with dj.Cluster(), dj.Job(name="worker-faults") as job:
@@ -198,5 +201,6 @@ def test_a_fault_in_a_workers_background_save_leaves_a_complete_run_and_no_debri
         assert [r.epoch for r in runner.history] == list(range(1, EPOCHS + 1))
     else:  # written again by the node, durably: no recovery
         assert [r.recoveries for r in runner.history] == [0] * EPOCHS
+        assert any("injected" in r.getMessage() for r in caplog.records)  # the fault struck, and was retried
         assert f"could not make the checkpoint of epoch {VICTIM} durable" in caplog.text
         assert "writing it again" in caplog.text

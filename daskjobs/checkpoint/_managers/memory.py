@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..._execution.memory import KeepOrder
 from ..._model.values import check_count, check_positive
 from ...errors import DefinitionTypeError, JobDefinitionError
+from .._node.outcomes import KeepOutcome
 
 if TYPE_CHECKING:
     from ..._execution.memory import ClusterMemory, Kept, PushFailure
@@ -202,16 +203,16 @@ class MemoryTier:
         moved = []
         for node in record.orders:
             outcome = finished.get(node)
-            if not isinstance(outcome, dict):
+            if not isinstance(outcome, KeepOutcome):
                 failed[node] = "no result"
-            elif "memory" in outcome and outcome["memory"]["holder"]:
-                record.kept[node] = outcome["memory"]
-            elif "memory" in outcome:
+            elif outcome.kept is not None and outcome.kept["holder"]:
+                record.kept[node] = outcome.kept
+            elif outcome.kept is not None:
                 moved.append(node)
             else:
-                failed[node] = outcome.get("memory_error", "no snapshot")
+                failed[node] = outcome.error or "no snapshot"
         for node, outcome in finished.items():
-            for failure in (outcome or {}).get("pushes", ()) if isinstance(outcome, dict) else ():
+            for failure in outcome.pushes if isinstance(outcome, KeepOutcome) else ():
                 self._push_failed(node, failure, failed)
         if moved and not failed:
             logger.info("tier 0: epoch %d is not kept in memory: node(s) %s moved since it started", epoch, moved)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
 from .._node.memory_steps import KeepFinish
+from .._node.outcomes import KeepOutcome
 from .ledger import write_error
 from .memory import MemoryTier
 from .pipeline import CommitPipeline
@@ -128,8 +129,8 @@ class TieredPipeline(CommitPipeline):
         if failed:
             self._give_up(epoch, write_error(epoch, failed))
         if plan.durable and plan.mode is SaveMode.IN_GRAPH:
-            saved = super().accept(session, plan, finished, stop_values, metrics)
-            if any(isinstance(r, dict) and r.get("later") for r in finished.values()):
+            saved = super().accept(session, plan, _saves(finished), stop_values, metrics)
+            if any(isinstance(r, KeepOutcome) and r.save is not None and r.save.later for r in finished.values()):
                 saved = replace(saved, bytes=None)  # written in the background: the bytes come with its commit
         else:
             self._unsure = False
@@ -142,9 +143,9 @@ class TieredPipeline(CommitPipeline):
         held = self.tier.tier0_bytes() if newest is not None and newest >= epoch else None
         return replace(saved, tier="durable" if plan.durable else "memory", tier0_bytes=held)
 
-    def _take_flushes(self, session: Session, finished: Mapping[str, Any]) -> None:
+    def _take_flushes(self, session: Session, finished: Mapping[str, object]) -> None:
         """Take the reports of earlier background writes that hooks gave (a failed one written again)."""
-        for other, errors in sorted(self.ledger.note_flushes(finished).items()):
+        for other, errors in sorted(self.ledger.note_flushes(_saves(finished)).items()):
             self._write_again(session, other, errors)
 
     def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, Any]) -> None:
@@ -155,11 +156,11 @@ class TieredPipeline(CommitPipeline):
                 self._unsure = False
                 self._take_flushes(session, finished)
             return
-        super().drop(session, plan, finished)
+        super().drop(session, plan, _saves(finished))
 
     def salvage(self, plan: SavePlan, finished: Mapping[str, Any]) -> None:
         self.tier.drop(plan.epoch)
-        super().salvage(plan, finished)
+        super().salvage(plan, _saves(finished))
 
     # -- commits ----------------------------------------------------------------------------
     def meanwhile(self) -> None:
@@ -256,3 +257,14 @@ class TieredPipeline(CommitPipeline):
     def close(self) -> None:
         self.tier.close()
         super().close()
+
+
+def _saves(finished: Mapping[str, object]) -> dict[str, object]:
+    """What the hooks said of the nodes' durable writes, as the base pipeline takes it: a tier-0
+    hook's save or flush report (a node whose background write still runs reports nothing)."""
+    saves = {}
+    for node, result in finished.items():
+        report = result.reports() if isinstance(result, KeepOutcome) else result
+        if report is not None:
+            saves[node] = report
+    return saves

@@ -7,22 +7,23 @@ JSON values, reader positions) and hands the copy to the node's
 peers in the background). On a durable epoch the copy is also written under the prefix: in the
 process's background write thread while the next epochs run (its entry and flush reported by a
 later hook, as a synchronous save's background flush is), or at once where the run cannot defer
-commits. Like every ``*Finish`` hook it returns its outcome instead of raising.
+commits. Like every ``*Finish`` hook it returns its outcome (:class:`KeepOutcome`) instead of raising.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._execution.memory import KeepOrder, snapshot_bytes
 from ...errors import CheckpointWriteError
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background
+from .outcomes import KeepOutcome, SaveOutcome
 from .save_steps import (
-    FLUSH,
     delete_groups,
     outcome,
     poll_flush,
@@ -33,11 +34,14 @@ from .save_steps import (
     snapshot,
     write_in_background,
 )
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..._execution.node_run import NodeState
+    from ..._model.values import Value
+    from .._format.documents import CommittedEntry, EntryReport, PreviousEntry
     from .._protocol.store import CheckpointStore
 
 
@@ -49,12 +53,12 @@ class DurableWrite:
 
     store: CheckpointStore
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     background: bool = False
-    doomed: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
+    doomed: tuple[tuple[int, CommittedEntry | None], ...] = ()
 
 
-def provisional_entry(node: str, epoch: int, save_id: str, blobs: Mapping[str, Any]) -> dict[str, Any]:
+def provisional_entry(node: str, epoch: int, save_id: str, blobs: Mapping[str, Value]) -> EntryReport:
     """What a node reports of a group its background thread is still writing: the save it belongs
     to and its size; its manifest (and the bytes written and reused) come with the flush's report,
     which replaces it before the epoch can be committed."""
@@ -73,44 +77,42 @@ def provisional_entry(node: str, epoch: int, save_id: str, blobs: Mapping[str, A
 @dataclass(frozen=True)
 class KeepFinish:
     """An epoch's ``finish`` hook with tier 0: the node's snapshot kept in memory as ``order`` says,
-    and written under the prefix when ``durable`` is given.
-
-    Returns ``{"memory": {"bytes", "holder"}}`` (or ``{"memory_error": exception}``: the snapshot
-    does not fit), ``{"pushes": [...]}`` (replicas of earlier epochs that could not be sent), the
-    outcome of the node's earlier background write (``"flushed"``, only once it ended: a hook of a
-    memory-only epoch never waits for it), and on a durable epoch ``{"entry"}`` or ``{"error"}``
-    with ``"later"`` as ``SaveFinish`` returns them.
-    """
+    and written under the prefix when ``durable`` is given. Returns a :class:`KeepOutcome`."""
 
     order: KeepOrder
     durable: DurableWrite | None = None
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
+    def __call__(self, state: NodeState) -> KeepOutcome:
         with state.lock:
             blobs = dict(state.scope.blobs)
-        result: dict[str, Any] = {}
-        copies = None
         keeper = state.memory
         if keeper is None:
-            result["memory_error"] = CheckpointWriteError(
+            error = CheckpointWriteError(
                 f"node {self.order.node!r}: its session keeps no tier-0 snapshots (in_memory=True needs a "
                 "LocalSession or a DaskSession)"
             )
-        else:
-            try:
-                keeper.check_fits(self.order, snapshot_bytes(blobs))
-                copies = snapshot(blobs, {})
-                result["memory"] = keeper.keep(self.order, copies)
-            except Exception as exc:
-                result["memory_error"] = exc
-            result["pushes"] = keeper.failures(self.order.node)
-        if self.durable is None:
-            return {**result, **poll_flush(state)}
-        return {**result, **self._write(state, blobs, copies)}
+            kept = self._durably(state, blobs, None)
+            return dataclasses.replace(kept, error=error)
+        try:
+            keeper.check_fits(self.order, snapshot_bytes(blobs))
+            copies = snapshot(blobs, {})
+            memory = keeper.keep(self.order, copies)
+        except Exception as exc:
+            kept = self._durably(state, blobs, None)
+            return dataclasses.replace(kept, error=exc, pushes=tuple(keeper.failures(self.order.node)))
+        kept = self._durably(state, blobs, copies)
+        return dataclasses.replace(kept, kept=memory, pushes=tuple(keeper.failures(self.order.node)))
 
-    def _write(self, state: NodeState, blobs: dict[str, Any], copies: dict[str, Any] | None) -> dict[str, Any]:
-        """Write the epoch under the prefix (see the class docstring): from the snapshot in the
-        background, else (no snapshot, or no deferred commits) at once from the workspace."""
+    def _durably(self, state: NodeState, blobs: dict[str, Value], copies: dict[str, Value] | None) -> KeepOutcome:
+        """The epoch's durable part: its write under the prefix on a durable epoch, else a look at the
+        node's earlier background write."""
+        if self.durable is None:
+            return KeepOutcome(flush=poll_flush(state))
+        return KeepOutcome(save=self._write(state, blobs, copies))
+
+    def _write(self, state: NodeState, blobs: dict[str, Value], copies: dict[str, Value] | None) -> SaveOutcome:
+        """Write the epoch under the prefix: from the snapshot in the background, else (no snapshot, or
+        no deferred commits) at once from the workspace."""
         durable, node, epoch = self.durable, self.order.node, self.order.epoch
         assert durable is not None
         store, save_id = durable.store, durable.save_id
@@ -121,7 +123,7 @@ class KeepFinish:
         if durable.doomed[1:]:
             deleting_in_background(functools.partial(delete_groups, store, node, durable.doomed[1:]))
 
-        def write() -> dict[str, Any]:
+        def write() -> EntryReport:
             if background and copies is not None:
                 write_in_background(
                     state, store, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
@@ -131,4 +133,5 @@ class KeepFinish:
             remember(state, entry)
             return reported(entry)
 
-        return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
+        written = outcome(write)
+        return dataclasses.replace(written, later=checkpoint_slots(state).flush is not None, flushed=flushed)
