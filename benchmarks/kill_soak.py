@@ -29,12 +29,20 @@ process (those never killed, and the replacements, each its own process, without
 ``REPLACEMENT_WARMUP`` samples): first and last sample and the least-squares slope in MB per 1000
 epochs. The JSON also has every sample, the driver's thread names and open files.
 
+With ``--in-memory`` both runs keep every epoch in cluster memory (tier 0, one replica per node's
+snapshot on another worker) and commit durably every ``--durable-every`` epochs: a kill is then
+recovered from the snapshots in memory (counted from the runner's log), and "kill → next epoch
+committed" is the next commit in memory. ``--kill-pairs`` kills, each time, a worker together
+with the worker after it in the ring of workers (which holds its replicas): its nodes' snapshots
+are gone with both, and the recovery falls back to the newest durable commit.
+
 Exits 1 when the kill run differs from the reference, a commit does not verify, or a kill was
 not recovered from.
 
 Prints a table (stderr) and JSON (stdout, or ``--json FILE``).
 
-Run: ``python benchmarks/kill_soak.py [--nodes 16] [--blobs 20] [--epochs 200] [--kill-every 10] [--workers 16]``
+Run: ``python benchmarks/kill_soak.py [--nodes 16] [--blobs 20] [--epochs 200] [--kill-every 10] [--workers 16]
+[--in-memory --durable-every 10 [--kill-pairs]]``
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import argparse
 import collections
 import gc
 import itertools
+import logging
 import os
 import random
 import shutil
@@ -133,9 +142,9 @@ class Killer(threading.Thread):
     """SIGKILLs a random worker's process every ~``every`` seconds, each once the previous kill was
     recovered from and while the last committed epoch is before ``stop_before``."""
 
-    def __init__(self, cluster: Any, every: float, stop_before: int, seed: int) -> None:
+    def __init__(self, cluster: Any, every: float, stop_before: int, seed: int, pairs: bool = False) -> None:
         super().__init__(name="kill-soak killer", daemon=True)
-        self.cluster, self.every, self.stop_before = cluster, every, stop_before
+        self.cluster, self.every, self.stop_before, self.pairs = cluster, every, stop_before, pairs
         self.rng = random.Random(seed)
         self.kills: list[Kill] = []
         self.committed: int | None = None
@@ -162,12 +171,23 @@ class Killer(threading.Thread):
             if not ready:
                 continue
             worker = self.rng.choice(sorted(self.cluster.workers))
-            pid = self.cluster.workers[worker].pid
-            if pid is None:  # that worker is (re)starting
+            victims = [worker, *([self._successor(worker)] if self.pairs else [])]
+            pids = [self.cluster.workers[name].pid for name in victims if name is not None]
+            if None in pids or len(pids) != len(victims):  # a worker is (re)starting
                 continue
-            os.kill(pid, signal.SIGKILL)
-            self.kills.append(Kill(time.time(), worker, pid, committed))
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            self.kills.append(Kill(time.time(), worker, pids[0], committed))
             next_at = time.monotonic() + self._pause()
+
+    def _successor(self, worker: str) -> str | None:
+        """The worker after ``worker`` in the ring of worker addresses: where tier 0 puts its replicas."""
+        addresses = {name: nanny.worker_address for name, nanny in self.cluster.workers.items()}
+        ring = sorted(a for a in addresses.values() if a)
+        if addresses.get(worker) not in ring or len(ring) < 2:
+            return None
+        after = ring[(ring.index(addresses[worker]) + 1) % len(ring)]
+        return next(name for name, address in addresses.items() if address == after)
 
 
 def open_files(process: psutil.Process) -> list[str]:
@@ -208,6 +228,8 @@ class Run:
     samples: dict[str, list[tuple[int, dict[str, float]]]] = field(default_factory=dict)
     originals: set[int] = field(default_factory=set)
     """The pids of the worker processes when the run started."""
+    restores: dict[str, int] = field(default_factory=dict)
+    """Recoveries by where they restored from (``memory`` or ``prefix``)."""
 
 
 def registered_workers(cluster: Any) -> list[tuple[str, int]]:
@@ -249,7 +271,8 @@ def run(
     kill: bool,
 ) -> Run:
     """One run of ``job`` on ``prefix``; with ``kill``, under a :class:`Killer`."""
-    killer = Killer(cluster, args.kill_every, args.epochs - KILL_MARGIN, args.seed) if kill else None
+    stop_before = args.epochs - KILL_MARGIN
+    killer = Killer(cluster, args.kill_every, stop_before, args.seed, pairs=args.kill_pairs) if kill else None
     committed_at: list[tuple[float, int, int]] = []
     samples: dict[str, list[tuple[int, dict[str, float]]]] = {}
 
@@ -260,15 +283,19 @@ def run(
         if record.epoch >= args.warmup and (record.epoch - args.warmup) % args.every == 0:
             sample(cluster, samples, record)
 
-    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=args.keep_last or None)
+    tier0 = {"in_memory": True, "durable_every": args.durable_every} if args.in_memory else {}
+    manager = dj.MultiNodeCheckpointManager(prefix, keep_last=args.keep_last or None, **tier0)
     runner = dj.JobRunner(job, manager, max_epochs=args.epochs, max_failures=10_000, on_epoch=on_epoch, progress=False)
     originals = {pid for _, pid in registered_workers(cluster)}
+    restores = Restores()
+    logging.getLogger("daskjobs").addHandler(restores)
     started = time.perf_counter()
     if killer is not None:
         killer.start()
     try:
         epochs = runner.train(session)
     finally:
+        logging.getLogger("daskjobs").removeHandler(restores)
         if killer is not None:
             killer.done.set()
             killer.join()
@@ -277,7 +304,21 @@ def run(
         node: {blob_name(b): session.fetch(blob_name(b), node) for b in range(args.blobs)} for node in job.nodes()
     }
     kills = killer.kills if killer is not None else []
-    return Run(epochs, wall, list(runner.history), committed_at, workspaces, kills, samples, originals)
+    history = list(runner.history)
+    return Run(epochs, wall, history, committed_at, workspaces, kills, samples, originals, restores.found)
+
+
+class Restores(logging.Handler):
+    """Counts the runner's recoveries by where they restored from: cluster memory, or the prefix."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.found = {"memory": 0, "prefix": 0}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "restoring all nodes from epoch" in message:
+            self.found["memory" if "in cluster memory" in message else "prefix"] += 1
 
 
 def differences(mine: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> list[str]:
@@ -405,6 +446,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "threads_per_worker": args.threads,
         "kill_every_s": args.kill_every,
         "keep_last": args.keep_last or None,
+        "in_memory": args.in_memory,
+        "durable_every": args.durable_every if args.in_memory else None,
+        "kill_pairs": args.kill_pairs,
+        "restored_from": killed.restores,
         "seed": args.seed,
         "epochs": killed.epochs,
         "history_epochs_in_order": [r.epoch for r in killed.history] == list(range(1, killed.epochs + 1)),
@@ -482,7 +527,12 @@ def table(result: dict[str, Any]) -> str:
         ("epochs", f"{result['epochs']} (history in order: {result['history_epochs_in_order']})"),
         (
             "kills / recoveries",
-            f"{result['kills']} / {result['recoveries']} (a kill every ~{result['kill_every_s']} s)",
+            f"{result['kills']} / {result['recoveries']} (a kill every ~{result['kill_every_s']} s"
+            f"{', two workers each' if result['kill_pairs'] else ''})",
+        ),
+        (
+            "restored from memory / from the prefix",
+            f"{result['restored_from']['memory']} / {result['restored_from']['prefix']}",
         ),
         (
             "wall time reference / killed",
@@ -523,6 +573,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--every", type=int, default=10, help="committed epochs between process samples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill times and victims")
     parser.add_argument("--keep-prefixes", help="copy both runs' checkpoint prefixes into this (existing) folder")
+    parser.add_argument("--in-memory", action="store_true", help="tier 0: every epoch in cluster memory too")
+    parser.add_argument("--durable-every", type=int, default=10, help="with --in-memory: durable every N epochs")
+    parser.add_argument("--kill-pairs", action="store_true", help="kill a worker and its replica holder together")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     if args.epochs <= KILL_MARGIN:

@@ -23,6 +23,7 @@ from .._model.task import Step, WorkspaceType
 from .._model.values import Value, copy_value
 from .._model.workspace import Scope, Workspace
 from ..errors import DaskJobsError, NodeLostError, StepTypeError, TaskFailedError, TaskTypeError, TaskValueError
+from .memory import SnapshotKeeper
 from .plan import Captured, NodePlan, NodeResult, RunInfo, TaskSpec
 from .shipping import PackedPlan, unpack_plan
 
@@ -56,6 +57,8 @@ class NodeState:
     """What the layers above keep on the node between runs, one object of each type (see :meth:`slot`)."""
     where: str = "this process"
     """Where the node's workspace lives, for messages: e.g. ``worker 'a' (tcp://10.0.0.5:40211)``."""
+    memory: SnapshotKeeper | None = None
+    """Where tier-0 snapshots of the node are kept (its worker's memory, or this process's)."""
 
     def slot(self, kind: type[Slot]) -> Slot:
         """The node's one ``kind()``, made on first use: what a layer above keeps on the node between

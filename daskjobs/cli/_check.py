@@ -62,6 +62,12 @@ def add_check_parser(subparsers: Subparsers) -> None:
         "--scheduler", metavar="ADDRESS", help="run on this Dask scheduler (its workers serve the nodes)"
     )
     where.add_argument("--local", action="store_true", help="run each driver process on a LocalSession, no cluster")
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="checkpoint every run with tier 0 (every epoch in cluster memory, and durable too): lose-node "
+        "runs are restored from the workers' memory",
+    )
     parser.add_argument("--nthreads", type=positive_int, default=2, help="threads per node of the local cluster")
     parser.add_argument(
         "--timeout", type=float, default=600.0, metavar="SECONDS", help="deadline of each run's process"
@@ -108,6 +114,7 @@ def check_job(args: argparse.Namespace) -> int:
                 session=session,
                 timeout=args.timeout,
                 on_run=None if args.json else lambda run, divergences: say(f"  {run.line(divergences)}"),
+                in_memory=args.in_memory,
             )
         except JobDefinitionError as exc:  # the arguments do not fit the job (e.g. --interrupt-at past its end)
             raise UsageError(str(exc)) from None

@@ -26,6 +26,7 @@ from ._common import (
     epoch_number,
     leave_when_abandoned,
     load_target,
+    positive_float,
     positive_int,
     say,
 )
@@ -66,14 +67,42 @@ def add_run_parser(subparsers: Subparsers) -> None:
         help="start from epoch 0 on a prefix that holds this job's commits; they are deleted when the new "
         "epoch 0 commits (not before)",
     )
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="keep every epoch's checkpoint in the cluster's memory (each node's snapshot on its worker and "
+        "--replicas other workers): a lost worker is restored from there, reading nothing from the prefix; "
+        "--checkpoint gets a durable commit every --durable-every epochs (without --checkpoint: memory only, "
+        "no resume after the driver is lost)",
+    )
+    parser.add_argument(
+        "--durable-every",
+        type=positive_int,
+        metavar="N",
+        help="with --in-memory and --checkpoint: commit every N-th epoch under the prefix too (default 10); a "
+        "re-run after the driver is lost repeats fewer than 2*N epochs",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=count,
+        metavar="N",
+        help="with --in-memory: workers besides a node's own that hold its snapshot (default 1)",
+    )
+    parser.add_argument(
+        "--durable-interval",
+        type=positive_float,
+        metavar="SECONDS",
+        help="with --in-memory and --checkpoint: also commit under the prefix an epoch at least this long "
+        "after the last durable one",
+    )
     parser.add_argument("--max-epochs", type=positive_int, metavar="N", help="stop after epoch N at the latest")
     parser.add_argument(
         "--max-failures",
         type=count,
         default=3,
         metavar="N",
-        help="node losses to recover from by restoring the last commit (default 3; needs --checkpoint; "
-        "workers leaving on purpose, e.g. retired or preempted, do not count)",
+        help="node losses to recover from by restoring the last commit (default 3; needs --checkpoint or "
+        "--in-memory; workers leaving on purpose, e.g. retired or preempted, do not count)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -118,6 +147,7 @@ def run_job(args: argparse.Namespace) -> int:
     if needs_prefix and not args.checkpoint:
         verb = "needs" if len(needs_prefix) == 1 else "need"
         raise UsageError(f"{', '.join(needs_prefix)} {verb} a checkpoint prefix: add --checkpoint PREFIX")
+    _check_in_memory(args)
     _check_workers(args)
     job = load_target(args.target)
     if not job.stop_conditions and args.max_epochs is None:
@@ -126,12 +156,16 @@ def run_job(args: argparse.Namespace) -> int:
             "pass --max-epochs N (or give the job a stop condition)"
         )
     manager = None
-    if args.checkpoint:
+    if args.checkpoint or args.in_memory:
         manager = MultiNodeCheckpointManager(
             args.checkpoint,
             storage_options=dict(args.storage_options),
             keep_last=args.keep_last,
             async_save=args.async_save,
+            in_memory=args.in_memory,
+            durable_every=args.durable_every,
+            replicas=args.replicas,
+            durable_interval=args.durable_interval,
         )
         if args.resume_from is not None:
             _check_resumable(manager.store, args.resume_from)
@@ -159,6 +193,27 @@ def run_job(args: argparse.Namespace) -> int:
 def _epoch_printer(committed: bool) -> Callable[[EpochRecord], None]:
     """Without a progress bar (no terminal: CI, batch logs): one line per committed epoch on stdout."""
     return lambda record: say(epoch_line(record, committed=committed))
+
+
+def _check_in_memory(args: argparse.Namespace) -> None:
+    """``--durable-every``, ``--replicas`` and ``--durable-interval`` need ``--in-memory`` (the durable ones
+    a ``--checkpoint`` too); ``--in-memory`` writes its durable commits in the background already."""
+    tier0 = [
+        flag
+        for flag, value in (
+            ("--durable-every", args.durable_every),
+            ("--replicas", args.replicas),
+            ("--durable-interval", args.durable_interval),
+        )
+        if value is not None
+    ]
+    if tier0 and not args.in_memory:
+        raise UsageError(f"{', '.join(tier0)}: options of checkpoints in cluster memory; add --in-memory")
+    durable = [flag for flag in tier0 if flag != "--replicas"]
+    if durable and not args.checkpoint:
+        raise UsageError(f"{', '.join(durable)}: options of durable commits; add --checkpoint PREFIX")
+    if args.in_memory and args.async_save:
+        raise UsageError("--in-memory writes its durable commits in the background already: drop --async-save")
 
 
 def _check_workers(args: argparse.Namespace) -> None:
@@ -233,6 +288,8 @@ def _final_line(job: Job, runner: Any, last: int, manager: Any) -> str:
     )
     if manager is None:
         where = "no checkpoint (pass --checkpoint PREFIX to keep one)"
+    elif not manager.durable:
+        where = "kept in cluster memory only (no --checkpoint: nothing to resume from)"
     else:
         committed = manager.store.committed_epochs()
         if last in committed:

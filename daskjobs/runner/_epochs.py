@@ -38,7 +38,8 @@ def run_epoch(
     started = time.perf_counter()
     plan = None
     if pipeline is not None:
-        plan = pipeline.plan(epoch, job.epoch_group.used_nodes(), background=session.background_flushes, last=last)
+        used = job.epoch_group.used_nodes()
+        plan = pipeline.plan(epoch, used, background=session.background_flushes, last=last, session=session)
     hook_errors: list[Exception] = []
 
     def meanwhile() -> None:  # must not raise: a hook's error is raised once the run ended
@@ -63,7 +64,11 @@ def run_epoch(
         return EpochRecord(epoch, elapsed, 0.0, 0, 0, values, metrics, failures), False
     saved = pipeline.accept(session, plan, run.finished, values, metrics)
     written, reused = saved.bytes or (0, 0)
-    return EpochRecord(epoch, elapsed, saved.seconds, written, reused, values, metrics, failures), saved.bytes is None
+    tier0 = None if saved.tier is None else dict(saved.tier0_bytes or {})
+    record = EpochRecord(
+        epoch, elapsed, saved.seconds, written, reused, values, metrics, failures, tier=saved.tier, tier0_bytes=tier0
+    )
+    return record, saved.bytes is None
 
 
 def run_init(
@@ -76,7 +81,7 @@ def run_init(
 ) -> None:
     """Run ``job``'s init group and save epoch 0 through ``pipeline`` (inside its graph when possible)."""
     nodes = job.nodes_to_checkpoint()
-    plan = pipeline.plan(0, job.init_group.used_nodes(), background=session.background_flushes)
+    plan = pipeline.plan(0, job.init_group.used_nodes(), background=session.background_flushes, session=session)
     if plan.mode is SaveMode.IN_GRAPH:
         # The driver checked the prefix before anything ran (prepare_manager); on the nodes, the
         # save's write is the check, so the group manager.init returns is not run (it registers

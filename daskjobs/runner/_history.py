@@ -29,6 +29,12 @@ class EpochRecord:
     """Per-epoch mean of each metric logged with ``ws.log(name, value)`` on any node."""
     recoveries: int = 0
     """Node losses recovered from before this epoch completed."""
+    tier: str | None = None
+    """Where the epoch is committed: ``"durable"`` (under the prefix) or, with tier 0
+    (``in_memory=True``), ``"memory"`` (in cluster memory only); ``None`` without checkpoints."""
+    tier0_bytes: dict[str, int] | None = None
+    """With tier 0: worker address -> bytes of tier-0 snapshots it held once this epoch was committed
+    in memory (its own nodes' and its replicas of others'); ``None`` without tier 0."""
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -62,7 +68,8 @@ def _optional(module: str, purpose: str) -> Any:
 
 
 def history_rows(records: Iterable[EpochRecord]) -> list[dict[str, Any]]:
-    """One flat dict per epoch: the fixed fields, ``stop:<name>`` per stop condition and one key per metric.
+    """One flat dict per epoch: the fixed fields, with tier 0 ``tier`` and ``tier0_bytes`` (all
+    workers together), ``stop:<name>`` per stop condition and one key per metric.
 
     A metric whose name collides with a fixed field is stored as ``metric:<name>``.
 
@@ -74,6 +81,9 @@ def history_rows(records: Iterable[EpochRecord]) -> list[dict[str, Any]]:
     rows = []
     for record in records:
         row: dict[str, Any] = {name: getattr(record, name) for name in HISTORY_COLUMNS}
+        if record.tier0_bytes is not None:
+            row["tier"] = record.tier
+            row["tier0_bytes"] = sum(record.tier0_bytes.values())
         row.update({f"stop:{name}": value for name, value in record.stop_values.items()})
         for name, value in record.metrics.items():
             row[f"metric:{name}" if name in row or name.startswith("stop:") else name] = value

@@ -96,8 +96,11 @@ def describe(record: EpochRecord) -> str:
     >>> from daskjobs.runner import EpochRecord
     >>> describe(EpochRecord(3, 0.25, 0.5, 10, 0, {"done": False}, {"loss": 0.125}))
     'epoch 3 0.25s ckpt 0.50s loss=0.125 done=0'
+    >>> describe(EpochRecord(4, 0.25, 0.01, 0, 0, {}, tier="memory", tier0_bytes={}))
+    'epoch 4 0.25s ckpt 0.01s memory'
     """
-    parts = [f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s"]
+    tier = f" {record.tier}" if record.tier0_bytes is not None and record.tier else ""
+    parts = [f"epoch {record.epoch} {record.seconds:.2f}s ckpt {record.checkpoint_seconds:.2f}s{tier}"]
     parts += [f"{name}={value:.4g}" for name, value in record.metrics.items()]
     parts += [f"{name}={int(value)}" for name, value in record.stop_values.items()]
     if record.recoveries:
@@ -116,11 +119,17 @@ def epoch_line(record: EpochRecord, *, committed: bool) -> str:
     'epoch 3 committed: 0.25 s, checkpoint 0.50 s (10 bytes written, 6 reused), loss=0.125, done=0'
     >>> epoch_line(EpochRecord(3, 0.25, 0.0, 0, 0, {"done": True}), committed=False)
     'epoch 3: 0.25 s, done=1'
+    >>> epoch_line(EpochRecord(4, 0.25, 0.0, 0, 0, {}, tier="memory", tier0_bytes={"w1": 8, "w2": 8}), committed=True)
+    'epoch 4 committed: 0.25 s, checkpoint in cluster memory (16 bytes on 2 workers)'
     """
     parts = [f"{record.seconds:.2f} s"]
-    if committed:
+    if committed and record.tier == "memory":
+        held = record.tier0_bytes or {}
+        parts.append(f"checkpoint in cluster memory ({sum(held.values())} bytes on {len(held)} workers)")
+    elif committed:
+        durable = "durable checkpoint" if record.tier0_bytes is not None else "checkpoint"
         parts.append(
-            f"checkpoint {record.checkpoint_seconds:.2f} s ({record.bytes_written} bytes written, "
+            f"{durable} {record.checkpoint_seconds:.2f} s ({record.bytes_written} bytes written, "
             f"{record.bytes_reused} reused)"
         )
     parts += [f"{name}={value:.4g}" for name, value in record.metrics.items()]
@@ -233,10 +242,11 @@ class EpochProgress:
     def update(self, record: EpochRecord) -> None:
         """Advance by one finished epoch."""
         logger.info(
-            "epoch %d: %.3f s, checkpoint %.3f s (%d bytes written, %d reused), metrics %s, stop %s",
+            "epoch %d: %.3f s, checkpoint %.3f s%s (%d bytes written, %d reused), metrics %s, stop %s",
             record.epoch,
             record.seconds,
             record.checkpoint_seconds,
+            f" ({record.tier})" if record.tier0_bytes is not None and record.tier else "",
             record.bytes_written,
             record.bytes_reused,
             record.metrics,

@@ -70,15 +70,17 @@ def prepare_restore(
     lost: list[str],
     departed: str | None,
     failures: tuple[int, int],
+    in_memory: bool = False,
 ) -> None:
-    """Before restoring from ``latest`` (``None``: from scratch) after the loss of the nodes ``lost``:
-    wait up to ``timeout`` seconds for every node to have a worker again, forget the session's
-    tokens, and without a commit empty the nodes' GLOBAL workspaces (init then runs again).
+    """Before restoring from ``latest`` (``None``: from scratch; ``in_memory``: from its snapshots in
+    cluster memory) after the loss of the nodes ``lost``: wait up to ``timeout`` seconds for every
+    node to have a worker again, forget the session's tokens, and without a commit empty the nodes'
+    GLOBAL workspaces (init then runs again).
 
     Logs one line: an INFO naming the nodes and ``departed`` (why their worker left) for a planned
     departure, else a WARNING with the ``(failures, max_failures)`` count.
     """
-    start = "scratch" if latest is None else f"epoch {latest}"
+    start = "scratch" if latest is None else f"epoch {latest}{' in cluster memory' if in_memory else ''}"
     if departed is not None:
         logger.info(
             "node(s) %s: the worker left on purpose (%s); waiting for its replacement and restoring all nodes "
@@ -160,19 +162,29 @@ def restore(
     uncommitted (``pipeline``), wait for every node of ``job`` and restore all of them from ``latest``,
     the last epoch the run committed.
 
+    With tier 0 the nodes are restored from the newest epoch committed in cluster memory whose
+    snapshots all survive, when that is not older than ``latest``: nothing is read from the prefix.
+
     Returns the epoch to run next and whether to stop, or ``None`` when nothing was committed
     yet (init runs again from scratch, on emptied workspaces).
     """
     pipeline.recover(session, recovery.lost)
+    memory = pipeline.memory
+    source = None if memory is None else memory.source(latest)
     prepare_restore(
         session,
         job.nodes(),
-        latest,
+        latest if source is None else source[0],
         config_timeout("recovery-timeout"),
         lost=recovery.lost,
         departed=recovery.departed,
         failures=(recovery.failures, recovery.max_failures),
+        in_memory=source is not None,
     )
+    if memory is not None and source is not None:
+        record = memory.restore(source)
+        return next_epoch(record.epoch, record.stop_values, max_epochs)
+    pipeline.recovered(latest, in_memory=False)
     if latest is None:
         return None
     manager.check_shared(session)  # a node's new worker may be on a machine without the prefix
@@ -196,7 +208,13 @@ def load_epoch(
     except CheckpointCorruptError as exc:  # say which epoch does verify, and how to resume from it
         raise with_intact_epoch(exc, manager.store, epoch) from exc
     manager.report_checkpoint_stats("checkpoint_load")
-    stopped = [name for name, value in record.get("stop_values", {}).items() if value]
+    return next_epoch(epoch, record.get("stop_values", {}), max_epochs)
+
+
+def next_epoch(epoch: int, stop_values: dict[str, bool], max_epochs: int | None) -> tuple[int, bool]:
+    """After restoring ``epoch`` (committed with ``stop_values``): the next epoch and whether to stop
+    (a stop condition was true, or ``max_epochs`` is reached)."""
+    stopped = [name for name, value in stop_values.items() if value]
     if stopped or (max_epochs is not None and epoch >= max_epochs):
         why = f"stop conditions {stopped} true" if stopped else f"max_epochs={max_epochs} reached"
         logger.info("epoch %d was committed with %s: no further epoch runs", epoch, why)

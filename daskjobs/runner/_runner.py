@@ -185,7 +185,11 @@ class JobRunner:
                 if manager is None:
                     return self._train(session, None)
                 with manager.writing(
-                    self.job.name, break_lock=self.break_lock, policy=self._policy(manager), on_commit=self._committed
+                    self.job.name,
+                    break_lock=self.break_lock,
+                    policy=self._policy(manager),
+                    on_commit=self._committed,
+                    on_memory_commit=self._in_memory,
                 ) as pipeline:
                     self._pipeline = pipeline
                     pipeline.remove_debris()  # what runs before this one left uncommitted
@@ -313,12 +317,14 @@ class JobRunner:
                     self._stop_if_interrupted(manager, session)
                     return epoch
                 except NodeLostError as exc:
+                    logger.info("%s", exc)  # what was lost and how it was noticed; the recovery logs one line
                     self._settle()
-                    lost, departed = exc.nodes, self._departures.planned(exc, manager, self._last_committed())
+                    newest = self._newest_commit()
+                    lost, departed = exc.nodes, self._departures.planned(exc, manager, newest)
                     if departed is not None:
                         departures += 1
                     else:
-                        check_recoverable(manager, exc, failures, self.max_failures, self._last_committed())
+                        check_recoverable(manager, exc, failures, self.max_failures, newest)
                         failures += 1
                     phase = "restore"
         finally:
@@ -345,7 +351,7 @@ class JobRunner:
             bar.update(record)
             self.hooks.epoch_saved(epoch)
             if self.on_epoch is not None and self._pipeline is not None:
-                self._pipeline.when_committed(partial(self._settled, len(self.history) - 1))
+                self._pipeline.when_committed(partial(self._settled, len(self.history) - 1), epoch)
             elif self.on_epoch is not None:
                 self.on_epoch(record)
             self._stop_if_interrupted(manager, session)
@@ -355,7 +361,7 @@ class JobRunner:
                 epoch += 1
         bar.complete()
         if self._pipeline is not None:
-            self._pipeline.flush(session)
+            self._pipeline.finish(session)
         return epoch
 
     def _settled(self, index: int) -> None:
@@ -364,16 +370,30 @@ class JobRunner:
             self.on_epoch(self.history[index])
 
     def _committed(self, epoch: int, bytes_written: int, bytes_reused: int) -> None:
-        """The commit pipeline committed ``epoch``: the history record of an asynchronously saved
-        epoch gets its bytes, and the hooks are told."""
+        """The commit pipeline committed ``epoch`` under the prefix: its history record is durable, a
+        record whose bytes came later (a save written in the background) gets them, and the hooks
+        are told."""
+        index = self._record_of(epoch)
+        if index is not None:
+            record = self.history[index]
+            changes: dict[str, Any] = {"tier": "durable"}
+            if epoch in self._bytes_pending or record.tier0_bytes is not None:
+                changes.update(bytes_written=bytes_written, bytes_reused=bytes_reused)
+            self.history[index] = replace(record, **changes)
         if epoch in self._bytes_pending:
             self._bytes_pending.remove(epoch)
-            index = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch), None)
-            if index is not None:
-                self.history[index] = replace(
-                    self.history[index], bytes_written=bytes_written, bytes_reused=bytes_reused
-                )
         self.hooks.epoch_committed(epoch)
+
+    def _in_memory(self, epoch: int, tier0_bytes: dict[str, int]) -> None:
+        """The commit pipeline committed ``epoch`` in cluster memory (tier 0): its history record gets
+        the bytes each worker holds."""
+        index = self._record_of(epoch)
+        if index is not None:
+            self.history[index] = replace(self.history[index], tier0_bytes=dict(tier0_bytes))
+
+    def _record_of(self, epoch: int) -> int | None:
+        """The index of ``epoch``'s history record (``None``: it has none)."""
+        return next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch), None)
 
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
@@ -427,7 +447,7 @@ class JobRunner:
         if self._signals.requested is None:
             return
         if self._pipeline is not None:
-            self._pipeline.flush(session)
+            self._pipeline.finish(session)
         error = self._interruption(self._signals.requested, abandoned=False)
         logger.warning("%s", error)
         raise error
@@ -435,7 +455,8 @@ class JobRunner:
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
         """The error an interrupted run raises; an abandoned run's is logged here (a graceful stop
         logs its own in :meth:`_stop_if_interrupted`)."""
-        store = None if self.checkpoint_manager is None else self.checkpoint_manager.store
+        manager = self.checkpoint_manager
+        store = None if manager is None or not manager.durable else manager.store
         url, listing = (None, None) if store is None else (store.url, store.committed_epochs)
         error = interruption(
             signum, self.job.name, self._last_committed(), url, abandoned=abandoned, list_committed=listing
@@ -446,8 +467,12 @@ class JobRunner:
 
     # -- helpers --------------------------------------------------------------------------
     def _last_committed(self) -> int | None:
-        """The newest epoch this run committed or resumed from (``None``: none)."""
+        """The newest epoch this run committed under the prefix or resumed from (``None``: none)."""
         return None if self._pipeline is None else self._pipeline.last_committed
+
+    def _newest_commit(self) -> int | None:
+        """The newest epoch this run committed, under the prefix or (tier 0) in cluster memory."""
+        return None if self._pipeline is None else self._pipeline.newest_commit
 
     def _settle(self) -> None:
         """A run that lost a node first commits the epochs still waiting for their commit (they
@@ -486,7 +511,12 @@ class JobRunner:
         last = self.history[-1].epoch if self.history else None
         placement = self._placement()
         where = f", placement={placement}" if placement else ""
-        return f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last}{where})"
+        tier0 = next((r for r in reversed(self.history) if r.tier0_bytes is not None), None)
+        memory = f", tier={tier0.tier!r}, tier0_bytes={tier0.tier0_bytes}" if tier0 is not None else ""
+        return (
+            f"JobRunner(job={self.job.name!r}, checkpoints={self.checkpoint_manager!r}, last_epoch={last}"
+            f"{memory}{where})"
+        )
 
     def _repr_html_(self) -> str:
         where = self.checkpoint_manager.store.url if self.checkpoint_manager is not None else "no checkpoints"

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar
 
 from .._execution.lowering import LoweredGraph, lower, plan_group
+from .._execution.memory import ClusterMemory
 from .._execution.node_run import NodeState, NodeStateProvider, abandon_node_run, private_trap_message
 from .._execution.plan import GroupRun, GroupRunFailed, NodeResult, RunFailed
 from .._model.group import TaskGroup
@@ -128,6 +129,11 @@ class Session(abc.ABC):
     @property
     def dashboard_link(self) -> str | None:
         """The URL of the Dask dashboard of the cluster the session runs on; ``None`` without one."""
+        return None
+
+    @property
+    def memory(self) -> ClusterMemory | None:
+        """Where tier-0 checkpoints of node workspaces are kept (``None``: this session keeps none)."""
         return None
 
     def wait_for_nodes(  # noqa: B027 - optional hook

@@ -25,8 +25,17 @@ from ._base import Session
 from ._client import connect, dashboard_link, gather_within, scheduler_rpc, send_at_once, when_all_done
 from ._elastic import Placer
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
+from ._memory import DaskMemory
 from ._placement import WorkerTable, node_resource
-from ._plugin import OnWorker, WorkerStates, call_on_node, drop_session, register_workspaces, wait_for_steps
+from ._plugin import (
+    OnWorker,
+    WorkerStates,
+    call_on_node,
+    drop_session,
+    install_snapshot,
+    register_workspaces,
+    wait_for_steps,
+)
 from ._worker_process import quiet_compute_failures
 
 T = TypeVar("T")
@@ -103,6 +112,7 @@ class DaskSession(Session):
         self._states = WorkerStates(self.session_id)
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
+        self._memory: DaskMemory | None = None
         try:
             register_workspaces(client)
             # While this future is held, the scheduler keeps the one task group all of the
@@ -130,6 +140,45 @@ class DaskSession(Session):
     def dashboard_link(self) -> str | None:
         """The URL of the scheduler's Dask dashboard, or ``None`` if it serves none."""
         return self._dashboard
+
+    @property
+    def memory(self) -> DaskMemory:
+        """Tier 0 on this cluster: node snapshots held as Dask data of this session's client, in the
+        memory of the nodes' workers and of their peers (see ``MultiNodeCheckpointManager(in_memory=True)``)."""
+        if self._memory is None:
+            self._memory = DaskMemory(
+                self._client, self.session_id, self._workers, lambda: self._placer.placement, self._restore_snapshots
+            )
+        return self._memory
+
+    def _restore_snapshots(self, sources: Mapping[str, Future]) -> None:
+        """Make each node's workspace a copy of its snapshot in the tier-0 bundle future ``sources[node]``,
+        on its worker (a fresh workspace: a new token); a lost worker raises :class:`NodeLostError`."""
+        self._check_client()
+        self._preflight(list(sources), {})
+        prefix = f"daskjobs-{self.session_id}-tier0-restore-{uuid.uuid4().hex[:8]}"
+        futures: dict[str, Future] = {}
+        node_of: dict[str, str] = {}
+        for node, snapshot in sources.items():
+            key = f"{prefix}-{node}"
+            futures[key] = self._client.submit(
+                install_snapshot,
+                self._states,
+                node,
+                snapshot,
+                key=key,
+                resources={node_resource(node): 1},
+                pure=False,
+            )
+            node_of[key] = node
+        keys = list(futures)
+        try:
+            tokens = self._settle_and_gather(futures, node_of, keys)
+        except RunFailed as failed:
+            if isinstance(failed.error, NodeLostError):
+                self._lost_once(failed.error)
+            raise failed.error from None
+        self._tokens.update({node_of[key]: token for key, token in zip(keys, tokens, strict=True)})
 
     def start_job_run(self, job: str) -> None:
         """Start a new run of ``job`` (see :meth:`Session.start_job_run`).
@@ -225,6 +274,8 @@ class DaskSession(Session):
 
     def _shutdown(self) -> None:
         try:
+            if self._memory is not None:
+                self._memory.release_all()
             self._placer.release(config_timeout("connect-timeout"))
             self._anchor.release()
             if self._client.status == "running":

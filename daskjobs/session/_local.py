@@ -14,25 +14,31 @@ from .._config import config_timeout
 from .._execution.lowering import LoweredGraph
 from .._execution.node_run import NodeState
 from .._execution.plan import NodeResult, RunFailed
+from .._model.values import Value
 from ..errors import SessionClosedError
 from ._base import Session
+from ._memory import ProcessMemory
 
 T = TypeVar("T")
 
 
 class _LocalStates:
-    """Node states kept in this process, created on first use."""
+    """Node states kept in this process, created on first use, with their tier-0 snapshots."""
 
     def __init__(self) -> None:
         self.states: dict[str, NodeState] = {}
         self._lock = threading.Lock()
+        self.memory = ProcessMemory(self._restore)
 
     def node_state(self, node: str, token: str | None) -> NodeState:
         with self._lock:
             state = self.states.get(node)
             if state is None:
-                state = self.states[node] = NodeState(node)
+                state = self.states[node] = NodeState(node, memory=self.memory)
             return state
+
+    def _restore(self, node: str, blobs: dict[str, Value]) -> None:
+        self.node_state(node, None).replace_blobs(blobs)
 
 
 class _Failure:
@@ -119,6 +125,11 @@ class LocalSession(Session):
 
     def _provider(self) -> _LocalStates:
         return self._states
+
+    @property
+    def memory(self) -> ProcessMemory:
+        """Tier 0 in this process: each node snapshot is a copy kept here (no replicas)."""
+        return self._states.memory
 
     def _execute(self, graph: LoweredGraph, meanwhile: Callable[[], None] | None = None) -> dict[str, NodeResult]:
         if meanwhile is not None:

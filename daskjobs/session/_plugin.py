@@ -37,6 +37,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .._execution.node_run import NodeState
 from .._model.values import Value, copy_value
 from ..errors import NodeLostError, NodePlacementError, TaskFailedError, picklable_cause
+from ._memory import WorkerMemory
 from ._placement import node_resource, resource_node
 
 T = TypeVar("T")
@@ -66,6 +67,8 @@ class WorkspacePlugin(WorkerPlugin):
         self._serial = itertools.count()
         self._lock = threading.Lock()
         self._states: dict[tuple[str, str], NodeState] = {}
+        self.memory = WorkerMemory(worker)
+        """The tier-0 snapshots of the nodes this worker serves (see :mod:`._memory`)."""
         self.given: dict[str, set[str]] = {}
         """Node resource -> the sessions that gave it to this worker at run time."""
         if worker.nanny and threading.current_thread() is threading.main_thread():
@@ -83,16 +86,19 @@ class WorkspacePlugin(WorkerPlugin):
         with self._lock:
             state = self._states.get((session, node))
             if state is None:
-                incarnation = f"{self.incarnation}-{next(self._serial)}"
-                state = self._states[session, node] = NodeState(node, incarnation=incarnation, where=self._where)
+                state = self._new_state(session, node)
             return state
 
     def fresh_node_state(self, session: str, node: str) -> NodeState:
         """A new, empty state of ``node`` for ``session`` (a new token), replacing any it had here."""
         with self._lock:
-            incarnation = f"{self.incarnation}-{next(self._serial)}"
-            state = self._states[session, node] = NodeState(node, incarnation=incarnation, where=self._where)
-            return state
+            return self._new_state(session, node)
+
+    def _new_state(self, session: str, node: str) -> NodeState:
+        incarnation = f"{self.incarnation}-{next(self._serial)}"
+        state = NodeState(node, incarnation=incarnation, where=self._where, memory=self.memory)
+        self._states[session, node] = state
+        return state
 
     def drop_node(self, session: str, node: str) -> None:
         """Forget ``session``'s workspace of ``node`` on this worker."""
@@ -220,6 +226,12 @@ def install_node(states: WorkerStates, node: str, blobs: dict[str, Value]) -> st
     state = _serving(node).fresh_node_state(states.session, node)
     state.replace_blobs({name: copy_value(value, name) for name, value in blobs.items()})
     return state.token
+
+
+def install_snapshot(states: WorkerStates, node: str, bundle: dict[str, dict[str, Value]]) -> str:
+    """Task on ``node``'s worker: a fresh workspace of ``node`` holding copies of its snapshot in
+    ``bundle`` (a tier-0 bundle: node -> snapshot); returns its token."""
+    return install_node(states, node, bundle[node])
 
 
 def drop_session(session: str, dask_worker: Worker) -> None:

@@ -28,6 +28,7 @@ worker reached it is dropped too (the caller handles the worker's absence).
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from collections.abc import Iterable
@@ -41,6 +42,11 @@ _ABOUT_ONE_TASK = ("Compute Failed", "Task %s marked as failed because")
 """Dask ERROR messages whose first argument is the key of the task they are about."""
 _ABOUT_KEYS = "Couldn't gather keys"
 """The scheduler's ERROR whose argument maps the keys it could not gather to their states."""
+_LOST_SNAPSHOTS = re.compile(
+    r"^Removing worker .* caused the cluster to lose scattered data, which can't be recovered: \{(.*)\}"
+)
+"""The scheduler's ERROR when the worker it removes held the last copy of data without a task: for
+daskjobs keys, tier-0 snapshots whose loss daskjobs handles (it restores from another tier)."""
 _PEER_LOST = ("Worker stream died during communication", "failed during get data with")
 """A worker's ERRORs (with a traceback) when a peer it fetches data from, or sends data to, goes away."""
 
@@ -52,7 +58,8 @@ def _daskjobs_keys(keys: Iterable[object]) -> bool:
 class _DropDaskjobsComputeFailures(logging.Filter):
     """Drops Dask's ERROR records about daskjobs tasks that daskjobs reports itself: "Compute
     Failed" (a step that raised), "marked as failed because ... workers died" and "Couldn't
-    gather keys" (a node's worker that died)."""
+    gather keys" (a node's worker that died), and the scheduler's "lose scattered data" about
+    daskjobs' tier-0 snapshots (their loss is handled: a restore from another copy or tier)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
@@ -64,6 +71,9 @@ class _DropDaskjobsComputeFailures(logging.Filter):
         if message.startswith(_ABOUT_KEYS):
             states = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
             return not (isinstance(states, dict) and _daskjobs_keys(states))
+        lost = _LOST_SNAPSHOTS.match(message)
+        if lost is not None:
+            return not _daskjobs_keys(re.findall(r"'([^']*)'", lost.group(1)))
         return True
 
 

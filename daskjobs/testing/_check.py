@@ -44,6 +44,7 @@ def check_resume(
     session: Session | Any = None,
     timeout: float | None = None,
     on_run: OnRun | None = None,
+    in_memory: bool = False,
 ) -> ResumeReport:
     """Prove that ``target`` resumes exactly: interrupt it, resume it, compare every epoch.
 
@@ -88,6 +89,11 @@ def check_resume(
         Called with each run's :class:`CheckedRun` and its divergences from A as the run finishes
         (``daskjobs check`` prints a line for each): A first, then the node losses, B, and the
         stopped and killed runs once resumed.
+    in_memory : bool
+        Checkpoint every run with tier 0 (``MultiNodeCheckpointManager(in_memory=True,
+        durable_every=1)``: every epoch committed in cluster memory, and durably too, so that every
+        epoch is compared): a ``"lose-node"`` run is then restored from the snapshots in the workers'
+        memory.
 
     Returns
     -------
@@ -131,6 +137,8 @@ def check_resume(
     """
     chosen = _modes(modes)
     points = _points(interrupt_at)
+    if not isinstance(in_memory, bool):
+        raise DefinitionTypeError(f"in_memory must be True or False, got {type(in_memory).__name__}: {in_memory!r}")
     if max_epochs is not None:
         max_epochs = check_count(max_epochs, "max_epochs (or None)")
     seconds = DEFAULT_TIMEOUT if timeout is None else check_positive(timeout, "timeout (or None)")
@@ -157,9 +165,9 @@ def check_resume(
         where = "LocalSession" if client is None else f"the Dask cluster at {client.scheduler.address}"
         if not isinstance(target, str):
             make_job = _job_maker(target, max_epochs)
-            executor = InProcess(make_job, client, seconds, max_epochs)
+            executor = InProcess(make_job, client, seconds, max_epochs, in_memory=in_memory)
             return _Check(executor, root, target, where, make_job, on_run).run(chosen, points)
-        with Children(target, client, root, seconds, max_epochs) as children:
+        with Children(target, client, root, seconds, max_epochs, in_memory=in_memory) as children:
             where = f"{where}, a new process per run"
             return _Check(children, root, target, where, partial(load_job, target), on_run).run(chosen, points)
 

@@ -34,7 +34,14 @@ def main(argv: list[str]) -> int:
         job = load_job(spec["target"])
         address = spec.get("address")
         with DaskSession(address) if address else LocalSession() as session:
-            outcome = perform(job, spec["prefix"], Action(**spec["action"]), session, max_epochs=spec["max_epochs"])
+            outcome = perform(
+                job,
+                spec["prefix"],
+                Action(**spec["action"]),
+                session,
+                max_epochs=spec["max_epochs"],
+                in_memory=bool(spec.get("in_memory")),
+            )
         result = {"job": job.name, "outcome": asdict(outcome)}
     except BaseException as exc:  # every failure is reported to the parent, by name
         message = f"{type(exc).__name__}: {exc}"

@@ -33,8 +33,17 @@ _LOG_LINES = 15
 class InProcess:
     """Runs in this process, each on a new session (a LocalSession, or a DaskSession on ``client``)."""
 
-    def __init__(self, make_job: Callable[[], Job], client: Any, timeout: float, max_epochs: int | None) -> None:
+    def __init__(
+        self,
+        make_job: Callable[[], Job],
+        client: Any,
+        timeout: float,
+        max_epochs: int | None,
+        *,
+        in_memory: bool = False,
+    ) -> None:
         self.make_job, self.client, self.timeout, self.max_epochs = make_job, client, timeout, max_epochs
+        self.in_memory = in_memory
 
     def run(self, name: str, prefix: str, action: Action, *, fresh: bool = False, client: Any = None) -> Outcome:
         """Carry out ``action`` as run ``name`` against ``prefix`` (``fresh`` changes nothing here),
@@ -52,7 +61,9 @@ class InProcess:
             _deadline(self.timeout) as watch,
         ):
             try:
-                return perform(job, prefix, action, session, max_epochs=self.max_epochs, watch=watch)
+                return perform(
+                    job, prefix, action, session, max_epochs=self.max_epochs, watch=watch, in_memory=self.in_memory
+                )
             except (Exception, KeyboardInterrupt) as exc:
                 if watch.expired:
                     raise ResumeCheckError(
@@ -118,8 +129,11 @@ class Children:
     ``PYTHONHASHSEED`` for its workers. Use as a context manager: leaving it ends the zygotes.
     """
 
-    def __init__(self, target: str, client: Any, root: Path, timeout: float, max_epochs: int | None) -> None:
+    def __init__(
+        self, target: str, client: Any, root: Path, timeout: float, max_epochs: int | None, *, in_memory: bool = False
+    ) -> None:
         self.target, self.client, self.timeout, self.max_epochs = target, client, timeout, max_epochs
+        self.in_memory = in_memory
         self.folder = root / "processes"
         self.folder.mkdir()
         self._count = 0
@@ -160,6 +174,7 @@ class Children:
             "prefix": prefix,
             "action": asdict(action),
             "max_epochs": self.max_epochs,
+            "in_memory": self.in_memory,
             "address": None if client is None else client.scheduler.address,
             "result": f"{stem}.result.json",
         }

@@ -81,9 +81,11 @@ def perform(
     *,
     max_epochs: int | None,
     watch: Callable[[JobRunner], object] | None = None,
+    in_memory: bool = False,
 ) -> Outcome:
     """Run ``job`` against checkpoint ``prefix`` on ``session`` as ``action`` says; ``watch`` is
-    given the runner before it starts (to enforce a deadline).
+    given the runner before it starts (to enforce a deadline). ``in_memory``: with tier 0, every
+    epoch also durable (so that every epoch is compared), a lost node restored from memory.
 
     Raises
     ------
@@ -91,7 +93,11 @@ def perform(
         Whatever the run raised, except the interruption the action asked for.
     """
     started = time.perf_counter()
-    manager = MultiNodeCheckpointManager(prefix)
+    manager = (
+        MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=1)
+        if in_memory
+        else MultiNodeCheckpointManager(prefix)
+    )
     failures = 3 if action.kind in ("lose-node", "shrink") else 0
     interruption = Interruption(action, session)
     runner = JobRunner(job, manager, max_epochs=max_epochs, max_failures=failures, progress=False, hooks=interruption)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,9 +23,11 @@ from .._protocol.retention import DEFAULT_FULL_EVERY, Retention, best_epochs, ch
 from .._protocol.store import CheckpointStore
 from .ledger import LastCheckpoint, PendingCommit
 from .loads import Loads
+from .memory import memory_options
 from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start
 from .pipeline import CommitPipeline
-from .saving import OnCommit, SavePolicy
+from .saving import OnCommit, OnMemoryCommit, SavePolicy
+from .tiered import TieredPipeline
 from .views import prefix_html
 from .writer import EpochWriter, node_group
 
@@ -103,6 +106,33 @@ class MultiNodeCheckpointManager(Loads):
         epoch. A damaged file then spoils at most the epochs from the last full one before it to
         the next full one; ``daskjobs checkpoints verify`` names them and the newest epoch that
         still verifies.
+    in_memory
+        Tier 0 (default off): every epoch, each node's snapshot (every blob, JSON value and
+        reader position, as a save writes it) is kept in the memory of its own worker and of
+        ``replicas`` other workers, as Dask data of the run's client; an epoch is committed in
+        memory once every snapshot is held there. A lost worker's nodes are restored from the
+        newest epoch committed in memory whose snapshots all survive, reading nothing from the
+        prefix (else from the newest durable commit); a worker that retires gracefully hands its
+        snapshots to others (Dask moves them). Durable commits under ``db_prefix`` (same format,
+        verification, retention and delta as always) are written from the snapshot in the
+        background at epoch 0, every ``durable_every`` epochs, ``durable_interval`` seconds after
+        the last one, at the last epoch, at a graceful stop and before the download, exit and
+        upload groups. Losing the driver loses the memory: a re-run resumes from the newest durable
+        commit, repeating fewer than ``2 * durable_every`` epochs. :func:`list_checkpoints`,
+        :func:`open_checkpoint`, resume and the command line see durable commits only. Not with
+        ``async_save`` (durable writes from the snapshot are asynchronous already).
+    durable_every
+        With ``in_memory``: every epoch divisible by it is also committed durably (default 10).
+    replicas
+        With ``in_memory``: how many workers besides a node's own hold a copy of its snapshot
+        (default 1; ``0``: a lost worker falls back to the durable commits). With fewer workers
+        in the cluster, fewer (a warning says so).
+    durable_interval
+        With ``in_memory``: an epoch at least this many seconds after the last durable one is
+        committed durably too (default: none).
+
+    ``db_prefix=None`` with ``in_memory=True`` checkpoints in cluster memory only: a lost worker
+    is recovered from, but nothing is written and a lost driver cannot be resumed from.
 
     Examples
     --------
@@ -110,11 +140,14 @@ class MultiNodeCheckpointManager(Loads):
     >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
     >>> manager.get_ckpt_db_name("ps", 3).endswith("/ps.3")
     True
+    >>> tiered = dj.MultiNodeCheckpointManager(tempfile.mkdtemp(), in_memory=True, durable_every=10)
+    >>> tiered.memory_options.replicas, tiered.memory_options.durable_every
+    (1, 10)
     """
 
     def __init__(
         self,
-        db_prefix: str,
+        db_prefix: str | None,
         db_type: str = "zarr",
         metadata_handler: MetadataHandler | None = None,
         *,
@@ -130,14 +163,30 @@ class MultiNodeCheckpointManager(Loads):
         best_mode: str = "min",
         delta: bool = True,
         full_every: int = DEFAULT_FULL_EVERY,
+        in_memory: bool = False,
+        durable_every: int | None = None,
+        replicas: int | None = None,
+        durable_interval: float | None = None,
     ) -> None:
         if db_type != "zarr":
             raise JobDefinitionError(f"unsupported db_type {db_type!r}: daskjobs checkpoints are 'zarr'")
+        self.memory_options = memory_options(
+            in_memory, durable_every, replicas, durable_interval, has_prefix=db_prefix is not None
+        )
+        """Tier 0's options (``None``: checkpoints are durable only, see ``in_memory``)."""
+        if self.memory_options is not None and async_save:
+            raise JobDefinitionError(
+                "async_save with in_memory=True: tier 0 already writes its durable commits from the snapshot in "
+                "the background; drop async_save"
+            )
         self.retention = Retention(keep_last, keep_every, keep_best, best_metric, best_mode)
-        self.db_prefix = str(db_prefix)
+        self.durable = db_prefix is not None
+        """Whether epochs are committed under a prefix (``False``: ``db_prefix=None``, tier 0 only)."""
+        self.db_prefix = str(db_prefix) if db_prefix is not None else f"memory://daskjobs-no-prefix-{uuid.uuid4().hex}"
         self.db_type = db_type
         self.store = CheckpointStore(self.db_prefix, storage_options, compression=compression, fsync=fsync)
-        """The prefix's ``CheckpointStore``: its commit records, groups and writer lock."""
+        """The prefix's ``CheckpointStore``: its commit records, groups and writer lock (with
+        ``db_prefix=None``, a private stand-in in this process that never holds a commit)."""
         self._handler: MetadataHandler = metadata_handler or CommitRecordHandler(self.store)
         self.async_save = bool(async_save)
         self.async_snapshot = resolve_snapshot(async_snapshot, self.store)
@@ -245,7 +294,8 @@ class MultiNodeCheckpointManager(Loads):
         >>> with dj.node_cluster(["ps", "trainer"]) as cluster, dj.DaskSession(cluster) as session:  # doctest: +SKIP
         ...     manager.check_shared(session)
         """
-        prove_shared(self.store, session, self.nodes(), job=self._job_name)
+        if self.durable:
+            prove_shared(self.store, session, self.nodes(), job=self._job_name)
 
     def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
         """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
@@ -375,6 +425,7 @@ class MultiNodeCheckpointManager(Loads):
         break_lock: bool = False,
         policy: SavePolicy | None = None,
         on_commit: OnCommit | None = None,
+        on_memory_commit: OnMemoryCommit | None = None,
     ) -> Iterator[CommitPipeline]:
         """Hold the prefix's writer lock for ``job`` (this process) and yield the pipeline a run saves
         and commits its epochs through (its interface is daskjobs' own: :class:`~daskjobs.JobRunner`
@@ -385,7 +436,8 @@ class MultiNodeCheckpointManager(Loads):
         manager's that holds the lock already, nothing is taken or released.
 
         ``policy`` decides what a failed save does (retries, then raise or warn; without one, the
-        error is raised); ``on_commit(epoch, bytes_written, bytes_reused)`` is called for every commit.
+        error is raised); ``on_commit(epoch, bytes_written, bytes_reused)`` is called for every commit,
+        and with tier 0 ``on_memory_commit(epoch, tier0_bytes)`` for every commit in cluster memory.
 
         Raises
         ------
@@ -409,7 +461,11 @@ class MultiNodeCheckpointManager(Loads):
             return
         self.store.acquire_lock(local_holder(job), break_lock=break_lock)
         writer.locked = True
-        pipeline = CommitPipeline(writer, policy, on_commit, save_group=save_group)
+        pipeline = (
+            CommitPipeline(writer, policy, on_commit, save_group=save_group)
+            if self.memory_options is None
+            else TieredPipeline(writer, policy, on_commit, save_group=save_group, on_memory_commit=on_memory_commit)
+        )
         try:
             yield pipeline
         finally:
@@ -462,7 +518,14 @@ class MultiNodeCheckpointManager(Loads):
         return self._last.blob_list()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(db_prefix={self.store.url!r}, nodes={self._nodes})"
+        prefix = self.store.url if self.durable else None
+        options = self.memory_options
+        tier0 = (
+            ""
+            if options is None
+            else f", in_memory=True, durable_every={options.durable_every}, replicas={options.replicas}"
+        )
+        return f"{type(self).__name__}(db_prefix={prefix!r}, nodes={self._nodes}{tier0})"
 
     def _repr_html_(self) -> str:
         options = {
@@ -470,4 +533,9 @@ class MultiNodeCheckpointManager(Loads):
             **self.retention.describe(),
             "async_save": f"{self.async_snapshot} snapshots" if self.async_save else None,
         }
+        if self.memory_options is not None:
+            tier0 = self.memory_options
+            options["in_memory"] = f"{tier0.replicas} replica(s), durable every {tier0.durable_every} epochs"
+            if tier0.durable_interval is not None:
+                options["durable_interval"] = f"{tier0.durable_interval:g} s"
         return prefix_html(type(self).__name__, self.store, options)

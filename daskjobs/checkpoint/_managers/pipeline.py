@@ -11,6 +11,9 @@ ends the loop waits for the flushes and commits first (:meth:`CommitPipeline.flu
 Every save error goes through the run's :class:`SavePolicy` (retries, then ``on_save_error``):
 a save that failed in its hook is saved again as a group of its own, a background flush that
 failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
+
+With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is a
+:class:`~.tiered.TieredPipeline`, which commits every epoch in cluster memory first.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
     from ...session import Session
+    from .memory import MemoryTier
     from .writer import EpochWriter
 
 logger = logging.getLogger("daskjobs")
@@ -59,8 +63,11 @@ class CommitPipeline:
         self.nested = nested
         """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
         self.last_committed: int | None = None
+        self.memory: MemoryTier | None = None
+        """The run's epochs committed in cluster memory (tier 0, see ``TieredPipeline``); ``None`` here."""
         self._waiting: list[PendingCommit] = []
-        self._then: list[tuple[int, Callable[[], object]]] = []
+        self._then: list[tuple[int, bool, Callable[[], object]]] = []
+        """``(epoch, whether only its durable commit will do, call)``, in epoch order (:meth:`when_committed`)."""
         self._deferred_error: Exception | None = None
         self._strays: set[str] = set()
         """Nodes that may still write in the background for saves this pipeline forgot."""
@@ -70,13 +77,22 @@ class CommitPipeline:
         """Something this run wrote may be left uncommitted (a save failed, retried or forgotten)."""
 
     # -- saving an epoch --------------------------------------------------------------------
-    def plan(self, epoch: int, used_nodes: list[str], *, background: bool, last: bool = False) -> SavePlan:
+    def plan(
+        self,
+        epoch: int,
+        used_nodes: list[str],
+        *,
+        background: bool,
+        last: bool = False,
+        session: Session | None = None,
+    ) -> SavePlan:
         """How to save ``epoch``: in the graph of the group that runs it (the epoch group, or the init
         group for epoch 0) when every checkpointed node runs in it, else as a group of its own after
         it (:meth:`save`); not at all when the storage is not accessible or the save cannot start
         (``epoch`` is already committed, say: a save error, by policy, not retried). ``background``:
         nodes may fsync while the next epoch runs; ``last``: the run should end with this epoch, its
-        nodes fsync inside the graph (a wrong guess costs time, never safety)."""
+        nodes fsync inside the graph (a wrong guess costs time, never safety). ``session`` runs the
+        epoch (tier 0 keeps its snapshots there)."""
         manager = self.writer.manager
         nodes = manager.nodes()
         if self.save_group is not None or not set(nodes) <= set(used_nodes):
@@ -181,7 +197,7 @@ class CommitPipeline:
         for other, errors in sorted(ledger.note_flushes(finished).items()):
             self._forget(other)
             self._waiting = [w for w in self._waiting if w.epoch != other]
-            self._then = [(e, call) for e, call in self._then if e != other]
+            self._then = [(e, durable, call) for e, durable, call in self._then if e != other]
             logger.warning("could not write the checkpoint of epoch %d: %s", other, write_error(other, errors))
         if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
             ledger.salvaged = in_flight_outcomes(finished)
@@ -311,16 +327,26 @@ class CommitPipeline:
             self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
             self._call_then(pending.epoch)
 
-    def when_committed(self, call: Callable[[], object]) -> None:
-        """Call ``call`` once the last epoch saved is committed (or given up): now, or after its
-        waiting commit (or the commit of its asynchronous save)."""
+    def finish(self, session: Session) -> None:
+        """The run ends after the epoch it ran last, or stops gracefully after it: commit every epoch
+        saved (:meth:`flush`)."""
+        self.flush(session)
+
+    def when_committed(self, call: Callable[[], object], epoch: int | None = None) -> None:
+        """Call ``call`` once the last epoch saved (``epoch``, where the caller knows it) is committed
+        (or given up): now, or after its waiting commit (or the commit of its asynchronous save)."""
         in_flight = self.ledger.in_flight_epoch()
         if self._waiting:
-            self._then.append((self._waiting[-1].epoch, call))
+            self._then.append((self._waiting[-1].epoch, True, call))
         elif in_flight is not None:
-            self._then.append((in_flight, call))
+            self._then.append((in_flight, True, call))
         else:
             call()
+
+    @property
+    def newest_commit(self) -> int | None:
+        """The newest epoch this run committed (or resumed from), in any tier."""
+        return self.last_committed
 
     def _commit(self, pending: PendingCommit) -> None:
         self.writer.ask_commit(pending)
@@ -334,8 +360,8 @@ class CommitPipeline:
         record = self.writer.last_commit
         if self.on_commit is not None and record is not None and record["epoch"] == epoch:
             self.on_commit(epoch, *record_bytes(record)[1:])
-        now = [call for e, call in self._then if e <= epoch]
-        self._then = [(e, call) for e, call in self._then if e > epoch]
+        now = [call for e, _, call in self._then if e <= epoch]
+        self._then = [(e, durable, call) for e, durable, call in self._then if e > epoch]
         for call in now:
             call()
 
@@ -366,7 +392,7 @@ class CommitPipeline:
             logger.warning("%s", exc)
         try:
             for pending in self._waiting:
-                if not self.ledger.flushed(pending.epoch) and not self.writer.flush_here(pending.epoch):
+                if not self.ledger.flushed(pending.epoch) and not self._flush_here(pending.epoch):
                     break
             self.commit_ready()
         except Exception as exc:
@@ -390,6 +416,11 @@ class CommitPipeline:
             self._forget(pending.epoch)
         self._waiting, self._then = [], []
         return self.last_committed != before
+
+    def _flush_here(self, epoch: int) -> bool:
+        """After a loss: make ``epoch``'s groups whose flush no node reported durable from this process
+        (see ``EpochWriter.flush_here``)."""
+        return self.writer.flush_here(epoch)
 
     def end_writes(self, session: Session, lost: list[str] | tuple[str, ...] = ()) -> None:
         """Stop the background writes of saves that will not be committed, on every node that may still
@@ -419,6 +450,10 @@ class CommitPipeline:
         self.debris = True
         self.end_writes(session, lost)
         self._remove_debris()
+
+    def recovered(self, epoch: int | None, *, in_memory: bool) -> None:
+        """The nodes were restored from ``epoch`` (``in_memory``: by tier 0; else from the prefix, or
+        from scratch when ``None``)."""
 
     def remove_debris(self) -> None:
         """Remove what saves that never committed left under the prefix for the job's nodes (of this run

@@ -46,17 +46,31 @@ class SaveMode(enum.Enum):
 
 @dataclass(frozen=True)
 class SavePlan:
-    """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph."""
+    """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph.
+
+    With tier 0 (``memory``) the hooks keep the nodes' snapshots in cluster memory, and
+    ``durable`` says whether the epoch is also committed under the prefix."""
 
     epoch: int
     mode: SaveMode
     hooks: Mapping[str, Hook] = field(default_factory=dict)
+    durable: bool = True
+    memory: bool = False
 
 
 @dataclass(frozen=True)
 class Saved:
     """What saving an epoch cost the loop (node-side save seconds plus the driver's part), and the bytes
-    its save wrote and reused (``None`` until an asynchronous save's commit brings them)."""
+    its save wrote and reused (``None`` until the commit of a save written in the background brings
+    them); ``tier``: ``"memory"`` or ``"durable"``, where the epoch is committed (``None``: no tier 0)."""
 
     seconds: float = 0.0
     bytes: tuple[int, int] | None = (0, 0)
+    tier: str | None = None
+    tier0_bytes: dict[str, int] | None = None
+    """With tier 0, once the epoch is committed in memory: worker address -> bytes of snapshots held."""
+
+
+OnMemoryCommit = Callable[[int, dict[str, int]], None]
+"""Told of each epoch the pipeline commits in cluster memory: ``(epoch, tier0_bytes)`` (worker
+address -> bytes of tier-0 snapshots it holds)."""

@@ -12,6 +12,7 @@ from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.records import make_commit_record
 from .._node.async_saves import AsyncSaveFinish, AsyncSaveStep, EndWrites, WaitSaveStep
+from .._node.memory_steps import DurableWrite
 from .._node.outcomes import SaveOutcome
 from .._node.save_steps import ENTRY_BLOB, FlushFinish, ResaveFinish, SaveFinish, SaveStep, idle, reported
 from .._node.sharing import unseen_groups
@@ -163,6 +164,20 @@ class EpochWriter:
         return {
             n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later, doomed=doomed.get(n, ()))
             for n in nodes
+        }
+
+    def durable_writes(self, epoch: int, nodes: list[str], *, background: bool) -> dict[str, DurableWrite]:
+        """Per node of ``nodes``, how it writes its tier-0 snapshot of ``epoch`` under the prefix
+        (see ``KeepFinish``): in the background while :attr:`may_defer_commit` and ``background``
+        (the nodes' next hooks report the writes), else at once. On a local disk the nodes also
+        delete (or write over) their groups of the epochs retention un-committed, as with
+        :meth:`hooks`."""
+        save_id, store, previous = self.new_save(epoch)
+        later = background and self.may_defer_commit
+        self.nodes_delete = later and self.store.defers_flush
+        doomed = self.retention.retired.hand_out(nodes) if self.nodes_delete else {}
+        return {
+            n: DurableWrite(store, save_id, previous.get(n), background=later, doomed=doomed.get(n, ())) for n in nodes
         }
 
     @property

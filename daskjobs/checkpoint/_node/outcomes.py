@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..._execution.memory import Kept, PushFailure
     from .._format.documents import EntryReport
 
 
@@ -55,6 +56,25 @@ class AsyncSaveOutcome:
 
     previous: SaveOutcome | None
     error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class KeepOutcome:
+    """An epoch's tier-0 hook (``KeepFinish``): the node's snapshot as kept in memory (``kept``), or
+    the error that kept it out (``error``: it does not fit, or the session keeps no snapshots); the
+    replicas of earlier epochs that could not be sent (``pushes``); on a durable epoch, its save as
+    ``SaveFinish`` reports it (``save``), else how the node's earlier background write ended, once
+    it has (``flush``; ``None`` while it runs: a memory-only epoch never waits for it)."""
+
+    kept: Kept | None = None
+    error: BaseException | None = None
+    pushes: tuple[PushFailure, ...] = ()
+    save: SaveOutcome | None = None
+    flush: FlushOutcome | None = None
+
+    def reports(self) -> SaveOutcome | FlushOutcome | None:
+        """What the hook says of the node's durable writes, as the commit pipeline takes it."""
+        return self.save if self.save is not None else self.flush
 
 
 @dataclass(frozen=True)

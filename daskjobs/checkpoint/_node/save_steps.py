@@ -214,13 +214,38 @@ def write_later(
     return the entry the write will return, computed here (see ``CheckpointStore.describe_node``)."""
     copies = snapshot(blobs, {})
     entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
+    write_in_background(state, store, node, epoch, copies, save_id=save_id, previous=previous, retired=retired)
+    return entry
+
+
+def write_in_background(
+    state: NodeState,
+    store: CheckpointStore,
+    node: str,
+    epoch: int,
+    copies: dict[str, Value],
+    *,
+    save_id: str,
+    previous: NodeEntry | None,
+    retired: RetiredEpoch | None,
+) -> None:
+    """Hand the whole write of ``copies`` (a snapshot nothing changes any more) and its flush to the
+    process's background write thread; the node's next hook (or ``FlushFinish``) reports it."""
     done: Future[NodeEntry | None] = Future()
     unsynced = functools.partial(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
     in_background(functools.partial(_write_there, unsynced, done))
     checkpoint_slots(state).flush = PendingFlush(save_id, epoch, done, copies)
-    return entry
+
+
+def poll_flush(state: NodeState) -> FlushOutcome | None:
+    """The node's background flush as a hook reports it without waiting: how it ended (see
+    :func:`settle_flush`; ``flushed`` is ``None`` when there was none), or ``None`` while it runs."""
+    pending = checkpoint_slots(state).flush
+    if pending is not None and not pending.done.done():
+        return None
+    return FlushOutcome(settle_flush(state))
 
 
 def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:
