@@ -179,11 +179,12 @@ class TaskFailedError(DaskJobsError, RuntimeError):
     def __str__(self) -> str:
         return self.message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[object, ...]:
         return (type(self), self.args, {"cause": picklable_cause(self.__cause__)})
 
-    def __setstate__(self, state: dict) -> None:
-        self.__cause__ = state.get("cause")
+    def __setstate__(self, state: dict[str, object] | None) -> None:
+        cause = None if state is None else state.get("cause")
+        self.__cause__ = cause if isinstance(cause, BaseException) else None
 
 
 class UnpicklableCause(Exception):

@@ -23,8 +23,9 @@ from hypothesis.extra import numpy as hnp
 import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
-from daskjobs.checkpoint._node.async_saves import SAVER, AsyncSaveFinish, BackgroundSave
+from daskjobs.checkpoint._node.async_saves import AsyncSaveFinish, BackgroundSave
 from daskjobs.checkpoint._node.fork import FORK_FROM, ForkedSave, in_snapshot_writer, snapshot_writers
+from daskjobs.checkpoint._node.slots import checkpoint_slots
 from daskjobs.errors import JobDefinitionError
 
 NUMERIC = ["?", "i1", "u1", "<i2", ">i4", "<i8", "<u8", "<f2", ">f4", "<f8", "<c8", ">c16"]
@@ -75,8 +76,8 @@ def snapshot_and_disturb(
     state = NodeState("a")
     state.scope.blobs = blobs
     outcome = AsyncSaveFinish(store, "a", epoch, f"s{epoch}", None, previous, mode)(state)
-    assert outcome["error"] is None
-    saver = state.services[SAVER]
+    assert outcome.error is None
+    saver = checkpoint_slots(state).saver
     assert isinstance(saver, ForkedSave if mode == "fork" else BackgroundSave)
     disturb(blobs)
     return saver.result()
@@ -229,10 +230,10 @@ def test_auto_forks_for_big_workspaces_only(tmp_path, nbytes, saver):
     state = NodeState("a")
     state.scope.blobs = {"w": np.ones(nbytes // 8), "cfg": {"lr": 1}}
     store = CheckpointStore(tmp_path / "ckpt", fsync=False)
-    assert AsyncSaveFinish(store, "a", 0, "s0", None, None, "auto")(state)["error"] is None
-    assert isinstance(state.services[SAVER], saver)
+    assert AsyncSaveFinish(store, "a", 0, "s0", None, None, "auto")(state).error is None
+    assert isinstance(checkpoint_slots(state).saver, saver)
     state.scope.blobs["w"] += 1
-    assert np.array_equal(store.read_node("a", 0, state.services[SAVER].result())["w"], np.ones(nbytes // 8))
+    assert np.array_equal(store.read_node("a", 0, checkpoint_slots(state).saver.result())["w"], np.ones(nbytes // 8))
 
 
 @pytest.mark.parametrize("manager", [dj.MultiNodeCheckpointManager, dj.CheckpointManager])

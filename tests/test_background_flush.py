@@ -20,7 +20,9 @@ import daskjobs as dj
 from daskjobs._execution.node_run import NodeState
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._managers.ledger import SaveLedger
-from daskjobs.checkpoint._node.save_steps import FLUSH, FlushFinish, SaveFinish
+from daskjobs.checkpoint._node.outcomes import FlushOutcome, FlushReport, SaveOutcome
+from daskjobs.checkpoint._node.save_steps import FlushFinish, SaveFinish
+from daskjobs.checkpoint._node.slots import checkpoint_slots
 from daskjobs.checkpoint._storage import durable as _durable
 from daskjobs.checkpoint._storage.durable import in_background
 from daskjobs.errors import CheckpointWriteError
@@ -95,27 +97,27 @@ def test_the_next_hook_reports_the_flush_of_the_group_before(tmp_path, elements)
     store = CheckpointStore(tmp_path / "ckpt")
     state = make_state({"w": np.zeros(elements), "v": np.ones(elements)})
     first = SaveFinish(store, "n", 1, "s1", flush_later=True)(state)
-    assert first["later"]
-    assert first["flushed"] is None
-    assert FLUSH in state.services
+    assert first.later
+    assert first.flushed is None
+    assert checkpoint_slots(state).flush is not None
     state.scope.blobs["w"] = np.full(elements, 2.0)  # after the hook: the copy (or the written group) keeps 0.0
-    second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
-    assert second["flushed"]["save_id"] == "s1"
-    assert second["flushed"]["error"] is None
-    written = second["flushed"]["entry"]
+    second = SaveFinish(store, "n", 2, "s2", first.entry, flush_later=True)(state)
+    assert second.flushed.save_id == "s1"
+    assert second.flushed.error is None
+    written = second.flushed.entry
     if elements == BLOB:  # what the hook described, and the manifest the background write wrote
         assert {k: v for k, v in written.items() if k not in ("seconds", "manifest")} == {
-            k: v for k, v in first["entry"].items() if k not in ("seconds", "manifest")
+            k: v for k, v in first.entry.items() if k not in ("seconds", "manifest")
         }
-        assert first["entry"]["manifest"] is None
+        assert first.entry["manifest"] is None
         assert written["manifest"] == store.read_node_entry("n", 1)["manifest"]
     else:
         assert written is None
-        assert first["entry"]["manifest"] == store.read_node_entry("n", 1)["manifest"]
-    assert second["entry"]["bytes_reused"] == elements * 8  # v is linked from epoch 1
-    last = FlushFinish()(state)["flushed"]
-    assert (last["save_id"], last["error"]) == ("s2", None)
-    assert FlushFinish()(state) == {"flushed": None}
+        assert first.entry["manifest"] == store.read_node_entry("n", 1)["manifest"]
+    assert second.entry["bytes_reused"] == elements * 8  # v is linked from epoch 1
+    last = FlushFinish()(state).flushed
+    assert (last.save_id, last.error) == ("s2", None)
+    assert FlushFinish()(state) == FlushOutcome(None)
     assert store.read_node("n", 1, store.read_node_entry("n", 1))["w"][0] == 0.0
     assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"][0] == 2.0
 
@@ -134,11 +136,11 @@ def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, el
     (tmp_path / "ckpt").mkdir(exist_ok=True)
     (tmp_path / "ckpt" / "n.1").write_text("not daskjobs'")
     open(release, "w").close()
-    second = SaveFinish(store, "n", 2, "s2", first["entry"], flush_later=True)(state)
-    assert second["flushed"]["save_id"] == "s1"
-    assert isinstance(second["flushed"]["error"], CheckpointWriteError)
-    assert "epoch 1" in str(second["flushed"]["error"])
-    assert (second["entry"]["bytes_written"], second["entry"]["bytes_reused"]) == (elements * 8, 0)
+    second = SaveFinish(store, "n", 2, "s2", first.entry, flush_later=True)(state)
+    assert second.flushed.save_id == "s1"
+    assert isinstance(second.flushed.error, CheckpointWriteError)
+    assert "epoch 1" in str(second.flushed.error)
+    assert (second.entry["bytes_written"], second.entry["bytes_reused"]) == (elements * 8, 0)
     FlushFinish()(state)
     assert store.read_node("n", 2, store.read_node_entry("n", 2))["w"].sum() == 0.0
     assert (tmp_path / "ckpt" / "n.1").read_text() == "not daskjobs'"
@@ -147,7 +149,7 @@ def test_a_failed_flush_is_reported_and_its_chunks_are_never_linked(tmp_path, el
 # -- the driver's bookkeeping ----------------------------------------------------------------------
 def written(saves: SaveLedger, epoch: int, nodes: tuple[str, ...] = ("a", "b")) -> str:
     save_id = saves.start(epoch)
-    assert saves.take(epoch, {n: {"entry": {"save_id": save_id}, "later": True} for n in nodes}) == {}
+    assert saves.take(epoch, {n: SaveOutcome(entry={"save_id": save_id}, later=True) for n in nodes}) == {}
     return save_id
 
 
@@ -155,10 +157,10 @@ def test_an_epoch_is_flushed_once_every_node_reported_it():
     saves = SaveLedger()
     save_id = written(saves, 4)
     assert not saves.flushed(4)
-    assert saves.note_flushes({"a": {"flushed": {"save_id": save_id, "error": None}}}) == {}
+    assert saves.note_flushes({"a": FlushOutcome(FlushReport(save_id))}) == {}
     assert not saves.flushed(4)
     assert saves.writing_nodes() == {"b"}
-    assert saves.note_flushes({"b": {"flushed": {"save_id": save_id, "error": None}}}) == {}
+    assert saves.note_flushes({"b": FlushOutcome(FlushReport(save_id))}) == {}
     assert saves.flushed(4)
     assert saves.writing_nodes() == set()
 
@@ -170,11 +172,11 @@ def test_an_epoch_whose_flush_failed_or_vanished_stays_unflushed(report):
     saves = SaveLedger()
     save_id = written(saves, 4)
     outcome = {
-        "error": {"save_id": save_id, "error": OSError("disk full")},
+        "error": FlushReport(save_id, OSError("disk full")),
         "gone": None,
-        "other-save": {"save_id": "not-this-one", "error": None},
+        "other-save": FlushReport("not-this-one"),
     }[report]
-    bad = saves.note_flushes({"a": {"flushed": {"save_id": save_id, "error": None}}, "b": {"flushed": outcome}})
+    bad = saves.note_flushes({"a": FlushOutcome(FlushReport(save_id)), "b": FlushOutcome(outcome)})
     assert list(bad) == [4]
     assert list(bad[4]) == ["b"]
     assert ("disk full" if report == "error" else "flush is gone") in str(bad[4]["b"])
@@ -277,7 +279,7 @@ def test_in_process_sessions_flush_at_once(prefix):
     runner = dj.JobRunner(make_job(), dj.MultiNodeCheckpointManager(prefix), max_epochs=2, progress=False)
     assert runner.train(session) == 2
     assert committed(prefix) == [0, 1, 2]
-    assert all(FLUSH not in state.services for state in session._states.states.values())
+    assert all(checkpoint_slots(state).flush is None for state in session._states.states.values())
     session.close()
 
 

@@ -71,7 +71,7 @@ class GroupPlan:
     """
 
     node_plans: dict[str, NodePlan]
-    producers: dict[int, int]
+    producers: dict[int, list[int]]
     """Task index -> indices of the tasks it consumes from, in input order (edge mode)."""
     has_edges: bool
     resources: dict[str, dict[str, float]]

@@ -7,6 +7,7 @@ session with its own node states, the distributed session on the node's worker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import traceback
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from .._model.group import ReportStep
 from .._model.metrics import MetricLog
@@ -38,6 +39,9 @@ def private_trap_message(job: str, group: str, node: str, blob: str) -> str:
     )
 
 
+Slot = TypeVar("Slot")
+
+
 @dataclass
 class NodeState:
     """A node's persistent workspace plus what the node runtime keeps between runs."""
@@ -48,9 +52,19 @@ class NodeState:
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     generation: int = 0
     runs: dict[str, NodeRun] = field(default_factory=dict)
-    services: dict[str, Any] = field(default_factory=dict)
+    slots: dict[type, object] = field(default_factory=dict)
+    """What the layers above keep on the node between runs, one object of each type (see :meth:`slot`)."""
     where: str = "this process"
     """Where the node's workspace lives, for messages: e.g. ``worker 'a' (tcp://10.0.0.5:40211)``."""
+
+    def slot(self, kind: type[Slot]) -> Slot:
+        """The node's one ``kind()``, made on first use: what a layer above keeps on the node between
+        runs, typed by its own class (the checkpoint's background saves, flushes and staged loads:
+        ``CheckpointSlots``), which this layer need not know."""
+        found = self.slots.get(kind)
+        if found is None:
+            found = self.slots.setdefault(kind, kind())
+        return cast(Slot, found)
 
     @property
     def token(self) -> str:
@@ -256,7 +270,9 @@ class NodeRun:
     def open(self) -> None:
         """Run node-local init and start report steps."""
         for setup in self.plan.local_setups:
-            self.failure.wrap(f"{self.plan.node}/local_init", lambda s=setup: _call_steps(s.init_nets, self.base))
+            self.failure.wrap(
+                f"{self.plan.node}/local_init", functools.partial(_call_steps, setup.init_nets, self.base)
+            )
         self.reporters = [_Reporter(r, self.base, self.failure) for r in self.plan.report_steps]
 
     def traps(self) -> tuple[str, ...]:
@@ -280,13 +296,13 @@ class NodeRun:
         wrap(spec.name, lambda: _call_steps(spec.task_init, ws))
         if spec.subtasks:
             working = [t for t in spec.subtasks if t.has_work]
-            results = run_concurrently([lambda t=t: self._run_task(t, ws, {}) for t in working])
+            results = run_concurrently([functools.partial(self._run_task, t, ws, {}) for t in working])
             sub_by_index = {t.index: c for t, c in zip(working, results, strict=True)}
             wrap(spec.name, lambda: _call_steps(spec.task_exit, ws))
             return [
                 out
                 for t in spec.subtasks
-                for out in (sub_by_index[t.index] if t.has_work else wrap(t.name, lambda t=t: _capture(t, ws)))
+                for out in (sub_by_index[t.index] if t.has_work else wrap(t.name, functools.partial(_capture, t, ws)))
             ]
         if spec.num_instances > 1:
 
@@ -296,7 +312,9 @@ class NodeRun:
                 _call_steps(spec.steps, iws)
                 _call_steps(spec.instance_exit, iws)
 
-            run_concurrently([lambda i=i: wrap(spec.name, lambda: instance(i)) for i in range(spec.num_instances)])
+            run_concurrently(
+                [functools.partial(wrap, spec.name, functools.partial(instance, i)) for i in range(spec.num_instances)]
+            )
         else:
             wrap(spec.name, lambda: _call_steps([*spec.instance_init, *spec.steps, *spec.instance_exit], ws))
         wrap(spec.name, lambda: _call_steps(spec.task_exit, ws))
@@ -316,10 +334,12 @@ class NodeRun:
             if ok:
                 for spec in self.plan.tasks:
                     if not spec.has_work:
-                        captured[spec.index] = self.failure.wrap(spec.name, lambda s=spec: _capture(s, self.base))
+                        captured[spec.index] = self.failure.wrap(
+                            spec.name, functools.partial(_capture, spec, self.base)
+                        )
                 for setup in self.plan.local_setups:
                     self.failure.wrap(
-                        f"{self.plan.node}/local_exit", lambda s=setup: _call_steps(s.exit_nets, self.base)
+                        f"{self.plan.node}/local_exit", functools.partial(_call_steps, setup.exit_nets, self.base)
                     )
         finally:
             self.base._scope.reserved = self._saved_reserved
@@ -337,7 +357,7 @@ def run_node(provider: NodeStateProvider, plan: NodePlan | PackedPlan, run: RunI
         node_run.open()
         work = [spec for spec in plan.tasks if spec.has_work]
         if work:
-            results = run_concurrently([lambda s=s: node_run.run_task(s) for s in work])
+            results = run_concurrently([functools.partial(node_run.run_task, s) for s in work])
             captured.update({spec.index: result for spec, result in zip(work, results, strict=True)})
         ok = True
     finally:

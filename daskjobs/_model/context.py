@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self, overload
 
 from ..errors import DefinitionTypeError, InvalidStateError
 
@@ -43,6 +43,14 @@ class Managed:
     @classmethod
     def _managed_classes(cls) -> list[type]:
         return [c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, Managed) and c is not Managed]
+
+    @overload
+    @classmethod
+    def current(cls, value: Self | None = None, required: Literal[True] = True) -> Self: ...
+
+    @overload
+    @classmethod
+    def current(cls, value: Self | None = None, required: bool = True) -> Self | None: ...
 
     @classmethod
     def current(cls, value: Self | None = None, required: bool = True) -> Self | None:

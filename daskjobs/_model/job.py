@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from .group import TaskGroup, stepless_output_task
 from .node import Node, node_name
 from .task import Task, TaskOutput, WorkspaceType
 from .values import check_count, validate_name
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
 
 
 class Job(Managed):
@@ -211,10 +215,10 @@ def epoch_limiter(job: Job, num_epochs: int, node: Node | str | None = None) -> 
     counter, stop = f"epoch_limiter.{suffix}.remaining", f"epoch_limiter.{suffix}.stop"
     start = int(num_epochs) - 1
 
-    def create_counter(ws):
+    def create_counter(ws: Workspace) -> None:
         ws[counter] = np.int64(start)
 
-    def count_down(ws):
+    def count_down(ws: Workspace) -> None:
         with ws.lock:
             remaining = int(ws[counter])
             if remaining > 0:

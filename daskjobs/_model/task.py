@@ -16,7 +16,7 @@ from .values import check_count, check_label, copy_value, validate_name
 
 if TYPE_CHECKING:
     from .group import TaskGroup
-    from .values import Value
+    from .values import BlobValue, Value
 
 Step = Callable[..., Any]
 """A step is a callable taking the node's workspace: ``step(ws)``."""
@@ -77,7 +77,7 @@ def as_steps(steps: Step | Sequence[Step] | None, what: str) -> list[Step]:
     """
     if steps is None:
         return []
-    items = list(steps) if isinstance(steps, list | tuple) else [steps]
+    items: list[Any] = list(steps) if isinstance(steps, list | tuple) else [steps]  # checked below
     for item in items:
         if not callable(item):
             raise StepTypeError(f"{what} must be callables taking the workspace, got {item!r}")
@@ -185,7 +185,7 @@ class TaskOutput:
         """Whether the task has run and its values can be fetched."""
         return self._values is not None or self._resolver is not None
 
-    def fetch(self) -> Value | list[Value]:
+    def fetch(self) -> BlobValue:
         """The captured value (an array or a JSON value): one value for a single name, else a list.
 
         Each call returns a copy: changing it changes neither the snapshot nor later fetches.
@@ -219,7 +219,7 @@ class TaskOutputList:
         """All blob names, flattened."""
         return [name for output in self.outputs for name in output.names]
 
-    def fetch(self) -> list[Value]:
+    def fetch(self) -> list[BlobValue]:
         """All values, flattened, in the order of :meth:`names`."""
         values: list[Value] = []
         for output in self.outputs:

@@ -56,6 +56,11 @@ JSON: TypeAlias = bool | int | float | str | list[Any] | dict[str, Any] | None
 Value: TypeAlias = np.ndarray | JSON
 """What a workspace holds under a blob name."""
 
+BlobValue: TypeAlias = Any
+"""What reading a blob gives a step or a driver: a :data:`Value` at run time, ``Any`` for a type
+checker. Which of them depends on the blob, and code uses it as what it knows it is
+(``ws["w"] -= lr * grad``, ``float(output.fetch())``) without a cast."""
+
 
 def validate_name(name: object, what: str) -> str:
     """Return ``name`` if it is a valid node, blob or job name, else raise.
@@ -175,7 +180,7 @@ def check_array(array: np.ndarray, blob: str) -> np.ndarray:
     return array
 
 
-def as_value(value: object, blob: str) -> Value:
+def as_value(value: Any, blob: str) -> Value:
     """Normalise what a step assigns to ``blob`` into a value that survives a checkpoint.
 
     * numbers (Python or numpy scalars, ``bool`` included) become 0-d arrays; a Python ``int``
@@ -202,7 +207,7 @@ def as_value(value: object, blob: str) -> Value:
     ...
     daskjobs.errors.BlobTypeError: blob 's': cannot store a set; store sorted(value) (a list)
     """
-    kind = type(value)
+    kind = type(value)  # exact types, one lookup (``value`` is ``Any``: no checker follows ``kind is ...``)
     if kind is np.ndarray:
         return check_array(value, blob)
     if kind is str:
@@ -240,7 +245,7 @@ def copy_value(value: Value, blob: str = "value") -> Value:
     return as_value(value, blob)
 
 
-def _json(value: object, blob: str, path: str, depth: int, active: set[int]) -> JSON:
+def _json(value: Any, blob: str, path: str, depth: int, active: set[int]) -> JSON:
     """Normalise one element of a JSON value found at ``path`` inside ``blob``."""
     kind = type(value)
     if kind is bool or value is None:

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import DefinitionTypeError, JobDefinitionError
-from .values import Value, as_value, check_label, validate_name
+from ..errors import DefinitionTypeError, InvalidStateError, JobDefinitionError
+from .values import BlobValue, Value, as_value, check_label, validate_name
 
 if TYPE_CHECKING:
+    from .._execution.node_run import NodeState
     from .metrics import MetricLog
 
 
@@ -101,7 +102,7 @@ class Scope:
         return False
 
 
-class Workspace(MutableMapping[str, Value]):
+class Workspace(MutableMapping[str, BlobValue]):
     """A node's blobs as seen by one step: a mutable mapping from name to value.
 
     A value is a ``numpy.ndarray`` (bool, integer, float, complex or fixed-width strings;
@@ -144,7 +145,7 @@ class Workspace(MutableMapping[str, Value]):
         lock: threading.RLock,
         epoch: int | None = None,
         instance_id: int = 0,
-        state: object = None,
+        state: NodeState | None = None,
         metrics: MetricLog | None = None,
         task: tuple[int, str] | None = None,
     ) -> None:
@@ -216,7 +217,7 @@ class Workspace(MutableMapping[str, Value]):
         if self._metrics is not None:
             self._metrics.add(name, number)
 
-    def __getitem__(self, name: str) -> Value:
+    def __getitem__(self, name: str) -> BlobValue:
         scope = self._scope.find(name)
         if scope is None:
             self._scope.note_miss(name)
@@ -245,7 +246,7 @@ class Workspace(MutableMapping[str, Value]):
         del scope.blobs[name]
         scope.writers.pop(name, None)
 
-    def pop(self, name: str, *default: object) -> Value:
+    def pop(self, name: str, *default: object) -> BlobValue:
         """Remove ``name`` and return its value (or ``default`` if given and ``name`` is missing)."""
         scope = self._scope.find(name)
         if scope is None:
@@ -255,7 +256,7 @@ class Workspace(MutableMapping[str, Value]):
         scope.writers.pop(name, None)
         return scope.blobs.pop(name)
 
-    def setdefault(self, name: str, default: object = None) -> Value:
+    def setdefault(self, name: str, default: object = None) -> BlobValue:
         """``self[name]``; when missing, assign ``default`` first and return the value stored.
 
         Like any assignment, ``default`` is normalised, so ``ws.setdefault("n", 0)`` returns
@@ -287,3 +288,17 @@ class Workspace(MutableMapping[str, Value]):
 
     def __repr__(self) -> str:
         return f"Workspace(node={self.node!r}, epoch={self.epoch}, blobs={sorted(self._scope.names())})"
+
+
+def node_state(ws: Workspace) -> NodeState:
+    """The runtime state of the node whose workspace ``ws`` is, for daskjobs' own steps (checkpoint
+    saves and loads keep what they need between runs there, see ``NodeState.slot``).
+
+    Raises
+    ------
+    InvalidStateError
+        ``ws`` was made outside a node's run (it belongs to no node state).
+    """
+    if ws._state is None:
+        raise InvalidStateError(f"the workspace of node {ws.node!r} belongs to no node run: it has no node state")
+    return ws._state

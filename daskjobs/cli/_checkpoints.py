@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ..checkpoint._protocol.lock import local_holder, unlock
 from ..checkpoint._protocol.retention import kept_epochs
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ._common import OK, Subparsers, UsageError, add_storage_options, add_verbose, epoch_number, positive_int
+
+if TYPE_CHECKING:
+    from ..checkpoint._format.documents import CommitRecord
 
 OWN_FOLDER = "__daskjobs__"
 """The folder every daskjobs prefix has (commit records and the writer lock)."""
@@ -91,7 +94,7 @@ def open_prefix(prefix: str, storage_options: dict[str, Any]) -> CheckpointStore
     return store
 
 
-def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, dict[str, Any] | CheckpointError]]:
+def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, CommitRecord | CheckpointError]]:
     """Each committed epoch, oldest first, with its validated record or the error reading it."""
     scan = getattr(store, "scan_commits", None)
     if scan is not None:
@@ -107,7 +110,7 @@ def scan_commits(store: CheckpointStore) -> Iterator[tuple[int, dict[str, Any] |
             yield epoch, exc
 
 
-def summary(record: Mapping[str, Any]) -> dict[str, Any]:
+def summary(record: CommitRecord) -> dict[str, Any]:
     """The per-epoch facts ``list`` prints: epoch, job, nodes, bytes, created, stop values, metrics,
     and (with ``--json``) the commit record's format version."""
     return {
@@ -338,8 +341,8 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
         A commit record cannot be read, or no kept epoch verifies: nothing was deleted (retention
         could keep or delete the wrong epochs, and a prune must not stop midway).
     """
-    records = dict(scan_commits(store))
-    broken = {epoch: error for epoch, error in records.items() if isinstance(error, Exception)}
+    scanned = dict(scan_commits(store))
+    broken = {epoch: error for epoch, error in scanned.items() if isinstance(error, Exception)}
     if broken:
         raise CheckFailed(
             f"refusing to prune {store.url}: {len(broken)} commit record(s) cannot be read, so nothing was "
@@ -347,6 +350,7 @@ def _prune_locked(store: CheckpointStore, args: argparse.Namespace) -> int:
             f"Check them with 'daskjobs checkpoints verify {store.url}', then repair each such record or "
             "delete it by hand (its epoch is then uncommitted, and the next prune removes its files)"
         )
+    records = {epoch: record for epoch, record in scanned.items() if not isinstance(record, Exception)}
     epochs = sorted(records)
     if args.keep_last is None and args.keep_every is None:
         keep = set(epochs)

@@ -166,7 +166,8 @@ def _release_process_resources(deadline: float) -> None:
 
     for child in multiprocessing.active_children():
         child.kill()
-    finalizers = threading.Thread(target=multiprocessing.util._run_finalizers, args=(0,), daemon=True)
+    run_finalizers = multiprocessing.util._run_finalizers  # type: ignore[attr-defined]  # private: not in typeshed
+    finalizers = threading.Thread(target=run_finalizers, args=(0,), daemon=True)
     finalizers.start()
     finalizers.join(deadline)
 

@@ -14,6 +14,7 @@ from ._common import UsageError
 
 if TYPE_CHECKING:
     from ..runner import EpochRecord
+    from ..session import Session
 
 
 def add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -97,6 +98,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     runner = JobRunner(demo.job, manager, on_epoch=report, progress=False)
     started = time.perf_counter()
+    session: Session
     if args.local:
         with LocalSession() as session:
             last = runner.train(session)

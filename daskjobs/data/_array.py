@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._model.values import check_count
-from ..errors import JobDefinitionError
+from ..errors import InvalidStateError, JobDefinitionError
 from ._reader import Reader
 from ._sources import ZarrSource, as_source
 
@@ -145,10 +145,17 @@ class ArrayReader(Reader):
 
     # -- construction helpers ------------------------------------------------------------------
     def _known_length(self, index: int) -> int | None:
-        if self._arrays is not None and self._arrays[index] is not None:
-            return len(self._arrays[index])
-        target = self._zarr[index].target
+        array = None if self._arrays is None else self._arrays[index]
+        if array is not None:
+            return len(array)
+        target = self._zarr_source(index).target
         return None if isinstance(target, str) else int(target.shape[0])
+
+    def _zarr_source(self, index: int) -> ZarrSource:
+        source = self._zarr[index]
+        if source is None:
+            raise InvalidStateError(f"reader {self.name!r}: source {index} is an array, not a Zarr array")
+        return source
 
     def _check_lengths(self, lengths: dict[int, int], label: str) -> None:
         if len(set(lengths.values())) > 1:
@@ -220,7 +227,7 @@ class ArrayReader(Reader):
     def _source(self, index: int) -> Any:
         opened = self._opened.get(index)
         if opened is None:
-            opened = self._opened[index] = self._zarr[index].open(self.name, self.node)
+            opened = self._opened[index] = self._zarr_source(index).open(self.name, self.node)
         return opened
 
     def _records(self, ws: Workspace) -> int:

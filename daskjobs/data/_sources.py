@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from ..errors import JobDefinitionError
 ARRAY_KINDS = frozenset("biufcUS")
 
 
-def is_zarr_array(value: object) -> bool:
+def is_zarr_array(value: object) -> TypeGuard[Any]:
     """Whether ``value`` is a ``zarr.Array`` (checked without importing zarr)."""
     return type(value).__module__.split(".")[0] == "zarr" and hasattr(value, "shape") and hasattr(value, "dtype")
 

@@ -17,7 +17,7 @@ from ..errors import CheckpointError, JobInterruptedError
 
 logger = logging.getLogger("daskjobs")
 
-SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+SIGNALS: dict[int, str] = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 SAME_REQUEST = 0.5
 """Seconds within which the first signal, arriving again, is one request delivered twice."""
 

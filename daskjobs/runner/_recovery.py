@@ -11,11 +11,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._config import config_count, config_timeout
 from .._model.group import TaskGroup
 from .._model.task import Task, WorkspaceType
+from .._model.workspace import Workspace, node_state
 from ..checkpoint._managers.damage import with_intact_epoch
 from ..errors import CheckpointCorruptError, NodeLostError, NodePlacementError, SessionLostError
 
@@ -101,9 +102,9 @@ def prepare_restore(
         session.run(_clear_group(nodes))
 
 
-def _clear_workspace(ws: Any) -> None:
+def _clear_workspace(ws: Workspace) -> None:
     """Step: empty the node's GLOBAL workspace (before init runs again after a node loss)."""
-    ws._state.replace_blobs({})
+    node_state(ws).replace_blobs({})
 
 
 def _clear_group(nodes: list[str]) -> TaskGroup:

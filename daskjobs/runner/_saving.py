@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint import MultiNodeCheckpointManager
-from ..checkpoint._managers.pipeline import FATAL
+from ..checkpoint._managers.saving import FATAL
 from ..errors import CheckpointWriteError
 from ..session import Session, as_session
 

@@ -98,8 +98,8 @@ def _not_importable(source: str, error: SyntaxError | ImportError) -> str:
             if not frame.filename.startswith("<") and not Path(frame.filename).is_relative_to(daskjobs_folder)
         ]
         own = [frame for frame in frames if Path(frame.filename).resolve().is_relative_to(folder)]
-        frame = (own or frames or [None])[-1]
-        where, line, message = (frame.filename, frame.lineno, str(error)) if frame else (source, None, str(error))
+        last = (own or frames)[-1] if own or frames else None
+        where, line, message = (last.filename, last.lineno, str(error)) if last else (source, None, str(error))
     at = f"{where}, line {line}" if line else str(where)
     return f"{source} does not import: {at}: {type(error).__name__}: {message}"
 
@@ -146,11 +146,8 @@ def _import_module(name: str) -> ModuleType:
             raise TargetError(f"cannot import {name!r}: no module named {exc.name!r} (run from its folder?)") from None
         raise
     here = Path.cwd()
-    if (
-        not _is_daskjobs(name)
-        and getattr(module, "__file__", None)
-        and Path(module.__file__).resolve().is_relative_to(here)
-    ):
+    file = getattr(module, "__file__", None)
+    if not _is_daskjobs(name) and file and Path(file).resolve().is_relative_to(here):
         ship_by_value(module, _modules_under(here, set(sys.modules) - before))
     return module
 

@@ -18,7 +18,7 @@ from .._model.group import TaskGroup
 from .._model.metrics import merge_sums
 from .._model.node import Node
 from .._model.task import Task, WorkspaceType, as_workspace_type
-from .._model.values import Value, as_value, copy_value, validate_name
+from .._model.values import BlobValue, Value, as_value, copy_value, validate_name
 from ..errors import JobDefinitionError, NodeLostError, SessionClosedError
 
 T = TypeVar("T")
@@ -312,7 +312,7 @@ class Session(abc.ABC):
             return str(Node.current())
         raise JobDefinitionError(f"this session has nodes {known}; name the node (node=...)")
 
-    def fetch(self, blob: str, node: object = None) -> Value:
+    def fetch(self, blob: str, node: object = None) -> BlobValue:
         """A copy of ``blob`` from the node's GLOBAL workspace: an array or a JSON value.
 
         ``node`` may be omitted when the session knows exactly one node, or none yet (then it

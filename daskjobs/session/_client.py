@@ -63,7 +63,7 @@ def connect(target: object, security: object) -> tuple[Client, bool]:
         try:
             # The client gives up reconnecting after ``timeout`` too, and closes itself.
             with dask.config.set({"distributed.admin.low-level-log-length": _MESSAGE_LOG_LENGTH}):
-                client.__init__(target, set_as_default=False, timeout=timeout, security=security)
+                Client.__init__(client, target, set_as_default=False, timeout=timeout, security=security)
         except BaseException as exc:
             _discard(client)
             if isinstance(exc, ValueError) and isinstance(target, str):  # e.g. an inproc:// address of another process
@@ -80,6 +80,15 @@ def connect(target: object, security: object) -> tuple[Client, bool]:
     raise DefinitionTypeError(
         f"DaskSession needs a distributed.Client, a cluster object or a scheduler address, got {target!r}"
     )
+
+
+def scheduler_rpc(client: Client) -> Any:
+    """The connection of ``client`` to its scheduler, whose handlers ``client.sync`` calls (``None``
+    only before the client connected: :class:`SessionLostError` then)."""
+    rpc = client.scheduler
+    if rpc is None:
+        raise SessionLostError("the Dask client is not connected to a scheduler")
+    return rpc
 
 
 def _discard(client: Client) -> None:

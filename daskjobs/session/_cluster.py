@@ -59,7 +59,8 @@ def _worker_plan(nodes: NodesLike) -> dict[str, tuple[list[str], dict[str, float
     plan: dict[str, tuple[list[str], dict[str, float]]] = {}
     owner: dict[str, str] = {}
     for worker, served in groups.items():
-        names, extra = [], {}
+        names: list[str] = []
+        extra: dict[str, float] = {}
         for name, needs in served:
             if name in owner:
                 raise JobDefinitionError(

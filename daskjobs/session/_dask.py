@@ -22,7 +22,7 @@ from .._execution.shipping import pack_plan
 from .._model.values import validate_name
 from ..errors import NodeLostError, SessionClosedError, SessionLostError
 from ._base import Session
-from ._client import connect, dashboard_link, gather_within, send_at_once, when_all_done
+from ._client import connect, dashboard_link, gather_within, scheduler_rpc, send_at_once, when_all_done
 from ._elastic import Placer
 from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
 from ._placement import WorkerTable, node_resource
@@ -99,7 +99,7 @@ class DaskSession(Session):
         super().__init__()
         quiet_compute_failures()
         self._client, self._owns_client = client, owned
-        self._address = client.scheduler.address
+        self._address: str = scheduler_rpc(client).address
         self._states = WorkerStates(self.session_id)
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
@@ -282,7 +282,7 @@ class DaskSession(Session):
             self._check_client()
             try:
                 identity = self._client.sync(
-                    self._client.scheduler.identity,
+                    scheduler_rpc(self._client).identity,
                     n_workers=-1,
                     callback_timeout=max(deadline - time.monotonic(), 0.1),
                 )
@@ -455,6 +455,8 @@ class DaskSession(Session):
             raise RunFailed(self._lost(lost_node_error(error, node_of)), partial) from None
         if isinstance(error, NodeLostError):
             error = self._lost(error)
+        if not isinstance(error, Exception):  # an interruption, as in a LocalSession: no failure of the run
+            raise error.with_traceback(tb)
         raise RunFailed(error.with_traceback(tb), partial)
 
     def _gather_watched(self, futures: list[Future], watchdog: Watchdog) -> list[Any] | NodeLostError:

@@ -24,6 +24,7 @@ from distributed import Client, Future
 
 from .._config import config_choice, config_timeout
 from ..errors import NodePlacementError
+from ._client import scheduler_rpc
 from ._placement import (
     Assignment,
     Demands,
@@ -120,7 +121,7 @@ class Placer:
             anchors = {f"daskjobs-{s}-anchor": s for s in others}
             client = self._client
             timeout = config_timeout("connect-timeout")
-            states = client.sync(client.scheduler.get_task_status, keys=list(anchors), callback_timeout=timeout)
+            states = client.sync(scheduler_rpc(client).get_task_status, keys=list(anchors), callback_timeout=timeout)
             open_sessions |= {anchors[key] for key, state in states.items() if state is not None}
         return Survey(table, given, frozenset(open_sessions))
 
@@ -329,7 +330,9 @@ class Placer:
         if not self.pooled or self._client.status != "running":
             return
         client = self._client
-        survey = self.survey(client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)["workers"])
+        survey = self.survey(
+            client.sync(scheduler_rpc(client).identity, n_workers=-1, callback_timeout=timeout)["workers"]
+        )
         take: dict[str, dict[str, tuple[float, list[str]]]] = {}
         for addr in survey.live():
             for resource, sessions in survey.given.get(addr, {}).items():

@@ -25,6 +25,7 @@ from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerErro
 
 from .._config import config_timeout
 from ..errors import NodeLostError
+from ._client import scheduler_rpc
 from ._placement import WorkerTable, served_nodes
 from ._plugin import INCARNATION
 
@@ -64,7 +65,7 @@ class Watchdog:
         table = self.workers()
         served = served_nodes(table)
         now = time.monotonic()
-        pending = {self.node_of[f.key] for f in self.futures if not f.done()}
+        pending = {self.node_of[str(f.key)] for f in self.futures if not f.done()}
         for node in pending:
             if node in served:
                 self.missing_since.pop(node, None)
@@ -107,7 +108,7 @@ def with_departure(
         address = where[node]
         try:
             events = client.sync(
-                client.scheduler.events, topic=address, callback_timeout=config_timeout("connect-timeout")
+                scheduler_rpc(client).events, topic=address, callback_timeout=config_timeout("connect-timeout")
             )
         except Exception:  # the log is an explanation, not a necessity
             continue

@@ -196,7 +196,7 @@ async def set_node_resources(changes: dict[str, dict[str, tuple[float, list[str]
     A session that no longer holds a node's resource here (it closed, its driver died, or the node
     moved away) no longer has the node's workspace here either. The scheduler knows the new
     resources when this returns."""
-    mine = changes.get(dask_worker.contact_address) or changes.get(dask_worker.address) or {}
+    mine = changes.get(dask_worker.contact_address or "") or changes.get(dask_worker.address) or {}
     plugin = _plugin(dask_worker)
     for resource, (_, sessions) in mine.items():
         for left in plugin.given.get(resource, set()) - set(sessions):

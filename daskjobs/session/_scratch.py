@@ -50,7 +50,7 @@ def make_cluster_folder() -> str:
 def remove_orphans(root: str | None = None) -> list[str]:
     """Remove the ``node_cluster`` folders under ``root`` (default: the temporary directory) whose
     owner process is gone; return them. Failures are logged, never raised."""
-    removed = []
+    removed: list[str] = []
     base = Path(tempfile.gettempdir() if root is None else root)
     try:
         candidates = sorted(base.glob(f"{FOLDER_PREFIX}*"))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 KEY_PREFIX = "daskjobs-"
@@ -44,7 +45,7 @@ _PEER_LOST = ("Worker stream died during communication", "failed during get data
 """A worker's ERRORs (with a traceback) when a peer it fetches data from, or sends data to, goes away."""
 
 
-def _daskjobs_keys(keys: object) -> bool:
+def _daskjobs_keys(keys: Iterable[object]) -> bool:
     return bool(keys) and all(str(key).startswith(KEY_PREFIX) for key in keys)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .._model.job import Job
 from .._model.values import check_count, check_positive
@@ -23,7 +23,7 @@ from ._compare import compare_runs, ordering
 from ._elastic import ELASTIC_MODES, elastic_pool
 from ._executors import Children, InProcess
 from ._report import CheckedRun, Divergence, ResumeReport
-from ._runs import Action, Outcome, quiet_interruptions
+from ._runs import Action, ActionKind, Outcome, quiet_interruptions
 from ._steps import first_step
 
 logger = logging.getLogger("daskjobs")
@@ -232,7 +232,7 @@ class _Check:
         if self.on_run is not None:
             self.on_run(checked, own)
 
-    def run(self, modes: tuple[str, ...], points: tuple[int, ...] | None) -> ResumeReport:
+    def run(self, modes: tuple[ActionKind, ...], points: tuple[int, ...] | None) -> ResumeReport:
         a = self._run("A", Action(), "A")
         reference = CheckpointStore(a.prefix)
         committed = reference.committed_epochs()
@@ -244,7 +244,7 @@ class _Check:
         for i, at in enumerate(points):
             for mode in modes:
                 node = nodes[i % len(nodes)] if mode in ("lose-node", "shrink") else None
-                run = self._run(f"{mode}@{at}", Action(mode, at, node), f"{mode}-at-{at}")  # type: ignore[arg-type]
+                run = self._run(f"{mode}@{at}", Action(mode, at, node), f"{mode}-at-{at}")
                 interrupted.append(run)
                 if mode in ("lose-node", *ELASTIC_MODES):
                     run.resumed_from = run.outcome.recovered_from
@@ -294,12 +294,12 @@ def _interruption_points(points: tuple[int, ...] | None, last: int) -> tuple[int
     return points
 
 
-def _modes(modes: str | Iterable[str]) -> tuple[str, ...]:
+def _modes(modes: str | Iterable[str]) -> tuple[ActionKind, ...]:
     chosen = (modes,) if isinstance(modes, str) else tuple(modes)
     unknown = [m for m in chosen if m not in MODES]
     if unknown or not chosen:
         raise JobDefinitionError(f"modes must be some of {MODES}, got {modes!r}")
-    return tuple(dict.fromkeys(chosen))
+    return cast("tuple[ActionKind, ...]", tuple(dict.fromkeys(chosen)))  # each one of MODES
 
 
 def _points(interrupt_at: int | Iterable[int] | None) -> tuple[int, ...] | None:

@@ -4,12 +4,15 @@ they differ, then the stop values and metrics of the commit records."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..checkpoint import CheckpointStore
 from ._report import KINDS, Divergence, Kind
+
+if TYPE_CHECKING:
+    from ..checkpoint._format.documents import NodeEntry
 
 _LAYOUT = ("kind", "dtype", "shape", "chunks", "codec", "hashes")
 """What makes two blob entries store the very same bytes (the digest of every chunk included)."""
@@ -109,7 +112,7 @@ def _compare_node(
     run: CheckpointStore,
     epoch: int,
     node: str,
-    entries: tuple[Mapping[str, Any], Mapping[str, Any]],
+    entries: tuple[NodeEntry, NodeEntry],
     found: _Found,
 ) -> None:
     a_blobs, b_blobs = entries[0]["blobs"], entries[1]["blobs"]

@@ -174,7 +174,7 @@ class CheckedRun:
 
     def describe(self) -> str:
         """What happened to the run, e.g. ``killed in epoch 4, resumed from 3``."""
-        if self.mode is None:
+        if self.mode is None or self.interrupt_at is None:  # a reference: never interrupted
             return "reference" if self.name == "A" else "reference, run again"
         if self.resumed_from is None and self.mode in ("lose-node", "shrink"):
             return f"node {self.node!r} killed in epoch {self.interrupt_at + 1}, but the run saw no loss"

@@ -17,13 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._model.job import Job
 from ..checkpoint import MultiNodeCheckpointManager
 from ..errors import JobInterruptedError
 from ..runner import JobRunner, RunnerHooks
 from ..session import Session, node_resource
+
+if TYPE_CHECKING:
+    from ..session import DaskSession
 
 logger = logging.getLogger("daskjobs")
 
@@ -104,7 +107,8 @@ def perform(
             return Outcome(None, True, seconds=time.perf_counter() - started)
     recovered = next((r.epoch - 1 for r in runner.history if r.recoveries), None)
     if action.kind == "grow":  # went on from epoch `at`, nothing restored, once nodes spread onto the new worker
-        recovered = action.at if runner.joined and len(set(getattr(session, "placement", {}).values())) > 1 else None
+        spread = len(set(getattr(session, "placement", {}).values())) > 1
+        recovered = action.at if interruption.joined and spread else None
     interrupted = action.kind in ("lose-node", "shrink", "grow") and recovered is not None
     return Outcome(last, interrupted, recovered, time.perf_counter() - started)
 
@@ -123,6 +127,8 @@ class Interruption(RunnerHooks):
         self.action, self.session = action, session
         self.runner: JobRunner | None = None
         self.stopped = False
+        self.joined = False
+        """A grow: the worker joined after epoch ``at`` was committed."""
         self._armed = action.kind in ("kill", "lose-node", "shrink")
         self._timer: threading.Timer | None = None
 
@@ -148,10 +154,11 @@ class Interruption(RunnerHooks):
         if self.action.kind == "stop" and epoch == self.action.at and self.runner is not None:
             self.stopped = True
             self.runner.request_stop()  # a graceful stop after this epoch, committed
-        if self.action.kind == "grow" and epoch == self.action.at and self.runner is not None:
+        if self.action.kind == "grow" and epoch == self.action.at and self.runner is not None and not self.joined:
             self.runner.commit_saved()  # epoch `at` is committed: the pool grows now (see ._elastic)
-            client = self.session.client  # type: ignore[attr-defined]
+            client = cast("DaskSession", self.session).client  # a grow runs on a pool cluster the check started
             client.wait_for_workers(len(client.scheduler_info(n_workers=-1)["workers"]) + 1, timeout=_KILL_WAIT)
+            self.joined = True
         if not self._striking(epoch) or self._timer is None:
             return
         self._armed = False

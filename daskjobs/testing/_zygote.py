@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Literal, overload
 
 from ..errors import ResumeCheckError
 
@@ -103,6 +104,9 @@ class Zygote:
                 start_new_session=True,
                 bufsize=0,
             )
+        assert self._process.stdin is not None  # a pipe
+        assert self._process.stdout is not None  # a pipe
+        self._stdin, self._stdout = self._process.stdin, self._process.stdout
         self._ready = False
 
     def alive(self) -> bool:
@@ -125,7 +129,7 @@ class Zygote:
         ``None`` when it did not end within ``timeout`` seconds (its process group is killed then)."""
         self.wait_ready()
         deadline = time.monotonic() + timeout
-        self._process.stdin.write((json.dumps({"spec": str(spec), "log": str(log)}) + "\n").encode())  # type: ignore[union-attr]
+        self._stdin.write((json.dumps({"spec": str(spec), "log": str(log)}) + "\n").encode())
         pid = self._answer("pid", deadline)
         try:
             code = self._answer("exit", deadline)
@@ -143,15 +147,22 @@ class Zygote:
         if not self._ready:  # never used: it need not finish its imports
             kill_group(self._process.pid)
         with contextlib.suppress(OSError):
-            self._process.stdin.close()  # type: ignore[union-attr]
+            self._stdin.close()
         try:
             self._process.wait(10)
         except subprocess.TimeoutExpired:
             kill_group(self._process.pid)
             self._process.wait(10)
-        self._process.stdout.close()  # type: ignore[union-attr]
+        self._stdout.close()
+
+    @overload
+    def _answer(self, key: Literal["pid"], deadline: float) -> int: ...
+
+    @overload
+    def _answer(self, key: Literal["exit"], deadline: float) -> int | None: ...
 
     def _answer(self, key: str, deadline: float) -> int | None:
+        """The zygote's next answer, ``key``'s value; ``None`` when no ``"exit"`` came before ``deadline``."""
         line = self._line(deadline)
         if line is None and key == "exit":
             return None
@@ -170,7 +181,7 @@ class Zygote:
 
     def _line(self, deadline: float) -> bytes | None:
         """The next line the zygote writes, or ``None`` if none comes before ``deadline`` (``b""``: it ended)."""
-        fd = self._process.stdout.fileno()  # type: ignore[union-attr]
+        fd = self._stdout.fileno()
         while b"\n" not in self._pending:
             ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
             if not ready:

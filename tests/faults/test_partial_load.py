@@ -74,13 +74,14 @@ def untouched(session: dj.Session) -> bool:
 
 def staged(session: dj.Session) -> dict[str, bool]:
     """Per node, whether it still keeps blobs a partial load read but did not assign."""
-    from daskjobs.checkpoint._node.load_steps import STAGED
+    from daskjobs._model.workspace import node_state
+    from daskjobs.checkpoint._node.slots import checkpoint_slots
+
+    def look(ws: dj.Workspace) -> None:
+        ws["staged"] = checkpoint_slots(node_state(ws)).staged is not None
 
     with dj.Cluster(), dj.TaskGroup(dj.WorkspaceType.PRIVATE) as group:
-        tasks = {
-            n: dj.Task(lambda ws: ws.__setitem__("staged", STAGED in ws._state.services), node=n, outputs="staged")
-            for n in NODES
-        }
+        tasks = {n: dj.Task(look, node=n, outputs="staged") for n in NODES}
     session.run(group)
     return {n: bool(task.outputs()[0].fetch()) for n, task in tasks.items()}
 

@@ -122,7 +122,7 @@ def empty_aligned(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.nda
 
 def flat_bytes(array: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array, as a flat ``uint8`` memoryview."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def zarr_data_type(dtype: np.dtype) -> Any:

@@ -26,13 +26,16 @@ import math
 import operator
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..._model.values import check_dtype, validate_name
 from ...errors import BlobTypeError, CheckpointCorruptError, CheckpointFormatError, JobDefinitionError
 from .chunks import dimension_names
+
+if TYPE_CHECKING:
+    from .documents import NodeEntry
 
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<i4", "<i8", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
@@ -268,7 +271,7 @@ def max_stored_size(codec: str, raw: int) -> int:
     return raw + 32
 
 
-def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = None) -> dict[str, Any]:
+def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = None) -> NodeEntry:
     """Check one node's entry (types, names, dtypes, sizes) and that it is ``node``'s at ``epoch``.
 
     Raises
@@ -299,4 +302,4 @@ def validate_node_entry(obj: Any, node: str, epoch: int, where: str | None = Non
     if written + reused != total:
         raise fail(where, f"bytes_written + bytes_reused is not the sum of the blobs' nbytes {total}")
     check_number(entry["seconds"], where, "seconds")
-    return dict(entry)
+    return cast("NodeEntry", dict(entry))

@@ -21,11 +21,11 @@ as trustworthy as the record itself, and verification stays as strong as when th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import xxhash
 
 from ...errors import CheckpointCorruptError
+from .documents import ManifestRef, NodeEntry, Totals
 from .entries import dumps, loads, validate_node_entry
 from .records import MANIFEST_KEY, SUMMARY_KEYS
 
@@ -33,25 +33,21 @@ ENTRY_KEY = "daskjobs"
 """Key of the node entry in the group's attributes."""
 
 
-def group_document(entry: Mapping[str, Any]) -> bytes:
+def group_document(entry: Mapping[str, object]) -> bytes:
     """The bytes of a group's ``zarr.json`` holding ``entry`` (its reference, if any, left out)."""
     inner = {k: v for k, v in entry.items() if k != MANIFEST_KEY}
     return dumps({"zarr_format": 3, "node_type": "group", "attributes": {ENTRY_KEY: inner}})
 
 
-def reference(document: bytes) -> dict[str, Any]:
+def reference(document: bytes) -> ManifestRef:
     """The reference a commit record keeps of a manifest: its size and XXH3-128 digest."""
     return {"size": len(document), "xxh3": xxhash.xxh3_128(document).hexdigest()}
 
 
-def is_summary(entry: Mapping[str, Any]) -> bool:
-    """Whether ``entry`` is a summary (a reference to a manifest) rather than a whole entry."""
-    return "blobs" not in entry
-
-
-def check_manifest(document: bytes, summary: Mapping[str, Any], node: str, epoch: int, label: str) -> dict[str, Any]:
+def check_manifest(document: bytes, summary: Totals, ref: ManifestRef, node: str, epoch: int, label: str) -> NodeEntry:
     """The entry in manifest ``document`` (the group's ``zarr.json`` as read, at most one byte more
-    than the record says), after its size and digest matched ``summary`` and it validated.
+    than the record says), after its size and digest matched ``ref`` (``summary``'s manifest) and it
+    validated.
 
     The returned entry carries the manifest's reference under :data:`MANIFEST_KEY`.
 
@@ -63,7 +59,6 @@ def check_manifest(document: bytes, summary: Mapping[str, Any], node: str, epoch
     CheckpointFormatError
         It names a dtype or codec daskjobs does not read (only after it matched the record).
     """
-    ref = summary[MANIFEST_KEY]
     if len(document) != ref["size"]:
         found = f"{len(document)}" if len(document) <= ref["size"] else f"more than {ref['size']}"
         raise CheckpointCorruptError(
@@ -77,12 +72,14 @@ def check_manifest(document: bytes, summary: Mapping[str, Any], node: str, epoch
         )
     group = loads(document, label)
     attributes = group.get("attributes") if isinstance(group, dict) else None
-    found = attributes.get(ENTRY_KEY) if isinstance(attributes, dict) else None
-    if not isinstance(group, dict) or group.get("zarr_format") != 3 or not isinstance(found, dict):
+    inner = attributes.get(ENTRY_KEY) if isinstance(attributes, dict) else None
+    if not isinstance(group, dict) or group.get("zarr_format") != 3 or not isinstance(inner, dict):
         raise CheckpointCorruptError(f"{label} is not the Zarr v3 group metadata daskjobs wrote")
-    entry = validate_node_entry(found, node, epoch, label)
-    differs = [key for key in SUMMARY_KEYS[:-1] if key != "seconds" and entry[key] != summary[key]]
+    entry = validate_node_entry(inner, node, epoch, label)
+    stored: Mapping[str, object] = entry
+    told: Mapping[str, object] = summary
+    differs = [key for key in SUMMARY_KEYS[:-1] if key != "seconds" and stored[key] != told[key]]
     if differs:
         raise CheckpointCorruptError(f"{label}: {', '.join(differs)} differ from the commit record's summary")
-    entry[MANIFEST_KEY] = dict(ref)
+    entry[MANIFEST_KEY] = ref.copy()
     return entry

@@ -33,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final, cast
 
 import numpy as np
 import xxhash
 
 from ..._version import __version__
 from ...errors import CheckpointCorruptError, CheckpointFormatError, InvalidStateError
+from .documents import CommitRecord, CommittedEntry, EntryRef, EntryReport, EntrySummary, NodeEntry, Totals
 from .entries import (
     HASH_RE,
     MAX_EPOCH,
@@ -69,7 +70,7 @@ than read with weaker checks. Newer versions are refused with :class:`Checkpoint
 _OLDEST_READ_VERSION = 2
 MANIFESTS_FROM = 4
 """The first record version that names manifests instead of holding the node entries."""
-MANIFEST_KEY = "manifest"
+MANIFEST_KEY: Final = "manifest"
 """Key of a manifest's reference (``{"size", "xxh3"}``) in a summary and in an entry a write returned."""
 SUMMARY_KEYS = ("save_id", "bytes", "bytes_written", "bytes_reused", "seconds", MANIFEST_KEY)
 _RECORD_KEYS = ("format", "format_version", "daskjobs_version", "created", "job", "epoch", "nodes")
@@ -81,14 +82,14 @@ _SEAL_HEAD = b'{"' + SEAL_KEY.encode() + b'":"'
 _SEAL_END = len(_SEAL_HEAD) + 32 + 2  # the head, 32 hex digits, then '",'
 
 
-def seal(record: Mapping[str, Any]) -> bytes:
+def seal(record: CommitRecord) -> bytes:
     """The bytes of a commit record file: :func:`dumps` of ``record`` (a non-empty mapping; any old
     seal dropped), with the XXH3-128 digest of all bytes after it as its first field."""
     rest = dumps({k: v for k, v in record.items() if k != SEAL_KEY})[1:]  # after the opening brace
     return _SEAL_HEAD + xxhash.xxh3_128(rest).hexdigest().encode() + b'",' + rest
 
 
-def unseal(data: bytes, record: Any, what: str) -> Any:
+def unseal(data: bytes, record: CommitRecord, what: str) -> CommitRecord:
     """``record`` (parsed from ``data``) without its seal, after checking the seal matches ``data``.
 
     Raises
@@ -113,18 +114,18 @@ def unseal(data: bytes, record: Any, what: str) -> Any:
             f"{what} does not match its seal: it was edited, re-formatted or damaged after it was written; "
             "nothing of it is used"
         )
-    return {k: v for k, v in record.items() if k != SEAL_KEY}
+    return cast(CommitRecord, {k: v for k, v in record.items() if k != SEAL_KEY})
 
 
 def make_commit_record(
     job: str,
     epoch: int,
-    node_entries: Mapping[str, Mapping[str, Any]],
+    node_entries: Mapping[str, NodeEntry | EntryReport],
     stop_values: Mapping[str, Any],
     timings: Mapping[str, float],
     *,
     metrics: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
+) -> CommitRecord:
     """Build the commit record of ``epoch`` from every node's entry (or its summary).
 
     Parameters
@@ -172,7 +173,7 @@ def make_commit_record(
     }
 
 
-def summarise(node: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+def summarise(node: str, entry: EntryRef) -> EntrySummary:
     """The summary a commit record keeps of ``node``'s entry (a whole entry a write returned, or a
     summary already): totals, seconds and the reference of its manifest.
 
@@ -197,30 +198,43 @@ def summarise(node: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def record_summaries(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def record_summaries(record: CommitRecord) -> dict[str, Totals]:
     """Every node's totals of a validated record of any version: ``bytes``, ``bytes_written``,
     ``bytes_reused``, ``seconds``, ``save_id`` (and the manifest's reference from version 4 on)."""
     if record["format_version"] >= MANIFESTS_FROM:
-        return {node: dict(record["manifests"][node]) for node in record["nodes"]}
-    keys = SUMMARY_KEYS[:-1]
-    return {node: {k: record["node_entries"][node][k] for k in keys} for node in record["nodes"]}
+        return {node: record["manifests"][node].copy() for node in record["nodes"]}
+    return {node: _totals(record["node_entries"][node]) for node in record["nodes"]}
 
 
-def record_bytes(record: Mapping[str, Any]) -> tuple[int, int, int]:
+def _totals(entry: Totals) -> Totals:
+    return {
+        "save_id": entry["save_id"],
+        "bytes": entry["bytes"],
+        "bytes_written": entry["bytes_written"],
+        "bytes_reused": entry["bytes_reused"],
+        "seconds": entry["seconds"],
+    }
+
+
+def record_bytes(record: CommitRecord) -> tuple[int, int, int]:
     """Bytes saved, written and reused of a validated record of any version, over all nodes."""
     summaries = record_summaries(record).values()
-    return tuple(sum(s[k] for s in summaries) for k in ("bytes", "bytes_written", "bytes_reused"))  # type: ignore[return-value]
+    return (
+        sum(s["bytes"] for s in summaries),
+        sum(s["bytes_written"] for s in summaries),
+        sum(s["bytes_reused"] for s in summaries),
+    )
 
 
-def committed_entry(record: Mapping[str, Any], node: str) -> dict[str, Any]:
+def committed_entry(record: CommitRecord, node: str) -> CommittedEntry:
     """What a read of ``node``'s group starts from: its whole entry (records before version 4) or
     its summary naming the manifest (see the store's ``resolve_entry``)."""
     if record["format_version"] >= MANIFESTS_FROM:
-        return dict(record["manifests"][node])
-    return dict(record["node_entries"][node])
+        return record["manifests"][node].copy()
+    return record["node_entries"][node].copy()
 
 
-def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
+def validate_commit_record(obj: Any, epoch: int) -> CommitRecord:
     """Check a commit record read back (or about to be written) for ``epoch``.
 
     Raises
@@ -277,7 +291,7 @@ def validate_commit_record(obj: Any, epoch: int) -> dict[str, Any]:
         bad = {k: v for k, v in values.items() if len(k) > 256 or not value_ok(v)}
         if bad or len(values) > 1024:
             raise fail(where, f"{key} must map at most 1024 short names to values of the right type; bad: {bad}")
-    return dict(record)
+    return cast(CommitRecord, dict(record))
 
 
 def _plain_summary(summary: Any) -> bool:
@@ -309,7 +323,7 @@ def _plain_summary(summary: Any) -> bool:
         return False
 
 
-def validate_summary(obj: Any, where: str) -> dict[str, Any]:
+def validate_summary(obj: Any, where: str) -> EntrySummary:
     """Check one node's summary in a commit record (types, limits, totals).
 
     Raises
@@ -338,7 +352,7 @@ def validate_summary(obj: Any, where: str) -> dict[str, Any]:
         or not HASH_RE.fullmatch(ref["xxh3"])
     ):
         raise fail(where, f"manifest must be {{'size': 1 to {MAX_JSON_BYTES}, 'xxh3': 32 hex digits}}, got {ref!r}")
-    return summary
+    return cast(EntrySummary, summary)
 
 
 def _finite(value: Any) -> bool:

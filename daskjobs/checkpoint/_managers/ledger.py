@@ -9,13 +9,20 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..._model.task import Task
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.naming import db_name
 from .._format.records import committed_entry
+from .._node.outcomes import AsyncSaveOutcome, FlushOutcome, SaveOutcome
 from .._protocol.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import CommitRecord, CommittedEntry, EntryRef, EntryReport, PreviousEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -31,7 +38,7 @@ class PendingCommit:
     timings: Mapping[str, float] = field(default_factory=dict)
 
 
-def write_error(epoch: int, failed: Mapping[str, Any]) -> CheckpointWriteError:
+def write_error(epoch: int, failed: Mapping[str, BaseException | str]) -> CheckpointWriteError:
     """One error for the nodes whose save of ``epoch`` failed (``{node: error or reason}``), caused by the first."""
     detail = "; ".join(f"node {n!r}: {e}" for n, e in sorted(failed.items()))
     error = CheckpointWriteError(f"saving epoch {epoch} failed on {len(failed)} node(s): {detail}")
@@ -40,9 +47,30 @@ def write_error(epoch: int, failed: Mapping[str, Any]) -> CheckpointWriteError:
     return error
 
 
+def saved_entries(outcomes: Mapping[str, object]) -> tuple[dict[str, EntryReport], dict[str, BaseException | str]]:
+    """The entries the nodes' save outcomes (``SaveOutcome``) hold, and the nodes without one, with
+    its error (or why not)."""
+    entries: dict[str, EntryReport] = {}
+    failed: dict[str, BaseException | str] = {}
+    for node, outcome in outcomes.items():
+        if not isinstance(outcome, SaveOutcome):
+            failed[node] = "no result"
+        elif outcome.entry is None:
+            failed[node] = "no result" if outcome.error is None else outcome.error
+        else:
+            entries[node] = outcome.entry
+    return entries, failed
+
+
+def in_flight_outcomes(finished: Mapping[str, object]) -> dict[str, SaveOutcome | None]:
+    """How the asynchronous save in flight ended on each node, as the hooks that returned ``finished``
+    (``AsyncSaveOutcome``) reported it."""
+    return {n: r.previous if isinstance(r, AsyncSaveOutcome) else None for n, r in finished.items()}
+
+
 def previous_entries(
-    store: CheckpointStore, epoch: int, committed: list[int], last_record: dict[str, Any] | None
-) -> dict[str, dict[str, Any]]:
+    store: CheckpointStore, epoch: int, committed: list[int], last_record: CommitRecord | None
+) -> dict[str, PreviousEntry]:
     """What the commit record of the newest of ``committed`` before ``epoch`` holds of each node (the
     summary naming its manifest, or a record's whole entry before format version 4), with the node
     and epoch: what each node's save reuses chunks from (delta); {} without.
@@ -59,7 +87,14 @@ def previous_entries(
         except CheckpointError as exc:  # an unreadable commit is never reused from: write everything
             logger.warning("not reusing chunks of epoch %d: %s", older[-1], exc)
             return {}
-    return {node: {**committed_entry(record, node), "node": node, "epoch": older[-1]} for node in record["nodes"]}
+    return {node: _named(committed_entry(record, node), node, older[-1]) for node in record["nodes"]}
+
+
+def _named(entry: CommittedEntry, node: str, epoch: int) -> PreviousEntry:
+    """``entry`` (what ``epoch``'s commit record holds of ``node``) naming its node and epoch."""
+    if "blobs" in entry:  # a whole entry names them itself (validated)
+        return entry
+    return {**entry, "node": node, "epoch": epoch}
 
 
 class SaveLedger:
@@ -72,10 +107,10 @@ class SaveLedger:
     def __init__(self) -> None:
         self.ids: dict[int, str] = {}
         self.tasks: dict[int, list[Task]] = {}
-        self.entries: dict[int, dict[str, dict[str, Any]]] = {}
+        self.entries: dict[int, dict[str, EntryReport]] = {}
         self.in_flight: PendingCommit | None = None
         """The asynchronous save written in the background, once its commit was asked for."""
-        self.salvaged: dict[str, Any] = {}
+        self.salvaged: dict[str, SaveOutcome | None] = {}
         """Outcomes of the asynchronous save in flight that nodes reported before their epoch failed."""
         self.sources: dict[int, int] = {}
         """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
@@ -113,28 +148,28 @@ class SaveLedger:
         """The nodes whose background flush of some epoch is still to be reported."""
         return set().union(*self.unflushed.values())
 
-    def note_flushes(self, results: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-        """Take the flush outcomes nodes reported (``results[node]["flushed"]``), with the entry a
-        background write returned; return, by epoch, the nodes whose flush failed or is gone (their
-        error, or why), which stay unflushed."""
+    def note_flushes(self, results: Mapping[str, object]) -> dict[int, dict[str, BaseException | str]]:
+        """Take the flush reports nodes gave (the ``flushed`` of a ``SaveOutcome`` or ``FlushOutcome``),
+        with the entry a background write returned; return, by epoch, the nodes whose flush failed or
+        is gone (their error, or why), which stay unflushed."""
         epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
-        bad: dict[int, dict[str, Any]] = {}
+        bad: dict[int, dict[str, BaseException | str]] = {}
         for node, result in results.items():
-            if not isinstance(result, dict) or "flushed" not in result:
+            if not isinstance(result, SaveOutcome | FlushOutcome):
                 continue
-            outcome = result["flushed"] or {}
-            reported = epochs.get(outcome.get("save_id"))
+            flushed = result.flushed
+            reported = None if flushed is None else epochs.get(flushed.save_id)
             for epoch, nodes in self.unflushed.items():
                 if node not in nodes:
                     continue
-                if epoch != reported:
+                if flushed is None or epoch != reported:
                     bad.setdefault(epoch, {})[node] = "its background flush is gone (the worker restarted?)"
-                elif outcome.get("error") is not None:
-                    bad.setdefault(epoch, {})[node] = outcome["error"]
+                elif flushed.error is not None:
+                    bad.setdefault(epoch, {})[node] = flushed.error
                 else:
                     nodes.discard(node)
-                    if isinstance(outcome.get("entry"), dict) and epoch in self.entries:
-                        self.entries[epoch][node] = outcome["entry"]  # the write's own (a hard link may have failed)
+                    if flushed.entry is not None and epoch in self.entries:
+                        self.entries[epoch][node] = flushed.entry  # the write's own (a hard link may have failed)
         return bad
 
     def newest_written(self, before: int) -> int | None:
@@ -156,20 +191,20 @@ class SaveLedger:
         if pending is not None:
             self.forget(pending.epoch)
 
-    def take(self, epoch: int, outcomes: Mapping[str, Any]) -> dict[str, Any]:
-        """Keep the entries the nodes returned for ``epoch``; return the nodes without one (with
-        their error, or why), which fail the epoch (it is forgotten then)."""
-        bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+    def take(self, epoch: int, outcomes: Mapping[str, object]) -> dict[str, BaseException | str]:
+        """Keep the entries the nodes' save outcomes (``SaveOutcome``) hold for ``epoch``; return the nodes
+        without one (with their error, or why), which fail the epoch (it is forgotten then)."""
+        entries, bad = saved_entries(outcomes)
         if bad:
             self.forget(epoch)
             return bad
-        self.entries[epoch] = {n: o["entry"] for n, o in outcomes.items()}
-        later = {n for n, o in outcomes.items() if o.get("later")}
+        self.entries[epoch] = entries
+        later = {n for n, o in outcomes.items() if isinstance(o, SaveOutcome) and o.later}
         if later:
             self.unflushed[epoch] = later
         return {}
 
-    def finished(self, epoch: int) -> dict[str, dict[str, Any]]:
+    def finished(self, epoch: int) -> dict[str, EntryReport]:
         """The nodes' entries of ``epoch``'s save, to commit (kept until :meth:`forget`, so a failed
         commit can be tried again); refuses entries of another save.
 
@@ -187,7 +222,7 @@ class SaveLedger:
                 raise InvalidStateError(
                     f"no save of epoch {epoch} to commit: run manager.save({epoch}) in a session first"
                 )
-            entries = {task.node: json.loads(task.outputs()[0].fetch().tobytes()) for task in tasks}
+            entries = {task.node: _reported(task.outputs()[0].fetch()) for task in tasks}
             self.entries[epoch] = entries
         save_id = self.ids[epoch]
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
@@ -199,21 +234,25 @@ class SaveLedger:
         return entries
 
 
+def _reported(output: Value) -> EntryReport:
+    """What a save task returned of a node's entry (see ``entry_array``): JSON text as a uint8 array."""
+    entry: EntryReport = json.loads(np.asarray(output).tobytes())
+    return entry
+
+
 class LastCheckpoint:
     """The last checkpoint a manager saved or loaded: where it is and its nodes' entries (or their
     summaries; blob names are read only when asked), the durations to report, and the commit record
     a save reuses chunks from (delta) without reading it again."""
 
     def __init__(self) -> None:
-        self.found: tuple[CheckpointStore, int, dict[str, Mapping[str, Any]]] | None = None
+        self.found: tuple[CheckpointStore, int, dict[str, EntryRef]] | None = None
         self.stats: dict[str, int] = {}
         """Nanoseconds by checkpoint name (``<db_prefix>/<node>.<epoch>``), for the metadata handler."""
-        self.record: dict[str, Any] | None = None
+        self.record: CommitRecord | None = None
         """The commit record saved or loaded last through the manager's own store."""
 
-    def remember(
-        self, store: CheckpointStore, epoch: int, entries: Mapping[str, Mapping[str, Any]], prefix: str
-    ) -> None:
+    def remember(self, store: CheckpointStore, epoch: int, entries: Mapping[str, EntryRef], prefix: str) -> None:
         """Keep the durations of the node ``entries`` of ``epoch`` just saved or loaded from ``store``,
         and where their blob names are (``prefix``: the manager's ``db_prefix``)."""
         self.found = (store, epoch, dict(entries))

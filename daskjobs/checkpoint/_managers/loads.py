@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._model.group import TaskGroup
@@ -20,6 +20,7 @@ from .._protocol.store import CheckpointStore
 
 if TYPE_CHECKING:
     from ...session import Session
+    from .._format.documents import CommitRecord, EntryRef
     from .ledger import LastCheckpoint
 
 logger = logging.getLogger("daskjobs")
@@ -58,6 +59,25 @@ class Loads:
     _last: LastCheckpoint
     _job_name: str
 
+    if TYPE_CHECKING:  # the manager's own, which this mixin uses
+
+        def nodes(self) -> list[str]: ...
+
+        def _node_names(self, nodes: Iterable[str | Node]) -> list[str]: ...
+
+        def _group(
+            self,
+            make_task: Callable[[TaskGroup, str], object],
+            workspace_type: WorkspaceType = WorkspaceType.GLOBAL,
+            nodes: list[str] | None = None,
+        ) -> TaskGroup: ...
+
+        def _remember(
+            self, epoch: int, entries: Mapping[str, EntryRef], store: CheckpointStore | None = None
+        ) -> None: ...
+
+        def get_ckpt_db_name(self, node_name: str, epoch: int) -> str: ...
+
     def load(self, epoch: int, path_prefix: str | None = None, path_type: str | None = None) -> TaskGroup:
         """A group restoring every checkpointed node's workspace to committed ``epoch``, verified.
 
@@ -69,7 +89,7 @@ class Loads:
         store = self.store if not path_prefix else CheckpointStore(path_prefix, self.store.storage_options)
         return self._whole_load(store, store.read_commit(epoch), uuid.uuid4().hex)
 
-    def restore(self, session: Session, record: dict[str, Any], **run_options: Any) -> None:
+    def restore(self, session: Session, record: CommitRecord, **run_options: Any) -> None:
         """Run :meth:`load` of the commit ``record`` (as the manager's store's ``read_commit``
         returned it: not read again) in ``session``; after a failure, drop what the nodes read.
         A subclass that overrides :meth:`load` has the group it returns run instead (as in Caffe2).
@@ -86,7 +106,7 @@ class Loads:
             self._discard_staged(session, load_id)
             raise
 
-    def _whole_load(self, store: CheckpointStore, record: dict[str, Any], load_id: str) -> TaskGroup:
+    def _whole_load(self, store: CheckpointStore, record: CommitRecord, load_id: str) -> TaskGroup:
         epoch = record["epoch"]
         missing = [n for n in self.nodes() if n not in record["nodes"]]
         if missing:
@@ -124,7 +144,7 @@ class Loads:
         return self._two_phase_load(self.store, record, names, uuid.uuid4().hex)
 
     def _two_phase_load(
-        self, store: CheckpointStore, record: dict[str, Any], names: tuple[str, ...] | None, load_id: str
+        self, store: CheckpointStore, record: CommitRecord, names: tuple[str, ...] | None, load_id: str
     ) -> TaskGroup:
         """Per node, a task reading and verifying ``names`` (``None``: every blob, replacing the
         workspace) and one putting them into the workspace; every node's second task waits for the
@@ -149,7 +169,7 @@ class Loads:
             Task(assign, group=group, node=node, name=step_name, inputs=done)
         return group
 
-    def _complete_commit(self, epoch: int) -> dict[str, Any] | None:
+    def _complete_commit(self, epoch: int) -> CommitRecord | None:
         """The commit record of ``epoch`` if it holds every checkpointed node and each node's group
         is there (as Caffe2 asked each node's database), else ``None``."""
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from .writer import EpochWriter, node_group
 
 if TYPE_CHECKING:
     from ...session import Session
+    from .._format.documents import CommitRecord, EntryRef
 
 __all__ = [
     "MultiNodeCheckpointManager",
@@ -162,7 +163,7 @@ class MultiNodeCheckpointManager(Loads):
     best_mode = property(lambda self: self.retention.best_mode, doc='``"min"`` or ``"max"``: which metric is best.')
 
     @property
-    def last_commit(self) -> dict[str, Any] | None:
+    def last_commit(self) -> CommitRecord | None:
         """The commit record written last by this manager (``None``: none yet)."""
         return self._writer.last_commit
 
@@ -297,11 +298,14 @@ class MultiNodeCheckpointManager(Loads):
 
     # -- task groups ----------------------------------------------------------------------
     def _group(
-        self, make_task: Any, workspace_type: WorkspaceType = WorkspaceType.GLOBAL, nodes: list[str] | None = None
+        self,
+        make_task: Callable[[TaskGroup, str], object],
+        workspace_type: WorkspaceType = WorkspaceType.GLOBAL,
+        nodes: list[str] | None = None,
     ) -> TaskGroup:
         return node_group(self.nodes() if nodes is None else nodes, make_task, workspace_type)
 
-    def _remember(self, epoch: int, entries: dict[str, dict[str, Any]], store: CheckpointStore | None = None) -> None:
+    def _remember(self, epoch: int, entries: Mapping[str, EntryRef], store: CheckpointStore | None = None) -> None:
         """Keep the durations of the node ``entries`` (or their summaries) of ``epoch`` just loaded, and
         where their blob names are (read only when :meth:`blob_list` asks)."""
         self._last.remember(store or self.store, epoch, entries, self.db_prefix)

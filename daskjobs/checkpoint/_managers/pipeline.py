@@ -19,11 +19,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
-from .ledger import PendingCommit, write_error
+from .._node.outcomes import AsyncSaveOutcome, SaveOutcome
+from .ledger import PendingCommit, in_flight_outcomes, saved_entries, write_error
 from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class CommitPipeline:
         self,
         session: Session,
         plan: SavePlan,
-        finished: Mapping[str, Any],
+        finished: Mapping[str, object],
         stop_values: Mapping[str, bool],
         metrics: Mapping[str, float],
     ) -> Saved:
@@ -112,7 +113,7 @@ class CommitPipeline:
             return Saved()
         started = time.perf_counter()
         epoch, self._unsure = plan.epoch, False
-        entries = [r["entry"] for r in finished.values() if r and "entry" in r]
+        entries = [r.entry for r in finished.values() if isinstance(r, SaveOutcome) and r.entry is not None]
         node_seconds = max((float(e.get("seconds", 0.0)) for e in entries), default=0.0)
         failed = self._take_reports(epoch, finished, session)
         if epoch in failed:
@@ -158,7 +159,7 @@ class CommitPipeline:
             return Saved(time.perf_counter() - started, None)
         return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
 
-    def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+    def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, object]) -> None:
         """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
         committed, and forget its own save (its files are debris)."""
@@ -170,26 +171,26 @@ class CommitPipeline:
             self._take_reports(plan.epoch, finished, session)
         self._forget(plan.epoch)
 
-    def salvage(self, plan: SavePlan, finished: Mapping[str, Any]) -> None:
+    def salvage(self, plan: SavePlan, finished: Mapping[str, object]) -> None:
         """``plan``'s epoch failed to run: take the flush reports the hooks of the nodes that finished gave
         (``finished``: a node whose hook ran has none left to report), so that the epochs before it are
         still committed when the failed run settles; not the epoch itself. A failed flush is logged and
         its epoch given up: the run's own error is what surfaces."""
         ledger = self.ledger
         self._unsure = False
-        self._strays |= {n for n, r in finished.items() if isinstance(r, dict) and r.get("later")}
+        self._strays |= {n for n, r in finished.items() if isinstance(r, SaveOutcome) and r.later}
         for other, errors in sorted(ledger.note_flushes(finished).items()):
             self._forget(other)
             self._waiting = [w for w in self._waiting if w.epoch != other]
             self._then = [(e, call) for e, call in self._then if e != other]
             logger.warning("could not write the checkpoint of epoch %d: %s", other, write_error(other, errors))
         if self.writer.manager.async_save and ledger.in_flight is not None:  # the save those hooks waited for
-            ledger.salvaged = {n: (r or {}).get("previous") for n, r in finished.items()}
+            ledger.salvaged = in_flight_outcomes(finished)
         self._forget(plan.epoch)
         self.check(plan.epoch)
 
     def _take_reports(
-        self, epoch: int, finished: Mapping[str, Any], session: Session | None
+        self, epoch: int, finished: Mapping[str, object], session: Session | None
     ) -> dict[int, CheckpointWriteError]:
         """Take what ``epoch``'s save hooks returned: the flushes they report of earlier epochs (a
         failed one written again through ``session``, by policy), the asynchronous save they waited
@@ -213,7 +214,9 @@ class CommitPipeline:
             if in_flight is not None:
                 self.last_committed = in_flight
             self.debris |= bool(failure)
-            starts = {n: r["error"] for n, r in finished.items() if r and r.get("error") is not None}
+            starts = {
+                n: r.error for n, r in finished.items() if isinstance(r, AsyncSaveOutcome) and r.error is not None
+            }
             if starts and epoch not in failed:
                 ledger.forget(epoch)
                 failed[epoch] = write_error(epoch, starts)
@@ -226,7 +229,7 @@ class CommitPipeline:
             self._write_again(session, other, errors)
         return {e: error for e, error in failed.items() if e == epoch}
 
-    def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, Any]) -> None:
+    def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, BaseException | str]) -> None:
         """``epoch``'s background flush failed on the nodes of ``errors``: have those nodes write their
         groups again, durably (a group of its own, through ``session``), by policy; else give it up."""
         error = write_error(epoch, errors)
@@ -241,11 +244,11 @@ class CommitPipeline:
         def write_again() -> None:
             with self._writing():
                 outcomes = self.writer.run_hooks(session, "checkpoint_resave", self.writer.resave_hooks(epoch, nodes))
-            bad = {n: (o or {}).get("error", "no result") for n, o in outcomes.items() if "entry" not in (o or {})}
+            entries, bad = saved_entries(outcomes)
             if bad:
                 raise write_error(epoch, bad)
-            for node, outcome in outcomes.items():
-                self.ledger.entries[epoch][node] = outcome["entry"]
+            for node, entry in entries.items():
+                self.ledger.entries[epoch][node] = entry
                 self.ledger.unflushed.get(epoch, set()).discard(node)
 
         if not self._attempt(epoch, write_again, give_up=lambda: self._forget(epoch)):

@@ -54,6 +54,6 @@ class CheckpointManager(MultiNodeCheckpointManager):
         """As :meth:`MultiNodeCheckpointManager.set_params`; ``nodes`` is ignored (always this node)."""
         super().set_params([self.node_name], path_prefix, path_type, job_name=job_name)
 
-    def blob_list(self) -> list[str]:  # type: ignore[override]
+    def blob_list(self) -> list[str]:  # type: ignore[override]  # Caffe2's API: this node's names, not per node
         """Blob names in the last checkpoint saved or loaded."""
         return super().blob_list()[self.node_name]

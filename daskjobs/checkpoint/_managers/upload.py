@@ -22,6 +22,7 @@ from .._storage.zarr_groups import expected_metadata
 
 if TYPE_CHECKING:
     from ..._model.workspace import Workspace
+    from .._format.documents import CommittedEntry
     from .manager import MultiNodeCheckpointManager
 
 logger = logging.getLogger("daskjobs")
@@ -72,7 +73,7 @@ class _CopyGroupStep:
     prefix_options: dict[str, Any]
     node: str
     epoch: int
-    entry: dict[str, Any]
+    entry: CommittedEntry
     destination: str
     destination_options: dict[str, Any]
 
@@ -173,6 +174,6 @@ class CopyCheckpointUploader(UploadTaskGroupBuilder):
             done[f"{_DONE}.{node}"] = Task(
                 step, group=group, node=node, name="checkpoint_upload", outputs=_DONE
             ).outputs()[0]
-        step = _CopyCommitStep(store.url, store.storage_options, epoch, self.destination, self.storage_options)
-        Task(step, group=group, node=checkpoint_manager.nodes()[0], name="checkpoint_upload_commit", inputs=done)
+        commit_step = _CopyCommitStep(store.url, store.storage_options, epoch, self.destination, self.storage_options)
+        Task(commit_step, group=group, node=checkpoint_manager.nodes()[0], name="checkpoint_upload_commit", inputs=done)
         return group

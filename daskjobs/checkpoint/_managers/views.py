@@ -6,7 +6,7 @@ import html
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from .._format.records import committed_entry, record_bytes, record_summaries
 from .._protocol.retention import best_epochs
 from .._protocol.store import CheckpointStore
 from .._storage.reader import GroupReader
+
+if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import BlobMeta, CommitRecord, CommittedEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -29,7 +33,7 @@ class CheckpointInfo:
     nbytes: int
     created: str
     stop_values: dict[str, bool]
-    record: dict[str, Any] = field(repr=False)
+    record: CommitRecord = field(repr=False)
     """The whole commit record."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The epoch's metric means (logged with ``ws.log``), from the commit record."""
@@ -46,7 +50,8 @@ class CheckpointInfo:
         """
         if key in self.__dataclass_fields__:
             return getattr(self, key)
-        return self.record[key]
+        record: Mapping[str, Any] = self.record
+        return record[key]
 
 
 def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = None) -> list[CheckpointInfo]:
@@ -72,7 +77,7 @@ def list_checkpoints(db_prefix: str, storage_options: dict[str, Any] | None = No
     return infos
 
 
-def _info(record: dict[str, Any]) -> CheckpointInfo:
+def _info(record: CommitRecord) -> CheckpointInfo:
     return CheckpointInfo(
         record["epoch"],
         record["job"],
@@ -93,12 +98,12 @@ class NodeCheckpoint(Mapping[str, Any]):
     and verified against the record); each access reads and verifies only that blob.
     """
 
-    def __init__(self, store: CheckpointStore, node: str, epoch: int, entry: dict[str, Any]) -> None:
+    def __init__(self, store: CheckpointStore, node: str, epoch: int, entry: CommittedEntry) -> None:
         self._store, self.node, self.epoch = store, node, epoch
         self._reader: GroupReader = store.reader(node, epoch, entry, entry_validated=True)
         self._entry = self._reader.entry
 
-    def _meta(self, blob: str) -> dict[str, Any]:
+    def _meta(self, blob: str) -> BlobMeta:
         meta = self._entry["blobs"].get(blob)
         if meta is None:
             self._reader.check_group()  # a blob removed from the commit record is corruption, not a missing key
@@ -109,7 +114,7 @@ class NodeCheckpoint(Mapping[str, Any]):
         self._meta(blob)
         return self._reader.read([blob])[blob]
 
-    def read(self, blobs: list[str] | None = None) -> dict[str, Any]:
+    def read(self, blobs: list[str] | None = None) -> dict[str, Value]:
         """Read and verify several blobs at once (default: all); faster than one by one."""
         for blob in blobs or []:
             self._meta(blob)
@@ -121,9 +126,9 @@ class NodeCheckpoint(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._entry["blobs"])
 
-    def blobs(self) -> dict[str, dict[str, Any]]:
+    def blobs(self) -> dict[str, BlobMeta]:
         """Every blob's entry (kind, dtype, shape, chunks, nbytes …), verified, by name; nothing is read."""
-        return {name: dict(meta) for name, meta in self._entry["blobs"].items()}
+        return {name: meta.copy() for name, meta in self._entry["blobs"].items()}
 
     def lazy(self, blob: str) -> Any:
         """A lazy ``dask.array`` of an array blob, one task per stored chunk.
@@ -164,9 +169,9 @@ class NodeCheckpoint(Mapping[str, Any]):
 
 def _delayed(read: Any, *args: Any) -> Any:
     """A dask task calling ``read(*args)`` (a verifying read of a :class:`GroupReader`)."""
-    import dask
+    from dask.delayed import delayed
 
-    return dask.delayed(read, pure=True)(*args)
+    return delayed(read, pure=True)(*args)
 
 
 class CheckpointView(Mapping[str, NodeCheckpoint]):
@@ -181,7 +186,7 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         The commit record, as the store's ``read_commit`` returned it (validated there).
     """
 
-    def __init__(self, store: CheckpointStore, record: dict[str, Any]) -> None:
+    def __init__(self, store: CheckpointStore, record: CommitRecord) -> None:
         self._store = store
         self.record = record
         self.epoch: int = record["epoch"]
@@ -233,7 +238,7 @@ class CheckpointView(Mapping[str, NodeCheckpoint]):
         )
 
 
-def _kind_text(meta: dict[str, Any]) -> str:
+def _kind_text(meta: BlobMeta) -> str:
     """``float32`` for an array stored as ``<f4``, ``JSON`` for a JSON value; unknown dtypes as recorded."""
     if meta.get("kind") == "json":
         return "JSON"
@@ -294,10 +299,8 @@ def open_checkpoint(
     return CheckpointView(store, store.read_commit(epoch))
 
 
-def _best_record(
-    store: CheckpointStore, latest: dict[str, Any], metric: str | None, mode: str | None
-) -> dict[str, Any]:
-    recorded = latest.get("best") or {}
+def _best_record(store: CheckpointStore, latest: CommitRecord, metric: str | None, mode: str | None) -> CommitRecord:
+    recorded: Mapping[str, Any] = latest.get("best") or {}  # not validated: daskjobs' own (sealed) record
     if metric is None:
         metric = recorded.get("metric", "loss")
     if mode is None:

@@ -12,15 +12,17 @@ from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
 from .._format.records import make_commit_record
 from .._node.async_saves import AsyncSaveFinish, AsyncSaveStep, EndWrites, WaitSaveStep
+from .._node.outcomes import SaveOutcome
 from .._node.save_steps import ENTRY_BLOB, FlushFinish, ResaveFinish, SaveFinish, SaveStep, idle, reported
 from .._node.sharing import unseen_groups
 from .._protocol.retention import Retention, retention_warning
 from .._protocol.staging import Staging
-from .ledger import LastCheckpoint, PendingCommit, SaveLedger, previous_entries, write_error
+from .ledger import LastCheckpoint, PendingCommit, SaveLedger, in_flight_outcomes, previous_entries, write_error
 from .saving import Hook
 
 if TYPE_CHECKING:
     from ...session import Session
+    from .._format.documents import CommitRecord, PreviousEntry
     from .._protocol.store import CheckpointStore
     from .manager import MultiNodeCheckpointManager
     from .metadata import MetadataHandler
@@ -62,7 +64,7 @@ class EpochWriter:
         self.nodes_delete = False
         """Whether the last hooks handed retired groups to the nodes (see :meth:`hooks`)."""
         self.newest_seen: int | None = None
-        self.last_commit: dict[str, Any] | None = None
+        self.last_commit: CommitRecord | None = None
 
     @property
     def store(self) -> CheckpointStore:
@@ -92,7 +94,9 @@ class EpochWriter:
         self.ledger.tasks[epoch] = tasks
         return group
 
-    def run_hooks(self, session: Session, name: str, finish: Mapping[str, Hook], epoch: int | None = None) -> Any:
+    def run_hooks(
+        self, session: Session, name: str, finish: Mapping[str, Hook], epoch: int | None = None
+    ) -> dict[str, object]:
         """Run ``finish`` (node -> hook) alone, in a small PRIVATE group on those nodes; return what the
         hooks returned, by node (a failure raises ``GroupRunFailed``)."""
         group = self.group(lambda g, node: Task(idle, group=g, node=node, name=name), WorkspaceType.PRIVATE, [*finish])
@@ -168,7 +172,7 @@ class EpochWriter:
         older epoch). The next save then reuses that epoch's chunks (delta)."""
         return self.locked and not self.manager.async_save and not self.staging.retire
 
-    def new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, dict[str, Any]]]:
+    def new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, PreviousEntry]]:
         """A new save id for ``epoch``, the store to write it to and the node entries to reuse
         chunks from (delta); refuses to overwrite a commit."""
         committed = self._committed_at_least(epoch)
@@ -186,7 +190,7 @@ class EpochWriter:
         source = next(iter(previous.values()))["epoch"] if previous else None
         return self.ledger.start(epoch, source), self.staging.target(self.store, epoch), previous
 
-    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, dict[str, Any]]:
+    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, PreviousEntry]:
         """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
         earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
         written = self.ledger.newest_written(epoch)
@@ -240,7 +244,7 @@ class EpochWriter:
                 session.run_group(group, job=self.manager._job_name, epoch=epoch)
             if known:
                 waited = ledger.finished(epoch) if waiting else {}
-                bad = ledger.take(epoch, {**known, **{n: {"entry": e} for n, e in waited.items()}})
+                bad = ledger.take(epoch, {**known, **{n: SaveOutcome(entry=e) for n, e in waited.items()}})
                 if bad:
                     ledger.in_flight = None
                     raise write_error(epoch, bad)
@@ -248,13 +252,13 @@ class EpochWriter:
         ledger.in_flight = None
         return pending
 
-    def commit_waited(self, finished: Mapping[str, Any]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
+    def commit_waited(self, finished: Mapping[str, object]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
         """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
         for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
         pending = self.ledger.take_in_flight()
         if pending is None:
             return None, {}
-        bad = self.ledger.take(pending.epoch, {n: (r or {}).get("previous") for n, r in finished.items()})
+        bad = self.ledger.take(pending.epoch, in_flight_outcomes(finished))
         if bad:
             return None, {pending.epoch: write_error(pending.epoch, bad)}
         try:
@@ -281,7 +285,7 @@ class EpochWriter:
             ledger.unflushed[epoch].discard(node)
         return ledger.flushed(epoch)
 
-    def commit(self, pending: PendingCommit) -> dict[str, Any]:
+    def commit(self, pending: PendingCommit) -> CommitRecord:
         """Commit ``pending.epoch``, saved and durable on every node: write its commit record last,
         then apply retention; return the record."""
         ledger, store, epoch = self.ledger, self.store, pending.epoch

@@ -13,33 +13,33 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
+from ..._model.workspace import node_state
 from ...errors import CheckpointError
 from .fork import ForkedSave, forks
+from .outcomes import AsyncSaveOutcome, SaveOutcome
 from .save_steps import (
     ENTRY_BLOB,
-    UNFLUSHED,
     entry_array,
-    outcome,
     remember,
     reported,
     reuse_base,
     settle_flush,
     snapshot,
 )
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
+    from ..._model.values import Value
     from ..._model.workspace import Workspace
+    from .._format.documents import NodeEntry, PreviousEntry
     from .._protocol.store import CheckpointStore
-
-SAVER = "daskjobs.background_save"
-BUFFERS = "daskjobs.snapshot_buffers"
 
 
 class BackgroundSave:
@@ -51,12 +51,12 @@ class BackgroundSave:
         node: str,
         epoch: int,
         save_id: str,
-        blobs: dict[str, np.ndarray],
-        previous: dict[str, Any] | None = None,
+        blobs: dict[str, Value],
+        previous: NodeEntry | None = None,
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
         self.previous = previous
-        self._entry: dict[str, Any] | None = None
+        self._entry: NodeEntry | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
         self._thread.start()
@@ -77,7 +77,7 @@ class BackgroundSave:
         """Wait for the write to end, successfully or not."""
         self._thread.join()
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> NodeEntry:
         """Wait for the write; after a failure, try once more synchronously, then raise."""
         self._thread.join()
         if self._error is not None:
@@ -95,7 +95,7 @@ def start_background(
     node: str,
     epoch: int,
     save_id: str,
-    previous: dict[str, Any] | None,
+    previous: NodeEntry | None,
     snapshot_mode: str,
 ) -> None:
     """Snapshot the node's GLOBAL workspace now and start writing it in the background.
@@ -105,18 +105,19 @@ def start_background(
     ``"auto"``: fork for a big workspace (:func:`~.fork.forks`). JSON values are copied (and
     checked) in both.
     """
+    slots = checkpoint_slots(state)
     with state.lock:
         if forks(snapshot_mode, state.scope.blobs):
             blobs = {
                 name: value if isinstance(value, np.ndarray) else copy_value(value, name)
                 for name, value in state.scope.blobs.items()
             }
-            state.services.pop(BUFFERS, None)
-            state.services[SAVER] = ForkedSave(store, node, epoch, save_id, blobs, previous)
+            slots.buffers = {}
+            slots.saver = ForkedSave(store, node, epoch, save_id, blobs, previous)
             return
-        copies = snapshot(state.scope.blobs, state.services.get(BUFFERS, {}))
-    state.services[BUFFERS] = copies
-    state.services[SAVER] = BackgroundSave(store, node, epoch, save_id, copies, previous)
+        copies = snapshot(state.scope.blobs, slots.buffers)
+    slots.buffers = copies
+    slots.saver = BackgroundSave(store, node, epoch, save_id, copies, previous)
 
 
 @dataclass(frozen=True)
@@ -131,13 +132,13 @@ class AsyncSaveStep:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     snapshot_mode: str = "copy"
     """``"fork"``, ``"copy"`` or ``"auto"`` (see :func:`start_background`)."""
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        running = state.services.get(SAVER)
+        state = node_state(ws)
+        running = checkpoint_slots(state).saver
         if running is not None:
             running.join()
         base = reuse_base(state, self.store, self.node, self.previous)
@@ -153,15 +154,16 @@ class WaitSaveStep:
     save_id: str
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        saver = state.services.get(SAVER)
+        state = node_state(ws)
+        slots = checkpoint_slots(state)
+        saver = slots.saver
         if saver is None or saver.save_id != self.save_id:
             raise CheckpointError(
                 f"node {self.node!r} has no save of epoch {self.epoch} in flight (its worker restarted?); "
                 "save the epoch again"
             )
         entry = saver.result()
-        state.services.pop(SAVER, None)
+        slots.saver = None
         remember(state, entry)
         ws[ENTRY_BLOB] = entry_array(entry)
 
@@ -171,9 +173,8 @@ class AsyncSaveFinish:
     """An epoch's ``finish`` hook with asynchronous saves.
 
     On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
-    outcome, then snapshots the workspace and starts writing ``epoch`` in the background.
-    Returns ``{"previous": {"entry"} | {"error"} | None, "error": None | exception}``, the
-    latter for a failure to start this epoch's save.
+    outcome, then snapshots the workspace and starts writing ``epoch`` in the background; returns
+    both (see :class:`~.outcomes.AsyncSaveOutcome`).
     """
 
     store: CheckpointStore
@@ -181,7 +182,7 @@ class AsyncSaveFinish:
     epoch: int
     save_id: str
     previous_id: str | None
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     """The summary of the newest committed epoch's node entry, for delta reuse. The entry of the save
     in flight, when it succeeded on this node, is newer: chunks are then reused from that epoch instead."""
     snapshot_mode: str = "copy"
@@ -189,36 +190,40 @@ class AsyncSaveFinish:
     delta: bool = True
     """Whether chunks may be reused at all (the manager's ``delta``)."""
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        running = state.services.pop(SAVER, None)
-        previous = None
+    def __call__(self, state: NodeState) -> AsyncSaveOutcome:
+        slots = checkpoint_slots(state)
+        running, slots.saver = slots.saver, None
+        previous: SaveOutcome | None = None
+        written: NodeEntry | None = None
         if running is not None:
             if running.save_id == self.previous_id:
-                previous = outcome(running.result)
-                remember(state, previous.get("entry"))
+                try:
+                    written = running.result()
+                except Exception as exc:
+                    previous = SaveOutcome(error=exc)
+                else:
+                    previous = SaveOutcome(entry=reported(written))
+                remember(state, written)
             else:  # a save the driver gave up on: let it end, never two in flight
                 running.join()
         if self.previous_id is not None and previous is None:
-            previous = {
-                "error": CheckpointError(
+            previous = SaveOutcome(
+                error=CheckpointError(
                     f"node {self.node!r} has no save in flight for the epoch before {self.epoch} "
                     "(its worker restarted?); save that epoch again"
                 )
-            }
+            )
 
-        written = (previous or {}).get("entry") if self.delta else None
-        if written is not None and written.get("epoch", -1) > (self.previous or {}).get("epoch", -1):
-            base: dict[str, Any] | None = written  # a failed link to it (its epoch given up) writes the bytes
+        committed = -1 if self.previous is None else self.previous["epoch"]
+        if self.delta and written is not None and written["epoch"] > committed:
+            base: NodeEntry | None = written  # a failed link to it (its epoch given up) writes the bytes
         else:
             base = reuse_base(state, self.store, self.node, self.previous)
-
-        def start() -> dict[str, Any]:
+        try:
             start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
-            return {}
-
-        if previous is not None and previous.get("entry") is not None:
-            previous = {"entry": reported(previous["entry"])}
-        return {"previous": previous, "error": outcome(start).get("error")}
+        except Exception as exc:
+            return AsyncSaveOutcome(previous, exc)
+        return AsyncSaveOutcome(previous)
 
 
 @dataclass(frozen=True)
@@ -230,8 +235,8 @@ class EndWrites:
 
     def __call__(self, state: NodeState) -> None:
         settle_flush(state)
-        state.services.pop(UNFLUSHED, None)
-        saver = state.services.pop(SAVER, None)
+        slots = checkpoint_slots(state)
+        saver, slots.unflushed, slots.saver = slots.saver, None, None
         if saver is None:
             return
         pid = getattr(saver, "pid", None)

@@ -53,6 +53,8 @@ from ... import errors
 from ...errors import BlobTypeError, CheckpointError, CheckpointWriteError, DaskJobsError, JobDefinitionError
 
 if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import NodeEntry
     from .._protocol.store import CheckpointStore
 
 SNAPSHOT_MODES = ("auto", "fork", "copy")
@@ -130,7 +132,7 @@ def snapshot_writers() -> dict[int, tuple[str, int]]:
 
 
 # -- the child ------------------------------------------------------------------------------------
-def _payload(write: Callable[[], dict[str, Any]]) -> bytes:
+def _payload(write: Callable[[], NodeEntry]) -> bytes:
     """Run ``write`` (twice at most) and encode its entry, or the last error, as JSON."""
     error: Exception | None = None
     for _ in range(2):
@@ -174,7 +176,7 @@ class _Forker:
     def __init__(self) -> None:
         self.pid = os.getpid()
         try:
-            self._prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: never dlopen in a child
+            self._prctl: Any = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: never dlopen in a child
         except (OSError, AttributeError):
             self._prctl = None
         self._max_fd = max(os.sysconf("SC_OPEN_MAX"), 256)
@@ -258,12 +260,12 @@ class ForkedSave:
         node: str,
         epoch: int,
         save_id: str,
-        blobs: Mapping[str, Any],
-        previous: Mapping[str, Any] | None = None,
+        blobs: Mapping[str, Value],
+        previous: NodeEntry | None = None,
     ) -> None:
         self.node, self.epoch, self.save_id = node, epoch, save_id
 
-        def write() -> dict[str, Any]:
+        def write() -> NodeEntry:
             return store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
 
         what = f"saving node {node!r} at epoch {epoch}"
@@ -307,7 +309,7 @@ class ForkedSave:
         """Wait for the write to end, successfully or not."""
         self._reported.wait()
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> NodeEntry:
         """Wait for the write and return the node's entry.
 
         Raises
@@ -324,7 +326,8 @@ class ForkedSave:
         except ValueError:
             report = {}
         if isinstance(report, dict) and isinstance(report.get("entry"), dict):
-            return report["entry"]
+            entry: NodeEntry = report["entry"]  # what the child's write_node returned, as JSON
+            return entry
         if isinstance(report, dict) and isinstance(report.get("error"), list) and len(report["error"]) == 2:
             raise _child_error(self.node, self.epoch, *map(str, report["error"]))
         self._thread.join()  # reaped: how it ended

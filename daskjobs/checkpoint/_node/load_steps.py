@@ -8,21 +8,20 @@ corrupt checkpoint) surface as themselves, not as a user's task failure.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..._execution.node_run import INTERNAL
+from ..._model.workspace import node_state
 from ...errors import CheckpointCorruptError, CheckpointError, CheckpointNotFoundError
 from .save_steps import remember
 from .sharing import unseen_commit
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from ..._model.workspace import Workspace
+    from .._format.documents import CommittedEntry
     from .._protocol.store import CheckpointStore
 
-STAGED = "daskjobs.staged_load"
-"""Node service holding ``(load_id, blobs)`` a partial load read and verified, until it assigns them."""
-DISCARDED = "daskjobs.discarded_load"
-"""Node service holding the ``load_id`` of the last partial load that failed: a read of it ending late keeps nothing."""
 READ_BLOB = "daskjobs.blobs_read"
 """Output blob through which a partial load's read task tells every node's assignment it succeeded."""
 
@@ -43,13 +42,14 @@ class ReadStep:
     store: CheckpointStore
     node: str
     epoch: int
-    entry: dict[str, Any]
+    entry: CommittedEntry
     names: tuple[str, ...] | None
     load_id: str
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        state.services.pop(STAGED, None)  # what a failed earlier load left
+        state = node_state(ws)
+        slots = checkpoint_slots(state)
+        slots.staged = None  # what a failed earlier load left
         try:
             entry = self.store.resolve_entry(self.node, self.epoch, self.entry)
             blobs = self.store.read_node(self.node, self.epoch, entry, self.names, entry_validated=True)
@@ -58,8 +58,8 @@ class ReadStep:
                 raise
             raise unseen_commit(self.store, self.node, self.epoch, state.where) or exc from None
         with state.lock:  # the load may have failed on another node, and been discarded, meanwhile
-            if state.services.get(DISCARDED) != self.load_id:
-                state.services[STAGED] = (self.load_id, blobs)
+            if slots.discarded != self.load_id:
+                slots.staged = (self.load_id, blobs)
                 remember(state, entry)
         ws[READ_BLOB] = True
 
@@ -76,8 +76,9 @@ class AssignStep:
     replace: bool = False
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
-        staged = state.services.pop(STAGED, None)
+        state = node_state(ws)
+        slots = checkpoint_slots(state)
+        staged, slots.staged = slots.staged, None
         if staged is None or staged[0] != self.load_id:
             raise CheckpointError(
                 f"node {self.node!r} holds no blobs read for this load of epoch {self.epoch} "
@@ -98,12 +99,12 @@ class DiscardStep:
     load_id: str
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
+        state = node_state(ws)
+        slots = checkpoint_slots(state)
         with state.lock:
-            state.services[DISCARDED] = self.load_id
-            staged = state.services.get(STAGED)
-            if staged is not None and staged[0] == self.load_id:
-                del state.services[STAGED]
+            slots.discarded = self.load_id
+            if slots.staged is not None and slots.staged[0] == self.load_id:
+                slots.staged = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class CheckStep:
         try:
             self.store.read_node_entry(self.node, self.epoch)
         except CheckpointNotFoundError:
-            unseen = unseen_commit(self.store, self.node, self.epoch, ws._state.where) if self.committed else None
+            unseen = unseen_commit(self.store, self.node, self.epoch, node_state(ws).where) if self.committed else None
             if unseen is not None:
                 raise unseen from None
             if self.epoch not in self.store.committed_epochs():

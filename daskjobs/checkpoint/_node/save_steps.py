@@ -6,72 +6,78 @@ save, and a save whose flush failed until the driver has it written again. Async
 :class:`SaveStep` is marked :data:`~daskjobs._execution.node_run.INTERNAL`: the daskjobs errors it
 raises (a failed write) surface as themselves, not as a user's task failure. The ``*Finish``
 classes run as hooks at the end of an epoch's own Dask task (:meth:`~daskjobs.Session.run_group`
-``finish=``); they return their outcome instead of raising.
+``finish=``); they return their outcome (:mod:`.outcomes`) instead of raising.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
+from ..._model.workspace import node_state
 from ...errors import CheckpointError, CheckpointLockedError
-from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
 from .._storage.durable import deleting_in_background, in_background
+from .outcomes import FlushOutcome, FlushReport, SaveOutcome
+from .slots import checkpoint_slots
 
 if TYPE_CHECKING:
     from ..._execution.node_run import NodeState
+    from ..._model.values import Value
     from ..._model.workspace import Workspace
+    from .._format.documents import CommittedEntry, EntryReport, NodeEntry, PreviousEntry
     from .._protocol.store import CheckpointStore, GroupFlush
 
 logger = logging.getLogger("daskjobs")
 
 ENTRY_BLOB = "daskjobs.checkpoint_entry"
 """Output blob through which a node's save task returns the (small, JSON) summary of its entry."""
-FLUSH = "daskjobs.pending_flush"
-UNFLUSHED = "daskjobs.unflushed_save"
-MANIFEST = "daskjobs.last_manifest"
-"""Node service holding the last entry the node wrote or loaded whole and verified: what its next
-save reuses chunks from without reading that manifest again (see :func:`reuse_base`)."""
-_REPORTED = ("node", "epoch", "save_id", "bytes", "bytes_written", "bytes_reused", "seconds")
 WRITE_LATER_UP_TO = 1 << 20
 """A synchronous save of a node whose arrays hold at most this many bytes copies them and leaves
 the whole write to the background thread, not only the fsync (see :class:`SaveFinish`)."""
 
 
-def reported(entry: Mapping[str, Any]) -> dict[str, Any]:
+def reported(entry: NodeEntry) -> EntryReport:
     """What a node tells the driver of an entry it wrote: its totals and the reference of its manifest
     (``None`` for an entry described before its group was written), never its blobs: the driver's
     work and messages stay the same size whatever a node holds."""
     ref = entry.get(MANIFEST_KEY)
-    return {**{key: entry[key] for key in _REPORTED}, MANIFEST_KEY: dict(ref) if isinstance(ref, Mapping) else None}
+    return {
+        "node": entry["node"],
+        "epoch": entry["epoch"],
+        "save_id": entry["save_id"],
+        "bytes": entry["bytes"],
+        "bytes_written": entry["bytes_written"],
+        "bytes_reused": entry["bytes_reused"],
+        "seconds": entry["seconds"],
+        MANIFEST_KEY: ref.copy() if isinstance(ref, Mapping) else None,
+    }
 
 
-def entry_array(entry: dict[str, Any]) -> np.ndarray:
+def entry_array(entry: NodeEntry) -> np.ndarray:
     """What a node tells the driver of its entry (:func:`reported`) as a uint8 blob, the form in which
     save tasks return it."""
     return np.frombuffer(json.dumps(reported(entry)).encode(), dtype=np.uint8).copy()
 
 
-def remember(state: NodeState, entry: Mapping[str, Any] | None) -> None:
+def remember(state: NodeState, entry: NodeEntry | None) -> None:
     """Keep ``entry`` (written by this node, or loaded whole and verified) for the next save's delta."""
     if entry is not None and isinstance(entry.get(MANIFEST_KEY), Mapping):
-        state.services[MANIFEST] = dict(entry)
+        checkpoint_slots(state).manifest = entry.copy()
 
 
-def reuse_base(
-    state: NodeState, store: CheckpointStore, node: str, previous: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
+def reuse_base(state: NodeState, store: CheckpointStore, node: str, previous: PreviousEntry | None) -> NodeEntry | None:
     """The whole entry a save reuses chunks from, given what the driver named (``previous``: the
     summary of the newest earlier save, or a whole entry of a record before format version 4).
 
@@ -80,12 +86,12 @@ def reuse_base(
     missing or does not match is never reused from: the save writes every chunk (a warning names
     the :class:`~daskjobs.errors.CheckpointCorruptError`).
     """
-    if previous is None or not is_summary(previous):
-        return None if previous is None else dict(previous)
+    if previous is None or "blobs" in previous:
+        return None if previous is None else previous.copy()
     ref = previous.get(MANIFEST_KEY)
-    mine = state.services.get(MANIFEST)
+    mine = checkpoint_slots(state).manifest
     if (
-        isinstance(mine, dict)
+        mine is not None
         and mine.get("epoch") == previous.get("epoch")
         and mine.get("save_id") == previous.get("save_id")
         and (ref is None or mine.get(MANIFEST_KEY) == ref)
@@ -106,12 +112,12 @@ def reuse_base(
         return None
 
 
-def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
+def snapshot(blobs: Mapping[str, Value], buffers: Mapping[str, Value]) -> dict[str, Value]:
     """Copy ``blobs``, reusing same-shaped arrays of the previous snapshot (warm memory copies ~10x faster).
 
     Arrays are copied; JSON values (anything else) are copied with :func:`copy_value`.
     """
-    copies = {}
+    copies: dict[str, Value] = {}
     for name, value in blobs.items():
         if not isinstance(value, np.ndarray):
             copies[name] = copy_value(value, name)
@@ -125,12 +131,12 @@ def snapshot(blobs: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
     return copies
 
 
-def outcome(write: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``{"entry": ...}`` of a successful write, ``{"error": exception}`` of a failed one."""
+def outcome(write: Callable[[], EntryReport]) -> SaveOutcome:
+    """The entry of a successful write, the error of a failed one."""
     try:
-        return {"entry": write()}
+        return SaveOutcome(entry=write())
     except Exception as exc:
-        return {"error": exc}
+        return SaveOutcome(error=exc)
 
 
 @dataclass(frozen=True)
@@ -141,8 +147,8 @@ class PendingFlush:
 
     save_id: str
     epoch: int
-    done: Future[dict[str, Any] | None]
-    copies: dict[str, Any] | None = None
+    done: Future[NodeEntry | None] | Future[None]
+    copies: dict[str, Value] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,42 +159,42 @@ class Unflushed:
 
     save_id: str
     epoch: int
-    copies: dict[str, Any] | None
+    copies: dict[str, Value] | None
 
 
-def settle_flush(state: NodeState) -> dict[str, Any] | None:
-    """Wait for the node's background flush, if any: ``{"save_id", "error": None | exception,
-    "entry": what the background write returned (:func:`reported`), or None}``. The written entry
-    is remembered for the next save's delta; after a failed flush nothing is, and the save is kept
-    as :class:`Unflushed`."""
-    pending = state.services.pop(FLUSH, None)
-    if not isinstance(pending, PendingFlush):
+def settle_flush(state: NodeState) -> FlushReport | None:
+    """Wait for the node's background flush, if any, and report how it ended (with the entry the
+    background write returned, :func:`reported`). The written entry is remembered for the next
+    save's delta; after a failed flush nothing is, and the save is kept as :class:`Unflushed`."""
+    slots = checkpoint_slots(state)
+    pending, slots.flush = slots.flush, None
+    if pending is None:
         return None
     try:
         entry = pending.done.result()
     except Exception as exc:
-        state.services.pop(MANIFEST, None)  # never link chunks of a group whose flush failed
-        state.services[UNFLUSHED] = Unflushed(pending.save_id, pending.epoch, pending.copies)
-        return {"save_id": pending.save_id, "error": exc, "entry": None}
+        slots.manifest = None  # never link chunks of a group whose flush failed
+        slots.unflushed = Unflushed(pending.save_id, pending.epoch, pending.copies)
+        return FlushReport(pending.save_id, exc)
     remember(state, entry)
-    return {"save_id": pending.save_id, "error": None, "entry": None if entry is None else reported(entry)}
+    return FlushReport(pending.save_id, None, None if entry is None else reported(entry))
 
 
 def reuse_from(
     state: NodeState,
     store: CheckpointStore,
     node: str,
-    previous: Mapping[str, Any] | None,
-    flushed: dict[str, Any] | None,
-) -> dict[str, Any] | None:
+    previous: PreviousEntry | None,
+    flushed: FlushReport | None,
+) -> NodeEntry | None:
     """The entry a node's next save reuses chunks from, after :func:`settle_flush` reported
     ``flushed``: none after a failed flush, else :func:`reuse_base` of ``previous``."""
-    if flushed is not None and flushed["error"] is not None:
+    if flushed is not None and flushed.error is not None:
         return None
     return reuse_base(state, store, node, previous)
 
 
-def small(blobs: dict[str, Any]) -> bool:
+def small(blobs: Mapping[str, Value]) -> bool:
     """Whether a workspace is written whole by the background thread (see :data:`WRITE_LATER_UP_TO`)."""
     return sum(v.nbytes for v in blobs.values() if isinstance(v, np.ndarray)) <= WRITE_LATER_UP_TO
 
@@ -198,33 +204,31 @@ def write_later(
     store: CheckpointStore,
     node: str,
     epoch: int,
-    blobs: dict[str, Any],
+    blobs: Mapping[str, Value],
     *,
     save_id: str,
-    previous: Mapping[str, Any] | None,
+    previous: NodeEntry | None,
     retired: RetiredEpoch | None,
-) -> dict[str, Any]:
+) -> NodeEntry:
     """Copy a small workspace and hand its whole write, and the flush, to the background thread;
     return the entry the write will return, computed here (see ``CheckpointStore.describe_node``)."""
     copies = snapshot(blobs, {})
     entry = store.describe_node(node, epoch, copies, save_id=save_id, previous=previous)
-    done: Future[dict[str, Any] | None] = Future()
+    done: Future[NodeEntry | None] = Future()
     unsynced = functools.partial(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
     in_background(functools.partial(_write_there, unsynced, done))
-    state.services[FLUSH] = PendingFlush(save_id, epoch, done, copies)
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, done, copies)
     return entry
 
 
 def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:
     """Hand the fsync of a group written here to the process's next batch of syncs."""
-    state.services[FLUSH] = PendingFlush(save_id, epoch, flush.soon())
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, flush.soon())
 
 
-def _write_there(
-    unsynced: Callable[[], tuple[dict[str, Any], GroupFlush | None]], done: Future[dict[str, Any] | None]
-) -> None:
+def _write_there(unsynced: Callable[[], tuple[NodeEntry, GroupFlush | None]], done: Future[NodeEntry | None]) -> None:
     """Write a small workspace's copy in the background thread (``unsynced``: its
     ``write_node_unsynced``); ``done`` gets the written entry once the group is durable (in the next
     batch of syncs, with the groups of the other nodes this process serves), or the error."""
@@ -249,10 +253,10 @@ def _write_there(
 
 @dataclass(frozen=True)
 class FlushFinish:
-    """A ``finish`` hook that waits for the node's background flush: ``{"flushed": outcome or None}``."""
+    """A ``finish`` hook that waits for the node's background flush and reports it (see :func:`settle_flush`)."""
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        return {"flushed": settle_flush(state)}
+    def __call__(self, state: NodeState) -> FlushOutcome:
+        return FlushOutcome(settle_flush(state))
 
 
 @dataclass(frozen=True)
@@ -260,8 +264,8 @@ class ResaveFinish:
     """A ``finish`` hook writing again, durably, the node's save ``save_id`` of ``epoch`` whose
     background flush failed: from the snapshot the background write kept, else from its group read
     back and verified against ``entry`` (what the node reported of it; see
-    ``CheckpointStore.read_unflushed``). Returns ``{"entry"}`` (the rewritten group's, same save id)
-    or ``{"error"}``.
+    ``CheckpointStore.read_unflushed``). Returns the rewritten group's entry (same save id) or the
+    error.
 
     Nothing links chunks of the group written again: the node's next save already wrote whole (a
     node never links chunks of a group whose flush failed).
@@ -271,20 +275,21 @@ class ResaveFinish:
     node: str
     epoch: int
     save_id: str
-    entry: Mapping[str, Any]
+    entry: EntryReport
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        kept = state.services.get(UNFLUSHED)
-        mine = isinstance(kept, Unflushed) and kept.save_id == self.save_id
-        copies = kept.copies if isinstance(kept, Unflushed) and mine else None
+    def __call__(self, state: NodeState) -> SaveOutcome:
+        slots = checkpoint_slots(state)
+        kept = slots.unflushed
+        mine = kept is not None and kept.save_id == self.save_id
+        copies = kept.copies if kept is not None and mine else None
 
-        def write() -> dict[str, Any]:
+        def write() -> EntryReport:
             blobs = copies if copies is not None else self.store.read_unflushed(self.node, self.epoch, self.entry)
             return reported(self.store.write_node(self.node, self.epoch, blobs, save_id=self.save_id))
 
         written = outcome(write)
-        if mine and "entry" in written:
-            state.services.pop(UNFLUSHED, None)
+        if mine and written.entry is not None:
+            slots.unflushed = None
         return written
 
 
@@ -296,10 +301,10 @@ class SaveStep:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
 
     def __call__(self, ws: Workspace) -> None:
-        state = ws._state
+        state = node_state(ws)
         with state.lock:
             blobs = dict(state.scope.blobs)
         previous = reuse_from(state, self.store, self.node, self.previous, settle_flush(state))
@@ -310,11 +315,11 @@ class SaveStep:
 
 @dataclass(frozen=True)
 class SaveFinish:
-    """:class:`SaveStep` as an epoch's ``finish`` hook: returns ``{"entry"}`` or ``{"error"}``, and
-    under ``"flushed"`` the outcome of the node's previous background flush (see :func:`settle_flush`).
+    """:class:`SaveStep` as an epoch's ``finish`` hook: returns the entry or the error, and the report
+    of the node's previous background flush (see :func:`settle_flush`).
 
     ``flush_later``: the group's fsync runs in the background while the next epoch runs; the
-    entry then says ``"later": True`` and the next hook (or :class:`FlushFinish`) reports the
+    outcome then says ``later`` and the next hook (or :class:`FlushFinish`) reports the
     outcome. A small workspace (:data:`WRITE_LATER_UP_TO`) is copied and written there whole, by
     the process's one background write thread, one group after the other (the groups of every
     node it serves: side by side, their threads would pass the GIL to each other around every
@@ -331,11 +336,11 @@ class SaveFinish:
     node: str
     epoch: int
     save_id: str
-    previous: dict[str, Any] | None = None
+    previous: PreviousEntry | None = None
     flush_later: bool = False
-    doomed: tuple[tuple[int, Mapping[str, Any] | None], ...] = ()
+    doomed: tuple[tuple[int, CommittedEntry | None], ...] = ()
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
+    def __call__(self, state: NodeState) -> SaveOutcome:
         with state.lock:
             blobs = dict(state.scope.blobs)
         flushed = settle_flush(state)
@@ -345,7 +350,7 @@ class SaveFinish:
             deleting_in_background(functools.partial(delete_groups, self.store, self.node, self.doomed[1:]))
         store, node, epoch, save_id = self.store, self.node, self.epoch, self.save_id
 
-        def write() -> dict[str, Any]:
+        def write() -> EntryReport:
             if not self.flush_later:
                 entry = store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
                 remember(state, entry)
@@ -363,10 +368,11 @@ class SaveFinish:
             remember(state, entry)  # reused only once its flush is reported (settle_flush forgets it otherwise)
             return reported(entry)
 
-        return {**outcome(write), "later": FLUSH in state.services, "flushed": flushed}
+        written = outcome(write)
+        return dataclasses.replace(written, later=checkpoint_slots(state).flush is not None, flushed=flushed)
 
 
-def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, Mapping[str, Any] | None], ...]) -> None:
+def delete_groups(store: CheckpointStore, node: str, doomed: tuple[tuple[int, CommittedEntry | None], ...]) -> None:
     """Delete ``node``'s groups of retired epochs (``(epoch, entry)``); failures are logged, and
     after a lost lock nothing more is deleted (the next run's cleanup removes what is left)."""
     for epoch, entry in doomed:

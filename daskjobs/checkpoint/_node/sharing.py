@@ -24,11 +24,13 @@ checkpoint corrupt.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
@@ -38,6 +40,7 @@ from ..._model.group import TaskGroup
 from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointStorageError, CheckpointWriteError
 from .._storage.cleanup import Tree
+from .outcomes import ProbeReport
 from .save_steps import idle
 
 if TYPE_CHECKING:
@@ -94,9 +97,8 @@ def _read(store: CheckpointStore, paths: Sequence[str]) -> list[bytes | OSError]
 @dataclass(frozen=True)
 class ProbeFinish:
     """On a node's worker (a ``finish`` hook): read the driver's probe file and, if it holds what the
-    driver wrote, write the node's own. Never raises: returns ``{"where"}`` plus ``"unseen"`` (why
-    the driver's file was not read back), ``"unwritable"`` (why the node's file could not be
-    written) or ``"wrote": True``."""
+    driver wrote, write the node's own. Never raises: returns what it found (see
+    :class:`~.outcomes.ProbeReport`)."""
 
     store: CheckpointStore
     driver_probe: str
@@ -104,23 +106,20 @@ class ProbeFinish:
     node_probe: str
     node_data: bytes
 
-    def __call__(self, state: NodeState) -> dict[str, Any]:
-        report: dict[str, Any] = {"where": state.where}
+    def __call__(self, state: NodeState) -> ProbeReport:
         try:
             found: bytes | BaseException = _read(self.store, [self.driver_probe])[0]
         except Exception as exc:
             found = exc
         if isinstance(found, BaseException):
-            report["unseen"] = _why(found)
-        elif found != self.driver_data:
-            report["unseen"] = "it holds other bytes than this process wrote"
-        else:
-            try:
-                self.store.write_probe(self.node_probe, self.node_data)
-                report["wrote"] = True
-            except Exception as exc:
-                report["unwritable"] = _why(exc)
-        return report
+            return ProbeReport(state.where, unseen=_why(found))
+        if found != self.driver_data:
+            return ProbeReport(state.where, unseen="it holds other bytes than this process wrote")
+        try:
+            self.store.write_probe(self.node_probe, self.node_data)
+        except Exception as exc:
+            return ProbeReport(state.where, unwritable=_why(exc))
+        return ProbeReport(state.where, wrote=True)
 
 
 def prove_shared(store: CheckpointStore, session: Session, nodes: Sequence[str], *, job: str) -> None:
@@ -157,7 +156,7 @@ def prove_shared(store: CheckpointStore, session: Session, nodes: Sequence[str],
         except GroupRunFailed as failed:
             error: Exception | None = failed.error
         else:
-            error, problems = None, _problems(store, probes, dict(finished))
+            error, problems = None, _problems(store, probes, finished)
     finally:
         try:
             Tree(store.fs).unlink([driver_probe, *(path for path, _ in probes.values())])
@@ -173,23 +172,26 @@ def prove_shared(store: CheckpointStore, session: Session, nodes: Sequence[str],
         )
 
 
-def _problems(store: CheckpointStore, probes: dict[str, tuple[str, bytes]], finished: dict[str, Any]) -> dict[str, str]:
+def _problems(
+    store: CheckpointStore, probes: dict[str, tuple[str, bytes]], finished: Mapping[str, object]
+) -> dict[str, str]:
     """Node -> what its report (and reading back the file it wrote) says is wrong."""
     problems = {}
-    wrote = [node for node, report in finished.items() if report.get("wrote")]
+    reports = {node: report for node, report in finished.items() if isinstance(report, ProbeReport)}
+    wrote = [node for node, report in reports.items() if report.wrote]
     for node, data in zip(wrote, _read(store, [probes[n][0] for n in wrote]), strict=True):
         if data != probes[node][1]:
             why = _why(data) if isinstance(data, OSError) else "it holds other bytes than the node wrote"
-            finished[node] = {**finished[node], "unread": why}
+            reports[node] = dataclasses.replace(reports[node], unread=why)
     for node in probes:
-        report = finished.get(node) or {"where": "its worker", "unseen": "the node did not report"}
-        at = f"node {node!r} on {report['where']}"
-        if "unseen" in report:
-            problems[node] = f"{at} does not see it ({report['unseen']})"
-        elif "unwritable" in report:
-            problems[node] = f"{at} reads it but cannot write next to it ({report['unwritable']})"
-        elif "unread" in report:
-            problems[node] = f"{at} wrote {probes[node][0]}, which this process does not see ({report['unread']})"
+        report = reports.get(node) or ProbeReport("its worker", unseen="the node did not report")
+        at = f"node {node!r} on {report.where}"
+        if report.unseen is not None:
+            problems[node] = f"{at} does not see it ({report.unseen})"
+        elif report.unwritable is not None:
+            problems[node] = f"{at} reads it but cannot write next to it ({report.unwritable})"
+        elif report.unread is not None:
+            problems[node] = f"{at} wrote {probes[node][0]}, which this process does not see ({report.unread})"
     return problems
 
 

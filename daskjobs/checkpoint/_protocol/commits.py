@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._model.values import validate_name
 from ...errors import (
@@ -27,6 +27,9 @@ from .._storage.base import UnsafeFileError
 from .._storage.cleanup import Tree, remove_debris, remove_group
 from .prefix import OWN, Prefix
 
+if TYPE_CHECKING:
+    from .._format.documents import CommitRecord, CommittedEntry
+
 logger = logging.getLogger("daskjobs")
 
 _COMMIT_RE = re.compile(r"epoch-(\d{12})\.json")
@@ -39,7 +42,7 @@ class RetiredEpoch:
     daskjobs' own files go)."""
 
     epoch: int
-    entries: dict[str, Mapping[str, Any] | None]
+    entries: dict[str, CommittedEntry | None]
 
 
 class Commits(Prefix):
@@ -56,7 +59,7 @@ class Commits(Prefix):
         return f"{self.own_folder('commits')}/epoch-{check_epoch(epoch):012d}.json"
 
     # -- commits ------------------------------------------------------------------------------
-    def commit(self, record: Mapping[str, Any], *, sync_folder: bool = True) -> None:
+    def commit(self, record: CommitRecord, *, sync_folder: bool = True) -> None:
         """Write the commit record of ``record["epoch"]``, atomically (this is what makes the epoch exist).
 
         Local disks: temp file, fsync, ``os.replace``, fsync of the directory (with
@@ -95,7 +98,7 @@ class Commits(Prefix):
         names = self._files().listdir(self.own_folder("commits"))
         return sorted(int(m.group(1)) for name in names if (m := _COMMIT_RE.fullmatch(name)))
 
-    def read_commit(self, epoch: int) -> dict[str, Any]:
+    def read_commit(self, epoch: int) -> CommitRecord:
         """The validated commit record of ``epoch``.
 
         Raises
@@ -111,7 +114,7 @@ class Commits(Prefix):
         """
         return self.commit_record_bytes(epoch)[0]
 
-    def commit_record_bytes(self, epoch: int) -> tuple[dict[str, Any], bytes]:
+    def commit_record_bytes(self, epoch: int) -> tuple[CommitRecord, bytes]:
         """The validated commit record of ``epoch`` and the very bytes it was read from (for a copy).
 
         Raises
@@ -137,12 +140,12 @@ class Commits(Prefix):
         except (CheckpointCorruptError, CheckpointFormatError) as exc:
             raise type(exc)(f"{url}: {exc}") from None
 
-    def scan_commits(self) -> list[tuple[int, dict[str, Any] | CheckpointError]]:
+    def scan_commits(self) -> list[tuple[int, CommitRecord | CheckpointError]]:
         """Every committed epoch, ascending, with its record or the error reading it raised.
 
         For listings that must show the good epochs and mark the damaged ones.
         """
-        scanned: list[tuple[int, dict[str, Any] | CheckpointError]] = []
+        scanned: list[tuple[int, CommitRecord | CheckpointError]] = []
         for epoch in self.committed_epochs():
             try:
                 scanned.append((epoch, self.read_commit(epoch)))
@@ -152,7 +155,7 @@ class Commits(Prefix):
                 scanned.append((epoch, exc))
         return scanned
 
-    def latest_commit(self) -> dict[str, Any] | None:
+    def latest_commit(self) -> CommitRecord | None:
         """The commit record of the newest committed epoch, or ``None`` if there is none.
 
         Raises
@@ -214,7 +217,7 @@ class Commits(Prefix):
         self.remove_retired(self.retire_epoch(epoch, nodes))
 
     def retire_epoch(
-        self, epoch: int, nodes: Iterable[str], *, sync_folder: bool = True, record: Mapping[str, Any] | None = None
+        self, epoch: int, nodes: Iterable[str], *, sync_folder: bool = True, record: CommitRecord | None = None
     ) -> RetiredEpoch:
         """Un-commit ``epoch`` and return what :meth:`remove_retired` must delete of its groups.
 
@@ -231,6 +234,7 @@ class Commits(Prefix):
             nodes = [validate_name(node, "node") for node in nodes]
         epoch = check_epoch(epoch)
         self._check_held()
+        entries: Mapping[str, CommittedEntry]
         try:
             record = record or self.read_commit(epoch)
             entries = record.get("manifests") or {node: committed_entry(record, node) for node in record["nodes"]}

@@ -29,7 +29,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ...errors import CheckpointCorruptError, CheckpointLockedError, CheckpointWriteError
 from .._format.entries import dumps, loads
@@ -74,7 +74,7 @@ def _pid_max() -> int:
         return 2**22
 
 
-def possible_pid(pid: object) -> bool:
+def possible_pid(pid: object) -> TypeGuard[int]:
     """Whether ``pid`` could be the pid of a process of this host: an int from 1 to the system's
     ``pid_max`` (not a bool, float or string).
 

@@ -6,12 +6,15 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._model.values import check_count
 from ...errors import CheckpointLockedError, JobDefinitionError
 from .commits import RetiredEpoch
 from .store import CheckpointStore
+
+if TYPE_CHECKING:
+    from .._format.documents import CommitRecord, CommittedEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -98,7 +101,7 @@ def best_of(
     store: CheckpointStore,
     epochs: list[int],
     known: dict[int, float | None],
-    metric: str | None,
+    metric: str,
     mode: str,
     keep: int,
 ) -> list[int]:
@@ -136,7 +139,7 @@ def apply_retention(
     keep_every: int | None,
     best: Callable[[list[int]], list[int]] | None,
     retired: RetiredGroups | None = None,
-    written: Mapping[int, Mapping[str, Any]] | None = None,
+    written: Mapping[int, CommitRecord] | None = None,
     committed: list[int] | None = None,
 ) -> list[int]:
     """Delete committed epochs older than ``newest`` that retention does not keep; failures are logged warnings.
@@ -189,7 +192,7 @@ class RetiredGroups:
     """
 
     def __init__(self) -> None:
-        self._pending: dict[int, dict[str, Mapping[str, Any] | None]] = {}
+        self._pending: dict[int, dict[str, CommittedEntry | None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._deleter: threading.Thread | None = None
@@ -206,11 +209,11 @@ class RetiredGroups:
         with self._lock:
             self._pending[retired.epoch] = dict(retired.entries)
 
-    def hand_out(self, nodes: list[str]) -> dict[str, tuple[tuple[int, Mapping[str, Any] | None], ...]]:
+    def hand_out(self, nodes: list[str]) -> dict[str, tuple[tuple[int, CommittedEntry | None], ...]]:
         """Per node of ``nodes``, its pending groups as ``(epoch, entry)``, for the node to delete
         itself (see :meth:`~daskjobs.MultiNodeCheckpointManager.finish_hooks`); those are no
         longer pending here (groups of other nodes stay)."""
-        out: dict[str, list[tuple[int, Mapping[str, Any] | None]]] = {node: [] for node in nodes}
+        out: dict[str, list[tuple[int, CommittedEntry | None]]] = {node: [] for node in nodes}
         with self._lock:
             for epoch, entries in sorted(self._pending.items()):
                 for node in [n for n in entries if n in out]:
@@ -247,6 +250,7 @@ class RetiredGroups:
                 if self._stopping:
                     return
                 store, self._deleting = self._store, True
+            assert store is not None  # set before the thread started
             try:
                 self._remove(store)
             finally:
@@ -316,7 +320,7 @@ class Retention:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
         self.retired = RetiredGroups()
         self._best_values: dict[int, float | None] = {}
-        self._written: dict[int, dict[str, Any]] = {}
+        self._written: dict[int, CommitRecord] = {}
         self._committed: list[int] | None = None
         """The committed epochs while a runner holds the lock (no other writer): listed once, then
         kept up to date here, so a commit costs no listing of the commit records."""
@@ -326,17 +330,17 @@ class Retention:
         """Whether this policy ever deletes an epoch."""
         return self.keep_last is not None or self.keep_every is not None or self.keep_best is not None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The policy, for a manager's HTML view."""
         best = self.keep_best and f"{self.keep_best} by {self.best_mode} {self.best_metric}"
         return {"keep_last": self.keep_last, "keep_every": self.keep_every, "keep_best": best}
 
-    def stamp(self, record: dict[str, Any]) -> None:
+    def stamp(self, record: CommitRecord) -> None:
         """Name the best-k metric and mode in a commit record about to be written."""
         if self.best_metric is not None:
             record["best"] = {"metric": self.best_metric, "mode": self.best_mode}
 
-    def committed(self, record: dict[str, Any], *, mine: bool) -> None:
+    def committed(self, record: CommitRecord, *, mine: bool) -> None:
         """Remember what retention needs of a commit just written (``mine``: while holding the lock)."""
         epoch = record["epoch"]
         if mine:
@@ -345,7 +349,8 @@ class Retention:
                 self._committed.append(epoch)
         else:
             self._committed = None
-        if self.keep_best is not None:  # best_of keeps it to the committed epochs; else it would only grow
+        # best_of keeps it to the committed epochs; else it would only grow
+        if self.keep_best is not None and self.best_metric is not None:
             self._best_values[epoch] = record["metrics"].get(self.best_metric)
 
     def apply(
@@ -361,7 +366,7 @@ class Retention:
         if not self.deletes:
             return
         best: Callable[[list[int]], list[int]] | None = None
-        if self.keep_best is not None:
+        if self.keep_best is not None and self.best_metric is not None:
             best = functools.partial(
                 best_of,
                 store,

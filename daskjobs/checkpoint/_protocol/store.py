@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._model.values import validate_name
 from ...errors import (
@@ -32,13 +32,16 @@ from ...errors import (
     JobDefinitionError,
 )
 from .._format.entries import SAVE_ID_RE, check_epoch
-from .._format.manifests import is_summary
 from .._format.records import MANIFEST_KEY, committed_entry
 from .._storage.base import LocalTree, local_tree
 from .._storage.cleanup import Tree, clear_for_write, staged_group, staging_name, take_over_group
 from .._storage.reader import GroupReader, read_group, read_group_entry, read_manifest
 from .._storage.zarr_groups import COMPRESSIONS, Location, describe_group, write_group
 from .commits import Commits, RetiredEpoch
+
+if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import BlobMeta, CommitRecord, EntryRef, NodeEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -142,11 +145,11 @@ class CheckpointStore(Commits):
         self,
         node: str,
         epoch: int,
-        blobs: Mapping[str, Any],
+        blobs: Mapping[str, Value],
         *,
         save_id: str,
-        previous: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        previous: EntryRef | None = None,
+    ) -> NodeEntry:
         """Write ``node``'s blobs as its Zarr v3 group of ``epoch`` and return the node's entry.
 
         Whatever an earlier attempt left at that place is replaced. Names and dtypes are checked
@@ -203,12 +206,12 @@ class CheckpointStore(Commits):
         self,
         node: str,
         epoch: int,
-        blobs: Mapping[str, Any],
+        blobs: Mapping[str, Value],
         *,
         save_id: str,
-        previous: Mapping[str, Any] | None = None,
+        previous: EntryRef | None = None,
         retired: RetiredEpoch | None = None,
-    ) -> tuple[dict[str, Any], GroupFlush | None]:
+    ) -> tuple[NodeEntry, GroupFlush | None]:
         """:meth:`write_node` without the fsync: return the entry and the :class:`GroupFlush` that makes
         the group durable (``None`` when it already is: object stores, ``fsync=False``).
 
@@ -227,11 +230,11 @@ class CheckpointStore(Commits):
         self,
         node: str,
         epoch: int,
-        blobs: Mapping[str, Any],
+        blobs: Mapping[str, Value],
         *,
         save_id: str,
-        previous: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        previous: EntryRef | None = None,
+    ) -> NodeEntry:
         """The entry :meth:`write_node` would return, computed without touching storage (see
         :func:`~.._storage.zarr_groups.describe_group`): a node hands the write itself to its background thread.
 
@@ -249,13 +252,13 @@ class CheckpointStore(Commits):
         self,
         node: str,
         epoch: int,
-        blobs: Mapping[str, Any],
+        blobs: Mapping[str, Value],
         save_id: str,
-        previous: Mapping[str, Any] | None,
+        previous: EntryRef | None,
         *,
         sync: bool,
         retired: RetiredEpoch | None = None,
-    ) -> tuple[dict[str, Any], GroupFlush | None]:
+    ) -> tuple[NodeEntry, GroupFlush | None]:
         _check_save(node, save_id)
         url = self.db_name(node, epoch)
         self.check_not_taken()
@@ -283,7 +286,7 @@ class CheckpointStore(Commits):
             return entry, None
         return entry, GroupFlush(self, where.files, node, epoch)
 
-    def _take_over(self, node: str, retired: RetiredEpoch, where: Location) -> tuple[str, dict[str, Any]] | None:
+    def _take_over(self, node: str, retired: RetiredEpoch, where: Location) -> tuple[str, dict[str, BlobMeta]] | None:
         """Rename ``node``'s group of the ``retired`` epoch to a staging folder of the group at ``where``
         and return both with its blobs (see :func:`~.._storage.cleanup.take_over_group`), where the
         files can be written over in place; else delete it (a failure is a warning, as retention's)
@@ -324,7 +327,7 @@ class CheckpointStore(Commits):
             f"{self.db_name(node, epoch)}: {exc}"
         )
 
-    def make_durable(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def make_durable(self, node: str, epoch: int, entry: EntryRef) -> NodeEntry:
         """Make ``node``'s group of ``epoch`` durable from this process, for a node that wrote it and
         can no longer report its own flush (its worker died); return the entry the group holds.
 
@@ -347,7 +350,7 @@ class CheckpointStore(Commits):
             self._flush_group(where.files, node, epoch, whole_tree=True)
         return stored
 
-    def read_unflushed(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def read_unflushed(self, node: str, epoch: int, entry: EntryRef) -> dict[str, Value]:
         """The blobs of ``node``'s group of ``epoch`` whose flush failed, read back and verified: what
         a node writes again, as a new group, when the save is retried (see :meth:`make_durable` for
         ``entry`` and the staging folder).
@@ -359,9 +362,7 @@ class CheckpointStore(Commits):
         """
         return self._written_group(node, epoch, entry)[2]
 
-    def _written_group(
-        self, node: str, epoch: int, entry: Mapping[str, Any]
-    ) -> tuple[Location, dict[str, Any], dict[str, Any]]:
+    def _written_group(self, node: str, epoch: int, entry: EntryRef) -> tuple[Location, NodeEntry, dict[str, Value]]:
         """Where ``node``'s group of ``epoch`` holding the save ``entry`` describes is (renamed into place
         from its staging folder), the entry it holds and its blobs, every chunk verified."""
         where = self._group(node, epoch)
@@ -375,7 +376,7 @@ class CheckpointStore(Commits):
         if (
             stored["save_id"] != entry.get("save_id")
             or (isinstance(ref, Mapping) and stored[MANIFEST_KEY] != ref)
-            or (not is_summary(entry) and stored["blobs"] != entry["blobs"])
+            or ("blobs" in entry and stored["blobs"] != entry["blobs"])
         ):
             raise CheckpointCorruptError(
                 f"epoch {epoch}, node {node!r}: {self.db_name(node, epoch)} does not hold the save "
@@ -383,7 +384,7 @@ class CheckpointStore(Commits):
             )
         return where, stored, read_group(where, node, check_epoch(epoch), stored)
 
-    def read_node_entry(self, node: str, epoch: int) -> dict[str, Any]:
+    def read_node_entry(self, node: str, epoch: int) -> NodeEntry:
         """The entry ``node`` wrote for ``epoch`` (validated, naming its manifest), whether committed or not.
 
         Raises
@@ -396,7 +397,7 @@ class CheckpointStore(Commits):
             raise CheckpointNotFoundError(f"no checkpoint of node {node!r} at epoch {epoch} under {self.url}")
         return entry
 
-    def resolve_entry(self, node: str, epoch: int, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def resolve_entry(self, node: str, epoch: int, entry: EntryRef) -> NodeEntry:
         """``node``'s whole entry of committed ``epoch`` from what its commit record holds of it: a
         summary's manifest read and verified (see :func:`~.._storage.reader.read_manifest`), or the entry
         itself (records before format version 4, and entries a write returned).
@@ -408,11 +409,11 @@ class CheckpointStore(Commits):
         CheckpointFormatError
             The manifest is not a regular file, or names a dtype or codec daskjobs does not read.
         """
-        if not is_summary(entry):
-            return dict(entry)
+        if "blobs" in entry:
+            return entry.copy()
         return read_manifest(self._group(validate_name(node, "node"), epoch), node, check_epoch(epoch), entry)
 
-    def node_entries(self, epoch: int, record: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    def node_entries(self, epoch: int, record: CommitRecord | None = None) -> dict[str, NodeEntry]:
         """Every checkpointed node's entry of committed ``epoch``: its blobs with kind, dtype, shape,
         chunks and the XXH3-128 digest of every chunk file (see :mod:`.._format.entries`), validated.
 
@@ -429,7 +430,7 @@ class CheckpointStore(Commits):
         record = self.read_commit(epoch) if record is None else record
         return {node: self.resolve_entry(node, epoch, committed_entry(record, node)) for node in record["nodes"]}
 
-    def reader(self, node: str, epoch: int, entry: Mapping[str, Any], *, entry_validated: bool = False) -> GroupReader:
+    def reader(self, node: str, epoch: int, entry: EntryRef, *, entry_validated: bool = False) -> GroupReader:
         """A reader of ``node``'s group of ``epoch`` that validated ``entry`` once (for many reads);
         ``entry``: as in :meth:`read_node`."""
         validate_name(node, "node")
@@ -439,11 +440,11 @@ class CheckpointStore(Commits):
         self,
         node: str,
         epoch: int,
-        entry: Mapping[str, Any],
+        entry: EntryRef,
         names: Iterable[str] | None = None,
         *,
         entry_validated: bool = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Value]:
         """Read ``node``'s blobs of ``epoch``, verified against ``entry`` (from the commit record).
 
         Parameters

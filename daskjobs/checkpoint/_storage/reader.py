@@ -15,7 +15,7 @@ import contextlib
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -23,10 +23,14 @@ from ...errors import CheckpointCorruptError, CheckpointError, CheckpointFormatE
 from .._format import json_values as _json
 from .._format.chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
 from .._format.entries import MAX_JSON_BYTES, loads, validate_node_entry
-from .._format.manifests import ENTRY_KEY, check_manifest, is_summary, reference
+from .._format.manifests import ENTRY_KEY, check_manifest, reference
 from .._format.records import MANIFEST_KEY
 from .base import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError
 from .zarr_groups import COMPRESSIONS, Location, decode, expected_metadata
+
+if TYPE_CHECKING:
+    from ..._model.values import Value
+    from .._format.documents import BlobMeta, EntryRef, EntryReport, EntrySummary, NodeEntry
 
 _KNOWN_TYPES = frozenset(
     [
@@ -44,7 +48,7 @@ largest blobs are checked first (one ``lstat`` each; one listing per blob on obj
 record claiming more bytes than the files hold is refused before anything is allocated."""
 
 
-def _value(kind: str, array: np.ndarray, label: str) -> Any:
+def _value(kind: str, array: np.ndarray, label: str) -> Value:
     if kind == "array":
         return array
     try:
@@ -54,7 +58,7 @@ def _value(kind: str, array: np.ndarray, label: str) -> Any:
 
 
 # -- reading -----------------------------------------------------------------------------------
-def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool = True) -> dict[str, Any] | None:
+def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool = True) -> NodeEntry | None:
     """The entry stored in the group's attributes (naming its manifest, the group's ``zarr.json``,
     under ``"manifest"``), or ``None`` if there is no group.
 
@@ -86,7 +90,9 @@ def read_group_entry(where: Location, node: str, epoch: int, *, validate: bool =
     if attributes[ENTRY_KEY].get("state") == "writing":
         raise CheckpointCorruptError(f"{label}: the save {attributes[ENTRY_KEY].get('save_id')} never finished")
     entry = (
-        dict(attributes[ENTRY_KEY]) if not validate else validate_node_entry(attributes[ENTRY_KEY], node, epoch, label)
+        cast("NodeEntry", dict(attributes[ENTRY_KEY]))  # unchecked: the caller compares it with a validated one
+        if not validate
+        else validate_node_entry(attributes[ENTRY_KEY], node, epoch, label)
     )
     entry[MANIFEST_KEY] = reference(data)
     return entry
@@ -111,7 +117,7 @@ def _manifest_bytes(where: Location, node: str, epoch: int, size: int) -> bytes:
     return data
 
 
-def read_manifest(where: Location, node: str, epoch: int, summary: Mapping[str, Any]) -> dict[str, Any]:
+def read_manifest(where: Location, node: str, epoch: int, summary: EntrySummary | EntryReport) -> NodeEntry:
     """The node's entry from its manifest, verified against ``summary`` (from the commit record).
 
     Raises
@@ -123,14 +129,15 @@ def read_manifest(where: Location, node: str, epoch: int, summary: Mapping[str, 
         It is not a regular file (or its group not a real folder), or it names a dtype or codec
         daskjobs does not read.
     """
-    if not isinstance(summary.get(MANIFEST_KEY), Mapping):
+    ref = summary[MANIFEST_KEY]
+    if not isinstance(ref, Mapping):
         raise InvalidStateError(
             f"epoch {epoch}, node {node!r}: the summary names no manifest (its group was described, not written "
             "yet); read it once its write finished"
         )
-    data = _manifest_bytes(where, node, epoch, summary[MANIFEST_KEY]["size"])
+    data = _manifest_bytes(where, node, epoch, ref["size"])
     label = f"epoch {epoch}, node {node!r}: the node's manifest {where.url}/zarr.json"
-    return check_manifest(data, summary, node, epoch, label)
+    return check_manifest(data, summary, ref, node, epoch, label)
 
 
 class GroupReader:
@@ -140,15 +147,17 @@ class GroupReader:
     read. Every read then checks each array's ``zarr.json`` and every chunk's size and digest.
     """
 
-    def __init__(self, where: Location, node: str, epoch: int, entry: Mapping[str, Any], *, validated: bool = False):
+    def __init__(self, where: Location, node: str, epoch: int, entry: EntryRef, *, validated: bool = False):
         self.where, self.node, self.epoch = where, node, epoch
         self.context = f"epoch {epoch}, node {node!r}"
         self._group_checked = False
-        if is_summary(entry):  # a commit record's summary: the manifest read and verified here is the group's
+        if "blobs" not in entry:  # a commit record's summary: the manifest read and verified here is the group's
             entry, validated = read_manifest(where, node, epoch, entry), True
             self._group_checked = True
-        self.entry = dict(entry) if validated else validate_node_entry(entry, node, epoch, f"entry of {self.context}")
-        self.blobs: dict[str, dict[str, Any]] = self.entry["blobs"]
+        self.entry: NodeEntry = (
+            entry.copy() if validated else validate_node_entry(entry, node, epoch, f"entry of {self.context}")
+        )
+        self.blobs: dict[str, BlobMeta] = self.entry["blobs"]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_group_checked": False}
@@ -291,7 +300,7 @@ class GroupReader:
         with self._allocating(name, meta["nbytes"]):
             return empty_aligned(meta["shape"], np.dtype(meta["dtype"]))
 
-    def read(self, names: Iterable[str] | None = None) -> dict[str, Any]:
+    def read(self, names: Iterable[str] | None = None) -> dict[str, Value]:
         """Read, verify and decode blobs (default: all); names the entry lacks are skipped."""
         wanted = list(self.blobs) if names is None else [n for n in dict.fromkeys(names) if n in self.blobs]
         self.check_group()
@@ -312,7 +321,7 @@ class GroupReader:
             values[name] = _value(self.blobs[name]["kind"], out, self._label(name))
         return values
 
-    def read_blob(self, name: str) -> Any:
+    def read_blob(self, name: str) -> Value:
         """Blob ``name``, read and verified like :meth:`read` (for lazy views of arrays without chunks)."""
         return self.read([name])[name]
 
@@ -416,7 +425,7 @@ class GroupReader:
 
     def _decode_chunk(self, name: str, part: bytes, out: np.ndarray) -> None:
         meta = self.blobs[name]
-        one = {**meta, "shape": list(out.shape), "hashes": [""], "sizes": [len(part)]}
+        one: BlobMeta = {**meta, "shape": list(out.shape), "hashes": [""], "sizes": [len(part)]}
         try:
             decode(one, [part], out)
         except Exception as exc:  # as in _decode
@@ -499,7 +508,7 @@ def _explain_metadata(label: str, data: bytes | OSError, expected: bytes) -> Non
 
 
 def read_group(
-    where: Location, node: str, epoch: int, entry: Mapping[str, Any], names: Iterable[str] | None = None
-) -> dict[str, Any]:
+    where: Location, node: str, epoch: int, entry: EntryRef, names: Iterable[str] | None = None
+) -> dict[str, Value]:
     """Read and verify blobs of the group at ``where`` against ``entry`` (see the store's ``read_node``)."""
     return GroupReader(where, node, epoch, entry).read(names)

@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,6 +66,12 @@ from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
 from .base import Files, LocalTree, Staged, local_tree, queued
 from .cleanup import remove_staging, staging_name
+
+if TYPE_CHECKING:
+    from zarr.core.buffer import Buffer
+
+    from ..._model.values import Value
+    from .._format.documents import BlobLayout, BlobMeta, EntryRef, NodeEntry
 
 COMPRESSIONS = ("zstd", "blosc", "gzip")
 
@@ -167,7 +173,7 @@ def _zarr_array(
             chunks=chunks,
             compressors=[_compressor(codec)],
             chunk_key_encoding={"name": "default", "separator": "."},
-            attributes=JSON_ATTRIBUTES if kind == "json" else None,
+            attributes=dict(JSON_ATTRIBUTES) if kind == "json" else None,
             dimension_names=dims,
             config={"write_empty_chunks": True},
         )
@@ -179,12 +185,12 @@ def _compressed_metadata(
 ) -> bytes:
     import zarr.storage
 
-    documents: dict[str, Any] = {}
+    documents: dict[str, Buffer] = {}
     _zarr_array(zarr.storage.MemoryStore(documents), dtype, shape, chunks, kind, codec, dims)
     return documents["a/zarr.json"].to_bytes()
 
 
-def expected_metadata(meta: Mapping[str, Any]) -> bytes:
+def expected_metadata(meta: BlobLayout) -> bytes:
     """The exact ``zarr.json`` bytes of a blob as its (validated) entry describes it: with the
     dimension names it lists, or none (a group written before daskjobs named them)."""
     dims = tuple(meta["dimension_names"]) if "dimension_names" in meta else None
@@ -198,19 +204,19 @@ def _encode(array: np.ndarray, chunks: list[int], kind: str, codec: str) -> list
     """Chunk files of ``array`` compressed with ``codec`` (encoded by zarr, in memory)."""
     import zarr.storage
 
-    documents: dict[str, Any] = {}
+    documents: dict[str, Buffer] = {}
     target = _zarr_array(zarr.storage.MemoryStore(documents), array.dtype.str, array.shape, tuple(chunks), kind, codec)
     with _quiet_zarr():
         target[...] = array
     return [documents[f"a/{chunk_key(i, array.ndim)}"].to_bytes() for i in range(chunk_count(array.shape, chunks))]
 
 
-def decode(meta: Mapping[str, Any], parts: list[bytes], out: np.ndarray) -> None:
+def decode(meta: BlobLayout, parts: list[bytes], out: np.ndarray) -> None:
     import zarr
     import zarr.storage
     from zarr.core.buffer import cpu
 
-    documents = {"a/zarr.json": cpu.Buffer.from_bytes(expected_metadata(meta))}
+    documents: dict[str, Buffer] = {"a/zarr.json": cpu.Buffer.from_bytes(expected_metadata(meta))}
     documents.update({f"a/{chunk_key(i, out.ndim)}": cpu.Buffer.from_bytes(p) for i, p in enumerate(parts)})
     with _quiet_zarr():
         out[...] = zarr.open_array(zarr.storage.MemoryStore(documents, read_only=True), path="a", mode="r")[...]
@@ -221,14 +227,14 @@ def write_group(
     where: Location,
     node: str,
     epoch: int,
-    blobs: Mapping[str, Any],
+    blobs: Mapping[str, Value],
     *,
     save_id: str,
     compression: str | None,
-    previous: Mapping[str, Any] | None = None,
+    previous: EntryRef | None = None,
     sync: bool = True,
-    over: tuple[str, Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
+    over: tuple[str, Mapping[str, BlobMeta]] | None = None,
+) -> NodeEntry:
     """Write ``blobs`` as the Zarr v3 group at ``where`` and return the node's entry (see the store),
     naming the manifest written (the group's ``zarr.json``) under ``"manifest"``.
 
@@ -239,13 +245,13 @@ def write_group(
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
     files = where.files
-    reuse_from = _reusable(previous, node, epoch)
-    old = where.sibling(f"{node}.{previous['epoch']}") if reuse_from else ""
+    reuse_from, reused_epoch = _reusable(previous, node, epoch)
+    old = where.sibling(f"{node}.{reused_epoch}") if reuse_from else ""
     sealed = files.sealed_at(old) if reuse_from else None
     copied: dict[str, int] = {}
     """Reused chunk files (a queued copy on object stores) → the bytes counted as reused."""
 
-    def write(item: tuple[str, tuple[str, np.ndarray]]) -> tuple[str, dict[str, Any], int, int]:
+    def write(item: tuple[str, tuple[str, np.ndarray]]) -> tuple[str, BlobMeta, int, int]:
         name, (kind, array) = item
         before = (reuse_from.get(name), f"{old}/{name}", sealed)
         there = over is not None and name in over[1]
@@ -273,7 +279,7 @@ def write_group(
             results = list(map(write, stored.items()))
         # queued writes: the copies and chunks, before the entry counts them (a failed copy is written)
         rewritten = sum(copied.get(target, 0) for target in files.settle()) if queued(files) else 0
-        entry = {
+        entry: NodeEntry = {
             "node": node,
             "epoch": epoch,
             "save_id": save_id,
@@ -306,22 +312,23 @@ def write_group(
     return entry
 
 
-def _reusable(previous: Mapping[str, Any] | None, node: str, epoch: int) -> dict[str, Any]:
-    """The blobs of ``previous`` (the node's entry of an earlier committed epoch) whose chunks may be reused."""
-    if not previous:
-        return {}
+def _reusable(previous: EntryRef | None, node: str, epoch: int) -> tuple[dict[str, BlobMeta], int]:
+    """The blobs of ``previous`` (the node's entry of an earlier committed epoch) whose chunks may be
+    reused, and that epoch (``({}, -1)``: none)."""
+    if not previous or "blobs" not in previous:
+        return {}, -1
     old = previous.get("epoch")
     if previous.get("node") != node or type(old) is not int or not 0 <= old < epoch:
-        return {}
+        return {}, -1
     blobs = previous.get("blobs")
-    return dict(blobs) if isinstance(blobs, dict) else {}
+    return (dict(blobs), old) if isinstance(blobs, dict) else ({}, -1)
 
 
-def _layout(name: str, kind: str, array: np.ndarray, codec: str | None) -> tuple[dict[str, Any], list[Any], list[Any]]:
+def _layout(name: str, kind: str, array: np.ndarray, codec: str | None) -> tuple[BlobLayout, list[Any], list[Any]]:
     """Blob ``name``'s entry without digests, its chunk spans and each chunk's stored parts."""
     shape, nbytes = array.shape, array.nbytes
     chunks = chunk_rows(shape, array.itemsize)
-    meta: dict[str, Any] = {
+    meta: BlobLayout = {
         "kind": kind,
         "dtype": array.dtype.str,
         "shape": list(shape),
@@ -344,7 +351,7 @@ _NOT_LAYOUT = ("nbytes", "dimension_names")
 """Blob entry fields that do not change its chunk files (dimension names are in its ``zarr.json`` only)."""
 
 
-def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chunk_count: int) -> bool:
+def _same_layout(before: BlobMeta | None, meta: BlobLayout, chunk_count: int) -> bool:
     """Whether ``before`` (the previous epoch's blob entry) has this layout: its chunk files may be
     reused (its ``zarr.json`` too when the dimension names are the same as well)."""
     return (
@@ -355,22 +362,22 @@ def _same_layout(before: Mapping[str, Any] | None, meta: Mapping[str, Any], chun
     )
 
 
-def _finish_meta(meta: dict[str, Any], hashes: list[str], codec: str | None, stored: list[Any]) -> dict[str, Any]:
-    meta["hashes"] = hashes
+def _finish_meta(meta: BlobLayout, hashes: list[str], codec: str | None, stored: list[Any]) -> BlobMeta:
+    finished: BlobMeta = {**meta, "hashes": hashes}
     if codec is not None:
-        meta["sizes"] = [len(p) for p, _ in stored]
-    return meta
+        finished["sizes"] = [len(p) for p, _ in stored]
+    return finished
 
 
 def describe_group(
     node: str,
     epoch: int,
-    blobs: Mapping[str, Any],
+    blobs: Mapping[str, Value],
     *,
     save_id: str,
     compression: str | None,
-    previous: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    previous: EntryRef | None = None,
+) -> NodeEntry:
     """The entry :func:`write_group` would return for ``blobs``, computed without writing anything.
 
     Digests and layout are exact; ``bytes_written``/``bytes_reused`` assume every chunk whose
@@ -379,15 +386,16 @@ def describe_group(
     """
     started = time.perf_counter()
     stored = {check_blob_name(name): _stored(name, value) for name, value in blobs.items()}
-    reuse_from = _reusable(previous, node, epoch)
-    described, written, reused = {}, 0, 0
+    reuse_from, _ = _reusable(previous, node, epoch)
+    described: dict[str, BlobMeta] = {}
+    written, reused = 0, 0
     for name, (kind, array) in stored.items():
         meta, spans, parts = _layout(name, kind, array, compression)
         before = reuse_from.get(name)
         same = _same_layout(before, meta, len(spans))
         hashes = [digest(*chunk) for chunk in parts]
         for index, (start, stop, _pad) in enumerate(spans):
-            if same and before["hashes"][index] == hashes[index]:
+            if same and before is not None and before["hashes"][index] == hashes[index]:
                 reused += stop - start
             else:
                 written += stop - start
@@ -404,7 +412,7 @@ def describe_group(
     }
 
 
-def _drop_stale(files: LocalTree, path: str, over: Mapping[str, Any], blobs: Mapping[str, Any]) -> None:
+def _drop_stale(files: LocalTree, path: str, over: Mapping[str, BlobMeta], blobs: Mapping[str, BlobMeta]) -> None:
     """Remove what the retired group written over held and the new one does not: blobs it no longer
     has (their metadata, chunks and folder) and chunks past a blob's new chunk grid."""
     for name, meta in over.items():
@@ -429,10 +437,10 @@ def _write_blob(
     kind: str,
     array: np.ndarray,
     codec: str | None,
-    reusable: tuple[Mapping[str, Any] | None, str, int | None],
+    reusable: tuple[BlobMeta | None, str, int | None],
     copied: dict[str, int],
     there: bool = False,
-) -> tuple[dict[str, Any], int, int]:
+) -> tuple[BlobMeta, int, int]:
     """Write blob ``name``'s array metadata and chunk files; return its blob entry, bytes written and bytes reused.
 
     ``reusable``: the previous epoch's blob entry (``None``: nothing to reuse), the array's path
@@ -443,14 +451,16 @@ def _write_blob(
     """
     before, old_path, sealed = reusable
     meta, spans, stored = _layout(name, kind, array, codec)
-    same = before is not None and _same_layout(before, meta, len(spans))
+    if not _same_layout(before, meta, len(spans)):
+        before = None  # no chunk file of it is reused
     put, reuse = files.put, files.reuse
     if there and local_tree(files):
         put, reuse = files.overwrite, files.reuse_over
     else:
         files.mkdir(path)
     metadata = expected_metadata(meta)  # the same bytes as the previous epoch's when ``named`` too
-    named = same and before.get("dimension_names") == meta["dimension_names"]  # a group of format 4 names none
+    # the dimension names too: a group of format 4 names none
+    named = before is not None and before.get("dimension_names") == meta["dimension_names"]
     if not (named and reuse(f"{old_path}/zarr.json", f"{path}/zarr.json", (metadata,), sealed)):
         put(f"{path}/zarr.json", metadata)
     hashes, written, reused, ndim = [], 0, 0, array.ndim
@@ -459,7 +469,11 @@ def _write_blob(
         key = chunk_key(index, ndim)
         hashes.append(digest(*parts))
         target = f"{path}/{key}"
-        if same and before["hashes"][index] == hashes[-1] and reuse(f"{old_path}/{key}", target, parts, sealed):
+        if (
+            before is not None
+            and before["hashes"][index] == hashes[-1]
+            and reuse(f"{old_path}/{key}", target, parts, sealed)
+        ):
             copied[target] = stop - start
             reused += stop - start
             continue
