@@ -13,12 +13,14 @@ the save of the victim epoch. Classes:
   folder into place, each in the hook (the last epoch's save, fsynced inside the epoch's task) and in
   the background (epoch 5). Each goes through the run's ``save_retries``: the epoch is written
   again and the run goes on without a recovery.
-* **driver SIGKILL** (``daskjobs run``, whose workers die with it) while node ``a``'s worker is at
-  one of the points above, then a resume run.
+* **driver SIGKILL** (``os.killpg`` to the process group of ``daskjobs run``) while node ``a``'s
+  worker is at one of the points above: the driver's own local cluster dies with it, or the workers
+  of a scheduler it joined live on and finish the save; then a resume, ``daskjobs run`` again.
 
 After the run, or the resume, completes: the newest two epochs are committed and verify (also with
 ``daskjobs checkpoints verify``), hold the values of an uninterrupted run, and their files are those
-of their commit; no ``*.tmp-*`` folder or file and no uncommitted group of daskjobs' own remains;
+of their commit (a run of this process hears of each commit; a dead driver's commits are checked for
+it); no ``*.tmp-*`` folder or file and no uncommitted group of daskjobs' own remains;
 a user's file, a ``mydata.2024`` folder and a folder named like a staging folder without daskjobs'
 proof are untouched.
 """
@@ -29,6 +31,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import checkout_env, stop_group, wait_until
+from processes import checkout_env, spawn, stop_group, wait_until
 
 import daskjobs as dj
 from daskjobs.checkpoint._storage.cleanup import named_by_us
@@ -199,11 +202,10 @@ ERROR_CASES = [
 failed attempt's files either (in the background nothing removes them there: the run does, at its end)."""
 
 
-@pytest.mark.representative(
-    "write-enospc-hook", "sync-eio-background", "sync-eio-stuck-hook", "rename-eio-hook", "rename-eio-background"
-)
-# Each error and each place once; the rename, whose failure leaves a whole group in its staging
-# folder, in both.
+@pytest.mark.representative("write-enospc-hook", "sync-eio-stuck-hook", "rename-eio-background")
+# Each error and each place once: the write in the hook; the sync in the hook, where the worker cannot
+# remove what it wrote either (the run's end does); the rename, whose failure leaves a whole group in
+# its staging folder, in the background.
 @pytest.mark.parametrize(("error", "where"), ERROR_CASES)
 def test_an_error_in_a_workers_save_is_retried_and_leaves_no_debris(
     cluster, tmp_path, monkeypatch, caplog, error, where
@@ -229,14 +231,12 @@ def test_an_error_in_a_workers_save_is_retried_and_leaves_no_debris(
         assert "saving it again" in caplog.text
 
 
-def run_cli(prefix: Path, settings: dict[str, str], log: Path, *options: str) -> subprocess.Popen:
-    """``daskjobs run save_faults.py:job OPTIONS`` with retention, in a process group of its own."""
+def run_cli(cwd: Path, prefix: Path, settings: dict[str, str], log: str, *options: str) -> subprocess.Popen:
+    """``daskjobs run save_faults.py:job OPTIONS`` with retention, from ``cwd``, in a process group of
+    its own; without a terminal it prints a line per epoch (``epoch N committed: ...``) to ``log``."""
     argv = [sys.executable, "-m", "daskjobs", "run", f"{JOBFILE}:job", "--checkpoint", str(prefix)]
-    argv += ["--keep-last", "2", "--max-epochs", str(EPOCHS), "--no-progress", *options]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=checkout_env(**settings), start_new_session=True
-        )
+    argv += ["--keep-last", "2", "--max-epochs", str(EPOCHS), *options]
+    return spawn(argv, cwd / log, env=checkout_env(**settings), cwd=cwd)
 
 
 def busy(dask_worker) -> bool:
@@ -268,29 +268,31 @@ def group_alive(pgid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.representative("after-the-manifest-live-on")
-# One case: the other points as in the worker's class; the driver's own workers, which end with it,
-# leave the prefix as a worker's SIGKILL does, and are cleaned up by the resume instead of a recovery.
+@pytest.mark.representative("after-the-manifest-end-with-it")
+# One case: the other points as in the worker's class. A driver with a local cluster of its own,
+# killed with it, leaves the prefix as a worker's SIGKILL does, for the resume to clean up; the
+# workers of a scheduler it joined live on and finish its save (the matrix).
 @pytest.mark.parametrize("workers", ["live-on", "end-with-it"])
 @pytest.mark.parametrize("point", POINTS)
-def test_a_driver_killed_while_a_worker_saves_resumes_and_leaves_no_debris(
-    cluster, tmp_path, monkeypatch, point, workers
-):
-    """SIGKILL to the driver alone (``daskjobs run``) while node a's worker is at the point: the
-    workers of a cluster the driver joined (``--scheduler``) live on and finish the save, those of
-    its own local cluster end with it. The commits left verify, and a resume run completes with no
-    debris left."""
+def test_a_driver_killed_while_a_worker_saves_resumes_and_leaves_no_debris(cluster, tmp_path, point, workers):
+    """SIGKILL to the process group of ``daskjobs run`` while node a's worker is at the point: the
+    local cluster the driver started ends with it; the workers of a cluster it joined
+    (``--scheduler``) live on and finish the save, without touching a commit. The commits left
+    verify, and a resume (``daskjobs run`` again) completes with no debris left."""
     prefix = tmp_path / "ckpt"
     prefix.mkdir()
     users = foreign(prefix)
     settings = knobs(prefix, point, BACKGROUND, action="pause")
     flags = tmp_path / "flags"
     options = ["--scheduler", cluster.scheduler_address] if workers == "live-on" else []
-    driver = run_cli(prefix, settings, tmp_path / "driver.log", *options)
+    driver = run_cli(tmp_path, prefix, settings, "driver.log", *options)
     try:
         wait_until(lambda: (flags / "at-point").exists(), 90, f"node a's worker at {point}", driver)
-        driver.send_signal(signal.SIGKILL)
+        os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
+        committed = [info.epoch for info in dj.list_checkpoints(str(prefix))]
+        assert committed, (tmp_path / "driver.log").read_text()[-3000:]
+        before = {epoch: group_files(prefix, epoch) for epoch in committed}
         if workers == "live-on":
             (flags / "go").touch()
             wait_until(lambda: quiet(cluster, prefix), 30, "the dead driver's saves to end on the workers")
@@ -298,14 +300,23 @@ def test_a_driver_killed_while_a_worker_saves_resumes_and_leaves_no_debris(
             wait_until(lambda: not group_alive(driver.pid), 30, "the driver's workers to end with it")
     finally:
         stop_group(driver)
-    committed = [info.epoch for info in dj.list_checkpoints(str(prefix))]
-    assert committed, (tmp_path / "driver.log").read_text()[-3000:]
     assert committed[-1] < BACKGROUND  # the victim epoch never committed
+    victim = [p.name for p in prefix.iterdir() if p.name.startswith(f"a.{BACKGROUND}") and p.name != STAGING_LOOKALIKE]
+    assert victim  # for the resume to remove: the victim group, in its staging folder or in place
+    assert {epoch: group_files(prefix, epoch) for epoch in committed} == before
     check_committed(prefix, committed)
 
-    commits = Commits(prefix)
-    with dj.DaskSession(cluster) as session:
-        runner = train(session, fault_job(monkeypatch, settings), prefix, commits)
-    check_no_debris(prefix, users, commits)
-    assert [r.epoch for r in runner.history] == list(range(committed[-1] + 1, EPOCHS + 1))
-    assert commits.committed == list(range(committed[-1] + 1, EPOCHS + 1))
+    resume = run_cli(tmp_path, prefix, settings, "resume.log", *options)
+    try:
+        resume.wait(timeout=120)
+    finally:
+        stop_group(resume)
+    out = (tmp_path / "resume.log").read_text()
+    assert resume.returncode == 0, out[-3000:]
+    check_no_debris(prefix, users)
+    rerun = list(range(committed[-1] + 1, EPOCHS + 1))
+    lines = re.findall(r"^epoch (\d+) committed: (.*)$", out, re.MULTILINE)
+    assert [int(epoch) for epoch, _ in lines] == rerun, out[-3000:]  # each epoch once, in order
+    assert not [rest for _, rest in lines if "recoveries=" in rest]  # resumed, not recovered
+    assert f"last epoch {EPOCHS}, committed under" in out
+    assert f"ran epochs {rerun[0]}-{EPOCHS}" in out
