@@ -168,7 +168,8 @@ class CommitPipeline:
             timings = {"save_seconds": time.perf_counter() - started}
             self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
 
-        self._attempt(epoch, save, give_up=lambda: self._forget(epoch))
+        if self._attempt(epoch, save, give_up=lambda: self._forget(epoch)) and self.last_committed == epoch:
+            self._call_then(epoch)  # committed like an epoch saved in its graph: on_commit hears of it
         committed = self.writer.last_commit
         if manager.async_save or committed is None or committed["epoch"] != epoch:
             return Saved(time.perf_counter() - started, None)
@@ -493,7 +494,6 @@ class CommitPipeline:
     def _give_up(self, epoch: int, error: BaseException) -> None:
         """A save of ``epoch`` failed for good: raise ``CheckpointWriteError`` or warn, by policy (a lock
         that provably vanished or changed hands stops the run with ``CheckpointLockedError``)."""
-        self.debris = True
         self._after_failure()
         if self.policy is None:
             raise error
@@ -508,9 +508,11 @@ class CommitPipeline:
         self._call_then(epoch)
 
     def _after_failure(self) -> None:
-        """After a failed save: ``CheckpointLockedError`` if the lock (or the prefix) provably vanished or
+        """After a failed save: what it wrote may be left (:attr:`debris`, removed when the run ends even
+        if a retry succeeded); ``CheckpointLockedError`` if the lock (or the prefix) provably vanished or
         changed hands, rather than retry into a prefix no longer ours (storage that cannot be read is a
         save error, for the policy; the commit's own lock check stays strict)."""
+        self.debris = True
         if self.writer.locked:
             self.writer.store.check_not_taken()
 
