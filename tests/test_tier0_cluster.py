@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from distributed import LocalCluster
 from prefix_reads import ROOT_VARIABLE, reads_everywhere, watch
+from processes import wait_until
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
@@ -166,6 +167,20 @@ class Reads(dj.RunnerHooks):
             self.found = reads_everywhere(self.client)
 
 
+def _tier0_keys_here(dask_worker) -> list[str]:
+    return sorted(str(key) for key in dask_worker.data if "-tier0-" in str(key))
+
+
+def _tier0_keys_known(dask_scheduler) -> list[str]:
+    return sorted(str(key) for key in dask_scheduler.tasks if "-tier0-" in str(key))
+
+
+def tier0_keys(client) -> tuple[dict[str, list[str]], list[str]]:
+    """The tier-0 keys each worker holds (those holding some), and those the scheduler knows."""
+    held = {worker: keys for worker, keys in client.run(_tier0_keys_here).items() if keys}
+    return held, client.run_on_scheduler(_tier0_keys_known)
+
+
 def restored_from(runner: dj.JobRunner) -> int:
     """The epoch the (single) recovery restored: the one before the first record made after it."""
     return next(r.epoch for r in runner.history if r.recoveries) - 1
@@ -189,6 +204,57 @@ def test_a_worker_killed_mid_epoch_comes_back_from_memory_reading_nothing(cluste
     assert [r.tier for r in runner.history] == ["memory"] * (EPOCHS - 1) + ["durable"]
     assert all(len(r.tier0_bytes) == 2 for r in runner.history)
     assert_durable_commits_equal(prefix, [0, EPOCHS])
+
+
+def init_w(ws):
+    ws["w"] = np.zeros(4)
+
+
+def slow_step(ws):
+    time.sleep(0.3)
+    ws["w"] = ws["w"] + 1.0
+
+
+def independent_job() -> dj.Job:
+    """Nodes a and b, each on its own, a slow step an epoch."""
+    with dj.Cluster(), dj.Job(name="tier0-independent") as job:
+        for node in ("a", "b"):
+            with dj.Node(node):
+                with job.init_group:
+                    dj.Task(init_w)
+                dj.Task(slow_step)
+        with dj.Node("a"):
+            dj.epoch_limiter(job, 6)
+    return job
+
+
+class KillB(dj.RunnerHooks):
+    """SIGKILLs node b's worker just after epoch ``epoch`` starts (while both nodes' steps run)."""
+
+    def __init__(self, session: dj.DaskSession, epoch: int) -> None:
+        self.session, self.epoch, self.killed = session, epoch, False
+
+    def epoch_running(self, epoch: int) -> None:
+        if epoch == self.epoch and not self.killed:
+            self.killed = True
+            worker = self.session.placement["b"]
+            pid = self.session.client.run(os.getpid, workers=[worker])[worker]
+            threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
+
+
+def test_a_snapshot_that_could_not_reach_its_dead_replica_holder_is_not_left_behind(cluster, tmp_path):
+    """Node b's worker dies early in epoch 3 while node a's step runs on: a's snapshot of epoch 3 then
+    cannot go to b's worker (Dask retries the connection for its connect timeout). The run comes back
+    from epoch 2 in memory and ends, and a's snapshot of epoch 3 — dropped with its epoch — is not
+    left in a's worker (once registered late, nothing would release it while the session lives):
+    no tier-0 key remains on any worker, nor on the scheduler."""
+    manager = dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt"), in_memory=True, durable_every=10)
+    with dj.DaskSession(cluster) as session:
+        runner = dj.JobRunner(independent_job(), manager, max_failures=1, progress=False, hooks=KillB(session, 3))
+        assert runner.train(session) == 6
+        assert restored_from(runner) == 2
+        assert session.fetch("w", "a").tolist() == session.fetch("w", "b").tolist() == [6.0] * 4
+        wait_until(lambda: tier0_keys(session.client) == ({}, []), 10, "no tier-0 snapshot left on the cluster")
 
 
 def test_a_worker_and_its_replica_holder_killed_fall_back_to_the_durable_commit(cluster, tmp_path, reference, caplog):

@@ -7,14 +7,17 @@ Dask's scatter path); it then sends the replicas to their peers the same way (on
 peer for every snapshot waiting, on the worker's event loop, while the next epoch runs) and last
 registers the keys with the scheduler as data of the driver's client (``update_data``), replicas
 first: a registration that names a peer which left meanwhile fails before the node's own key is
-touched, and the own key is then registered alone. From then on they are ordinary Dask data:
+touched, and the own key is then registered alone. A push still running after
+:data:`_PUSH_GRACE` (a peer that died: Dask retries the connection until its connect timeout) does
+not hold the own keys back: they are registered without its replicas, which are registered once
+the push ends, or reported failed. From then on they are ordinary Dask data:
 released with the driver's client, moved off a worker that retires gracefully, lost with their
 last holder, never recomputed (they have no task).
 
 On the driver, :class:`DaskMemory` holds a ``distributed.Future`` per key from before the key
 exists: the scheduler's report of the registration finishes it, so the driver knows which
 snapshots are stored without asking. A key released before its registration arrived is released
-once more a second later. Restoring is a task per node on its worker with the snapshot's future
+again at every release from a second later on, for :data:`_LATE_FOR` seconds. Restoring is a task per node on its worker with the snapshot's future
 as argument: Dask brings the snapshot there if another worker holds it.
 """
 
@@ -25,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import dask.config
@@ -43,6 +46,13 @@ logger = logging.getLogger("daskjobs")
 
 _RELEASE_AGAIN_AFTER = 1.0
 """Seconds after which a key released before its registration arrived is released once more."""
+_LATE_FOR = 90.0
+"""Seconds during which such a key is released again at every release: a registration can come that
+late (a worker's push to a peer that died waits for Dask's connect timeout before the worker
+registers the replicas it did send)."""
+_PUSH_GRACE = 1.0
+"""Seconds a worker waits for its pushes to peers before it registers its own snapshots without
+them; the replicas still in flight are registered once sent."""
 
 
 def _address(worker: Worker) -> str:
@@ -126,9 +136,7 @@ class WorkerMemory:
 
     # -- on the event loop ----------------------------------------------------------------
     def _start(self) -> None:
-        task = asyncio.ensure_future(self._store())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._store())
 
     async def _store(self) -> None:
         with self._lock:
@@ -143,15 +151,46 @@ class WorkerMemory:
         for order, snapshots, _ in sealed:
             for key, peer in order.bundle.replicas.items():
                 by_peer.setdefault(peer, {})[key] = to_serialize(snapshots)
-        peers = sorted(by_peer)
-        sent = await asyncio.gather(*(self._push(peer, by_peer[peer]) for peer in peers), return_exceptions=True)
-        failed = {peer: outcome for peer, outcome in zip(peers, sent, strict=True) if outcome is not None}
+        pushes = {peer: asyncio.ensure_future(self._push(peer, data)) for peer, data in sorted(by_peer.items())}
+        if pushes:
+            await asyncio.wait(pushes.values(), timeout=_PUSH_GRACE)
+        failed: dict[str, BaseException] = {}
+        for peer, push in pushes.items():
+            error = push.result() if push.done() else None
+            if error is not None:
+                failed[peer] = error
         for order, _, _ in sealed:
             for peer in sorted(set(order.bundle.replicas.values()) & set(failed)):
                 self._fail(order, peer, failed[peer])
+        late = {peer: push for peer, push in pushes.items() if not push.done()}
         for owner in sorted({order.owner for order, _, _ in sealed}):
             mine = [(order, total) for order, _, total in sealed if order.owner == owner]
-            await self._register(owner, mine, me, set(failed))
+            await self._register(owner, mine, me, set(failed) | set(late))
+            for peer, push in late.items():
+                self._spawn(self._register_late(owner, mine, peer, push))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _register_late(
+        self, owner: str, sealed: list[tuple[KeepOrder, int]], peer: str, push: asyncio.Future[BaseException | None]
+    ) -> None:
+        """Register the replicas of ``sealed`` on ``peer`` once their push, slower than
+        :data:`_PUSH_GRACE`, ended (the own snapshots were registered without them)."""
+        error = await push
+        replicas = {key: [peer] for order, _ in sealed for key, at in order.bundle.replicas.items() if at == peer}
+        if error is None and replicas:
+            nbytes = {key: total for order, total in sealed for key in order.bundle.replicas if key in replicas}
+            try:
+                await self._worker.scheduler.update_data(who_has=replicas, nbytes=nbytes, client=owner)
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            for order, _ in sealed:
+                if peer in order.bundle.replicas.values():
+                    self._fail(order, peer, error)
 
     async def _push(self, peer: str, data: dict[str, Any]) -> BaseException | None:
         """Send ``data`` (key -> serialised bundle) into ``peer``'s memory; the error, if it failed."""
@@ -321,11 +360,10 @@ class DaskMemory:
     def release(self, keys: Iterable[str]) -> None:
         now = time.monotonic()
         with self._lock:
-            again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
             released = [self._futures.pop(key) for key in keys if key in self._futures]
             self._late.update({str(f.key): now for f in released if f.status == "pending"})
-            for key in again:
-                del self._late[key]
+            again = [k for k, at in self._late.items() if now - at >= _RELEASE_AGAIN_AFTER]
+            self._late = {k: at for k, at in self._late.items() if now - at < _LATE_FOR}
         released.clear()  # the futures go: their keys are released
         if again and self._client.status == "running":
             self._client._send_to_scheduler({"op": "client-releases-keys", "keys": again, "client": self.owner})
