@@ -317,7 +317,7 @@ class JobRunner:
                     self._stop_if_interrupted(manager, session)
                     return epoch
                 except NodeLostError as exc:
-                    logger.info("%s", exc)  # what was lost and how it was noticed; the recovery logs one line
+                    logger.debug("%s", exc)  # what was lost and how it was noticed; the recovery logs one line
                     self._settle()
                     newest = self._newest_commit()
                     lost, departed = exc.nodes, self._departures.planned(exc, manager, newest)
