@@ -11,13 +11,14 @@ Three parts (``--part``, default all):
   ``--epochs`` epochs that holds whole cycles of ``durable_every`` (so a durable epoch's share is
   in it), after ``--warmup`` epochs. Runs alternate, ``--rounds`` rounds; the figure of a variant
   is the median over its runs. Target: tier 0 ≤ 1.1x no checkpoints, for both jobs.
-* ``recovery`` (b, d): a 2-node job on a ``node_cluster`` (a nanny restarts a killed worker),
-  ``--mib`` MiB per node, durable every 10; a node's worker is SIGKILLed in the middle of an
+* ``recovery`` (b, d): a 2-node job, twice: on a ``node_cluster`` (pinned: a nanny restarts a
+  killed worker, and its node waits for it) and on two pool workers (the lost node moves to the
+  other worker at once); ``--mib`` MiB per node, durable every 10; a node's worker is SIGKILLed in the middle of an
   epoch; measured: the time from the kill to the commit (in memory) of the epoch run again, the
   bytes restored from memory, and every read under the prefix by the driver and every worker
   process from the kill to that commit (an audit hook counting opens for reading and listings:
-  target 0). The time has two parts: noticing the loss and waiting for the node's new worker
-  (the nanny's restart, ~1 s here), and the restore (the snapshot's transfer). Also (d) the
+  target 0). The time has parts: noticing the loss, waiting for the node's new worker (pinned:
+  the nanny's restart, ~1 s here), the restore (the snapshot's transfer) and the epoch run again. Also (d) the
   tier-0 bytes held (``tier0_bytes`` of the last record, and what the workers actually hold,
   asked from each worker) against (1 + replicas) x the workspace bytes.
 * the kill soak (c) is ``kill_soak.py --in-memory --durable-every 10`` (and ``--kill-pairs``).
@@ -49,6 +50,7 @@ from save_every_epoch import define_job as tiny_job
 from scale_nodes import define_job as scale_job
 
 import daskjobs as dj
+from daskjobs.session._pool import pool_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from prefix_reads import ROOT_VARIABLE, reads_everywhere, watch
@@ -133,12 +135,15 @@ def held_on_workers(dask_worker: Any) -> int:
     return total
 
 
-def recovery(args: argparse.Namespace, folder: str) -> dict[str, Any]:
+def recovery(args: argparse.Namespace, folder: str, kind: str) -> dict[str, Any]:
+    """``kind``: ``pinned`` (a worker per node; the lost node waits for its worker's nanny to restart
+    it) or ``pool`` (two pool workers; the lost node moves to the other at once)."""
     trials = []
     os.environ[ROOT_VARIABLE] = folder
     watch(folder)
     preload = dask.config.set({"distributed.worker.preload": ["prefix_reads"]})
-    with preload, dj.node_cluster(["a", "b"], nthreads=2) as cluster, dj.DaskSession(cluster) as session:
+    make = (lambda: dj.node_cluster(["a", "b"], nthreads=2)) if kind == "pinned" else (lambda: pool_cluster(2))
+    with preload, make() as cluster, dj.DaskSession(cluster) as session:
         client = session.client
         for _ in range(args.trials):
             prefix = tempfile.mkdtemp(dir=folder)
@@ -231,19 +236,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     file=sys.stderr,
                 )
         if args.part in ("recovery", "all"):
-            found = result["recovery"] = recovery(args, folder)
-            median = found["median"]
-            print(
-                f"(b) kill -> next epoch committed: {median['kill_to_next_commit_s']:.3f} s (the epoch run again "
-                f"{median['epoch_run_again_s']:.3f} s), prefix reads {median['prefix_reads']} (target 0)",
-                file=sys.stderr,
-            )
-            print(
-                f"(d) tier-0 bytes / ((1 + replicas) x workspace): recorded {found['bytes_ratio_recorded']:.3f}, "
-                f"held on the workers while an epoch runs {found['bytes_ratio_on_workers']:.3f} (median; at most "
-                f"{found['bytes_ratio_on_workers_max']:.3f}) (target <= 1.1)",
-                file=sys.stderr,
-            )
+            result["recovery"] = {}
+            for kind in ("pinned", "pool"):
+                found = result["recovery"][kind] = recovery(args, folder, kind)
+                median = found["median"]
+                print(
+                    f"(b) {kind:>6}: kill -> next epoch committed: {median['kill_to_next_commit_s']:.3f} s (the epoch "
+                    f"run again {median['epoch_run_again_s']:.3f} s), prefix reads {median['prefix_reads']} (target 0)",
+                    file=sys.stderr,
+                )
+                print(
+                    f"(d) {kind:>6}: tier-0 bytes / ((1 + replicas) x workspace): recorded "
+                    f"{found['bytes_ratio_recorded']:.3f}, held on the workers while an epoch runs "
+                    f"{found['bytes_ratio_on_workers']:.3f} (median; at most "
+                    f"{found['bytes_ratio_on_workers_max']:.3f}) (target <= 1.1)",
+                    file=sys.stderr,
+                )
         result["load_average_after"] = os.getloadavg()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
