@@ -10,15 +10,16 @@ first: a registration that names a peer which left meanwhile fails before the no
 touched, and the own key is then registered alone. A push still running after
 :data:`_PUSH_GRACE` (a peer that died: Dask retries the connection until its connect timeout) does
 not hold the own keys back: they are registered without its replicas, which are registered once
-the push ends, or reported failed. From then on they are ordinary Dask data:
-released with the driver's client, moved off a worker that retires gracefully, lost with their
-last holder, never recomputed (they have no task).
+the push ends, or reported failed. From then on they are ordinary Dask data: released with the
+driver's client, moved off a worker that retires gracefully, lost with their last holder, never
+recomputed (they have no task).
 
 On the driver, :class:`DaskMemory` holds a ``distributed.Future`` per key from before the key
 exists: the scheduler's report of the registration finishes it, so the driver knows which
 snapshots are stored without asking. A key released before its registration arrived is released
-again at every release from a second later on, for :data:`_LATE_FOR` seconds. Restoring is a task per node on its worker with the snapshot's future
-as argument: Dask brings the snapshot there if another worker holds it.
+again at every release from a second later on, for :data:`_LATE_FOR` seconds. Restoring is a task
+per node on its worker with the snapshot's future as argument: Dask brings the snapshot there if
+another worker holds it.
 """
 
 from __future__ import annotations
