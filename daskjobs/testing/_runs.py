@@ -33,7 +33,7 @@ logger = logging.getLogger("daskjobs")
 ActionKind = Literal["run", "stop", "kill", "lose-node", "shrink", "grow"]
 
 _NOTED = {
-    "daskjobs": ("interrupted by SIGTERM: stopped after the running epoch", "node lost; restoring all nodes from"),
+    "daskjobs": ("interrupted by SIGTERM: stopped after the running epoch", "lost; restoring all nodes from"),
     "distributed.scheduler": ("marked as failed because", "Couldn't gather keys", "Closed comm <BatchedSend"),
 }
 """By logger: the log lines of the interruptions a check makes on purpose (left out while it runs)."""
