@@ -18,6 +18,7 @@ _LOCK = threading.Lock()
 _WATCHED: set[str] = set()
 _READS: list[str] = []
 _INSTALLED = False
+_SCRATCH = f"{os.sep}dask-scratch-space"
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -36,6 +37,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         return
     if reading and isinstance(path, str | bytes):
         text = os.fsdecode(path)
+        if _SCRATCH in text:  # Dask's own scratch space (a restarted worker purges a dead one's), no checkpoint
+            return
         if any(text.startswith(prefix) for prefix in _WATCHED):
             with _LOCK:
                 _READS.append(what)
