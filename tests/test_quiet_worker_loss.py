@@ -6,6 +6,7 @@ worker processes' (which share its stderr), whenever the worker dies."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -113,3 +114,57 @@ def test_a_worker_process_drops_the_errors_of_a_peer_lost_in_a_transfer(message,
 
     record = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, args, None)
     assert _DropPeerLoss().filter(record) is not dropped
+
+
+async def _heartbeat_answered_by(answer, close_worker: bool) -> None:
+    """A real in-process scheduler and worker; the scheduler answers the worker's heartbeat with
+    ``answer`` (fault injection: a slow or failing answer) while the worker closes or keeps running."""
+    from distributed import Scheduler, Worker
+
+    async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as scheduler:
+        worker = await Worker(scheduler.address, host="127.0.0.1")
+        answer_normally = scheduler.handlers["heartbeat_worker"]
+
+        async def heartbeat_worker(*args, **kwargs):
+            await answer()
+            return answer_normally(*args, **kwargs)
+
+        scheduler.handlers["heartbeat_worker"] = heartbeat_worker
+        beat = asyncio.create_task(worker.heartbeat())
+        await asyncio.sleep(0.1)  # the heartbeat is in flight
+        if close_worker:
+            await worker.close()
+        await asyncio.wait_for(beat, 10)
+        if not close_worker:
+            await worker.close()
+
+
+async def _slow() -> None:
+    await asyncio.sleep(0.5)
+
+
+async def _refused() -> None:
+    raise ConnectionRefusedError("the scheduler's side failed")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("answer", "close_worker", "logged"),
+    [(_slow, True, False), (_refused, False, True)],
+    ids=["cut-by-its-own-close", "failed-while-running"],
+)
+def test_a_heartbeat_cut_by_the_worker_closing_is_not_an_error(caplog, answer, close_worker, logged):
+    """A worker that closes while its heartbeat is in flight (its driver is done after a second
+    Ctrl-C; its nanny got a signal) cuts that heartbeat: no ERROR with a traceback for it. A
+    heartbeat that fails while the worker runs is still logged."""
+    from daskjobs.session._worker_process import quiet_compute_failures
+
+    quiet_compute_failures()
+    logging.getLogger("distributed.worker").addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.ERROR, logger="distributed.worker"):
+            asyncio.run(_heartbeat_answered_by(answer, close_worker))
+    finally:
+        logging.getLogger("distributed.worker").removeHandler(caplog.handler)
+    failed = [r for r in caplog.records if r.getMessage().startswith("Failed to communicate with scheduler")]
+    assert len(failed) == (1 if logged else 0), [r.getMessage() for r in caplog.records]

@@ -22,7 +22,9 @@ process, where a ``node_cluster`` runs its scheduler), and a worker's "Worker st
 communication" or "failed during get data" with the traceback of the peer it lost while fetching
 data from it or sending data to it (in worker processes daskjobs starts). On a cluster that
 shrinks, the scheduler's "broadcast to ... failed" about a worker that left while a call to every
-worker reached it is dropped too (the caller handles the worker's absence).
+worker reached it is dropped too (the caller handles the worker's absence). And a worker that is
+closing (its driver is done, or its nanny got a signal) does not log "Failed to communicate with
+scheduler during heartbeat" with a traceback when its own close cut the heartbeat it had in flight.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ import signal
 import threading
 from collections.abc import Iterable
 from typing import Any
+
+from distributed import Worker
+from distributed.core import Status
 
 KEY_PREFIX = "daskjobs-"
 """Every Dask key a daskjobs session submits starts with this."""
@@ -100,6 +105,19 @@ class _DropBroadcastToLeftWorker(logging.Filter):
         return not (message.startswith("Future exception was never retrieved") and "Scheduler Broadcast" in str(cause))
 
 
+class _DropHeartbeatCutByClose(logging.Filter):
+    """Drops a worker's ERROR about a heartbeat that failed while a worker of this process is
+    closing: closing a worker closes its connections, the heartbeat in flight among them (a Dask
+    race, harmless: the worker is leaving)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR or not str(record.msg).startswith(_HEARTBEAT_FAILED):
+            return True
+        return not any(worker.status in _LEAVING for worker in list(Worker._instances))
+
+
+_LEAVING = (Status.closing, Status.closing_gracefully)
+_HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
 _LEFT = ("CommClosedError", "StreamClosedError", "ConnectionRefusedError", "ConnectionResetError")
 """How a message to a worker that left fails."""
 
@@ -112,9 +130,11 @@ def _add_filter(name: str, kind: type[logging.Filter]) -> None:
 
 def quiet_compute_failures() -> None:
     """Drop the ERROR records Dask logs for daskjobs tasks whose failure, or whose node's lost
-    worker, daskjobs reports itself (in this process; idempotent)."""
+    worker, daskjobs reports itself, and a closing worker's cut heartbeat (in this process;
+    idempotent)."""
     for name in ("distributed.worker", "distributed.scheduler"):
         _add_filter(name, _DropDaskjobsComputeFailures)
+    _add_filter("distributed.worker", _DropHeartbeatCutByClose)
     for name in ("distributed.scheduler", "asyncio"):
         _add_filter(name, _DropBroadcastToLeftWorker)
 
