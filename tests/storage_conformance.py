@@ -300,12 +300,13 @@ class FilesTests:
         if not local_tree(files):
             pytest.skip("not a LocalTree: nothing is staged")
         files.mkdir(f"{root}/retired")
-        files.put(f"{root}/retired/zarr.json", b"retired marker")
+        files.put(f"{root}/retired/zarr.json", b"the retired group's marker")
         self.done(files)
         files.rename(f"{root}/retired", f"{root}/n.2.tmp-{'a' * 32}")
         staging = f"{root}/n.2.tmp-{'a' * 32}"
-        files.put(f"{staging}/zarr.json.tmp-{'b' * 32}", b"manifest")
-        files.publish_when_durable(Staged(staging, f"{root}/n.2", f"{staging}/zarr.json.tmp-{'b' * 32}"))
+        files.await_renames()
+        files.overwrite(f"{staging}/zarr.json", b"manifest")
+        files.publish_when_durable(Staged(staging, f"{root}/n.2"))
         assert os.listdir(root) == ([f"n.2.tmp-{'a' * 32}"] if files.defers_flush else ["n.2"])
         future = files.flush_soon()
         assert future.result(timeout=30) is None

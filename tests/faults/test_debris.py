@@ -232,18 +232,39 @@ def test_a_power_loss_while_groups_are_written_over_leaves_no_debris_after_clean
     check_after_cleanup(prefix, loss, cleanup, [2], 3)
 
 
-def test_the_marker_of_a_group_written_over_is_never_written_in_place(tmp_path):
-    """Were it written over, a power loss after the manifest was written over the retired marker
-    could leave the retired group, under its old name, with a ``zarr.json`` of the old marker's
-    bytes padded with NUL bytes, which nothing proves daskjobs'. The save writes files of the
-    retired group in place, but never its ``zarr.json``: each node's manifest goes beside it."""
+def test_the_marker_of_a_group_written_over_is_written_only_under_a_durable_staging_name(tmp_path):
+    """Were it written over earlier, a power loss could leave the retired group under its old name
+    (the rename to its staging folder undone) with a ``zarr.json`` of the old marker's bytes padded
+    with NUL bytes, which nothing proves daskjobs'. The save writes the retired group's files in
+    place, its ``zarr.json`` last, and that only after a sync of the prefix folder made the
+    folder's staging name durable; no file is created beside the marker."""
     prefix, loss = crash_in_save(tmp_path, 3, None, "nul")
+    root = os.path.realpath(prefix)
+    for node in NODES:
+        renamed = next(
+            i for i, e in enumerate(loss.events) if taken_over(e) and not e.before and e.path.endswith(f"/{node}.1")
+        )
+        staging = loss.events[renamed].target
+        marker = next(
+            i for i, e in enumerate(loss.events) if e.kind == "write" and e.path == f"{staging}/zarr.json"
+        )
+        assert any(
+            e.kind in ("fsync", "syncfs") and not e.before and e.path == root for e in loss.events[renamed:marker]
+        ), node
+        assert not [e for e in loss.events[renamed:] if e.path.startswith(f"{staging}/zarr.json.")]
     writes = {
         os.path.relpath(e.path, prefix).split("/", 1)[1] for e in loss.events if e.kind == "write" and in_staging(e)
     }
-    assert "zarr.json" not in writes
     assert "w/c.0" in writes  # the retired epoch's chunk of w, written over in place
-    assert len([name for name in writes if name.startswith("zarr.json.tmp-")]) == len(NODES)
+    check_after_cleanup(prefix, loss, "next-run", [2], 3)
+
+
+@pytest.mark.parametrize("tear", ["nul", "old"])
+def test_a_power_loss_while_the_manifest_is_written_over_the_marker_leaves_no_debris(tmp_path, tear):
+    """The manifest torn as it is written over the retired marker, in place: the folder's durable
+    staging name proves it ours, and cleanup removes it."""
+    prefix, loss = crash_in_save(tmp_path, 3, lambda e: e.kind == "write" and e.before and group_manifest(e), tear)
+    assert loss.crashed is not None
     check_after_cleanup(prefix, loss, "next-run", [2], 3)
 
 

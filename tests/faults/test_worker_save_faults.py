@@ -168,7 +168,7 @@ def train(session: dj.Session, job: dj.Job, prefix: Path, commits: Commits) -> d
 
 @pytest.mark.representative("during-take-over-writes", "after-the-staged-rename")
 # The points differ in what the dead worker leaves: a staging folder holding the retired group
-# (take-over writes), with the new manifest beside the old one (after the manifest, before the
+# (take-over writes), with the new manifest over the old one (after the manifest, before the
 # rename, during the sync), or the new group in place, uncommitted (after the rename). One of each
 # kind of staging folder, and the group in place, stay in the default lane.
 @pytest.mark.parametrize("point", POINTS)

@@ -161,7 +161,11 @@ class LocalTree(Files, Protocol):
         ``source`` (the same file) stays; any other file there goes first."""
 
     def rename(self, path: str, target: str) -> None:
-        """Rename the folder ``path`` to ``target`` (a missing ``target``); durable with the flush."""
+        """Rename the folder ``path`` to ``target`` (a missing ``target``) and start making the new
+        name durable (:meth:`await_renames`)."""
+
+    def await_renames(self) -> None:
+        """Wait until the folders renamed so far are durable under their new names."""
 
     def changed(self, path: str) -> None:
         """Remember folder ``path``, whose entries changed (files removed), for the flush."""

@@ -12,11 +12,10 @@ Two things prove a folder daskjobs' own, each made atomically before anything a 
   with that node and epoch. On object stores it is written first, before anything else of the
   group; on a local disk a group appears under its name only with its manifest — its marker —
   durable. A retired group written over keeps its ``zarr.json`` (its epoch's manifest) as it
-  was until the new manifest, written as a new file beside it (``zarr.json.tmp-<32 hex>``), is
-  durable and renamed over it (:class:`~.durable.Staged`): a retired group that a crash left
-  under its old name (the rename to the staging folder undone) still holds a whole marker, and a
-  group whose rename into place became durable before the rename of its manifest holds the
-  manifest beside its marker, where it proves the group ours too.
+  was until its staging name is durable; only then is the new manifest written over it, in
+  place: a retired group that a crash left under its old name (the rename to the staging folder
+  undone) still holds a whole marker, and a torn manifest is only ever in a folder whose staging
+  name proves it ours.
 
 A folder that merely looks like ``<name>.<number>`` (``mydata.2024``) or like a staging folder,
 without the check or a marker, is never touched.
@@ -66,8 +65,6 @@ over a retired group of the node; its name is daskjobs' own if it carries its ch
 TEMP_RE = re.compile(r"[A-Za-z0-9_.\-]+\.tmp-[0-9a-f]{32}")
 """daskjobs' own temp files: ``<name>.tmp-<32 hex digits>``."""
 _CHUNK_RE = re.compile(r"c((?:\.(?:0|[1-9][0-9]*))*)")
-_MANIFEST_RE = re.compile(r"zarr\.json\.tmp-[0-9a-f]{32}")
-"""A group's manifest written beside its marker, not yet renamed over it (see :class:`~.durable.Staged`)."""
 _MARKER_LIMIT = 64 << 20
 _META = "zarr.json"
 
@@ -171,29 +168,9 @@ def marker(tree: Tree, group: str, node: str, epoch: int | None) -> dict[str, An
     """daskjobs' marker in the group at ``group`` for ``node`` and ``epoch`` (``None``: any epoch), or
     ``None`` if it is not ours; it names the document it was read from (the group's ``zarr.json``,
     its manifest once the save finished) under ``"manifest"``."""
-    found = _find_marker(tree, group, node, epoch)
-    return None if found is None else found[1]
-
-
-def _find_marker(tree: Tree, group: str, node: str, epoch: int | None) -> tuple[str, dict[str, Any]] | None:
-    """``(file name, marker)`` of :func:`marker`: ``zarr.json``, else a manifest beside it
-    (:data:`_MANIFEST_RE`, a local group written over a retired one, not yet put in place)."""
     if not tree.objects and tree.kind(group) != DIR:
         return None
-    found = _read_marker(tree, f"{group}/{_META}", node, epoch)
-    if found is not None:
-        return _META, found
-    if tree.objects:
-        return None
-    for name, kind in sorted(tree.entries(group).items()):
-        found = (
-            _read_marker(tree, f"{group}/{name}", node, epoch)
-            if kind == FILE and _MANIFEST_RE.fullmatch(name)
-            else None
-        )
-        if found is not None:
-            return name, found
-    return None
+    return _read_marker(tree, f"{group}/{_META}", node, epoch)
 
 
 def _read_marker(tree: Tree, path: str, node: str, epoch: int | None) -> dict[str, Any] | None:
@@ -364,10 +341,9 @@ def staged_group(tree: Tree, root: str, node: str, epoch: int, save_id: Any) -> 
     """The staging folder under ``root`` holding ``node``'s save ``save_id`` of ``epoch``, written
     whole (its manifest written) but not yet put in place, and where it goes; ``None`` if there is none."""
     for name, _node, staged in group_folders(tree, root, {node}, STAGING_RE):
-        found = _find_marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
-        if found is not None and found[1].get("save_id") == save_id and "blobs" in found[1]:
-            manifest = None if found[0] == _META else f"{root}/{name}/{found[0]}"
-            return Staged(f"{root}/{name}", f"{root}/{node}.{epoch}", manifest)
+        found = marker(tree, f"{root}/{name}", node, epoch) if staged == epoch else None
+        if found is not None and found.get("save_id") == save_id and "blobs" in found:
+            return Staged(f"{root}/{name}", f"{root}/{node}.{epoch}")
     return None
 
 

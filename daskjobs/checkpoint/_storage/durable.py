@@ -121,6 +121,11 @@ def fsync_soon(fd: int) -> None:
     _fsync_pool().submit(sync_and_close)
 
 
+def fsync_in_background(path: str) -> Future[None]:
+    """fsync a file or directory by path in a background thread; the future fails with its ``OSError``."""
+    return _fsync_pool().submit(fsync_path, path)
+
+
 def fsync_path(path: str) -> None:
     """fsync a file or directory by path."""
     fd = os.open(path, os.O_RDONLY)
@@ -158,26 +163,16 @@ def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
 
 @dataclass(frozen=True)
 class Staged:
-    """A group written in a staging folder, put in place once all of it is durable.
-
-    ``folder`` is renamed to ``target``; first, ``manifest`` (the group's manifest, written as a new
-    file beside the marker it replaces) is renamed over ``folder/zarr.json``. The marker is thus
-    never written in place: whatever a crash tears, the folder's ``zarr.json`` is a whole
-    document daskjobs wrote (see :mod:`.cleanup`). ``manifest=None``: ``zarr.json`` already is
-    the manifest.
-    """
+    """A group written in a staging folder, put in place once all of it is durable: ``folder`` is
+    renamed to ``target``, whose parent folder then needs a sync."""
 
     folder: str
     target: str
-    manifest: str | None = None
 
-    def publish(self) -> list[str]:
-        """Do the renames; return the folders whose entries changed (to be synced)."""
-        if self.manifest is not None:
-            os.replace(self.manifest, f"{self.folder}/zarr.json")
+    def publish(self) -> str:
+        """Do the rename; return the folder whose entries changed (to be synced)."""
         os.rename(self.folder, self.target)
-        parent = os.path.dirname(self.target)
-        return [parent] if self.manifest is None else [self.target, parent]
+        return os.path.dirname(self.target)
 
 
 class _Request(NamedTuple):
@@ -192,7 +187,7 @@ class _Syncer:
     Requests that arrive while a batch is being synced wait for the next batch, which syncs the
     union of their paths at once (per filesystem): when a process serves many nodes, their groups
     of one epoch cost one ``syncfs`` instead of an fsync of every file of every group. Then the
-    batch's renames (groups written in a staging folder) are done, and their folders synced once.
+    batch's renames (groups written in a staging folder) are done, and their parent folder synced once.
     A batch that fails is synced again request by request, so that each request gets its own outcome.
     """
 
@@ -271,7 +266,7 @@ class _Syncer:
         folders: list[str] = []
         for _paths, staged, future in requests:
             try:
-                folders.extend(staged.publish() if staged is not None else [])
+                folders.extend([staged.publish()] if staged is not None else [])
             except OSError as exc:
                 future.set_exception(exc)
             else:
@@ -290,7 +285,7 @@ class _Syncer:
 def publish_durably(staged: Staged | None) -> None:
     """Put ``staged`` in place (``None``: nothing), and make that durable."""
     if staged is not None:
-        sync_paths(staged.publish())
+        sync_paths([staged.publish()])
 
 
 def sync_soon(paths: Sequence[str], staged: Staged | None = None) -> Future[None]:

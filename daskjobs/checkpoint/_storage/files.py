@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .base import ChunkRead, ChunkResult, SizeProblem, Staged, UnsafeFileError
-from .durable import fsync_path, fsync_soon, publish_durably, sync_paths, sync_soon
+from .durable import fsync_in_background, fsync_path, fsync_soon, publish_durably, sync_paths, sync_soon
 from .local_reads import check_directory, read_chunk_file, read_regular, size_problem
 
 logger = logging.getLogger("daskjobs")
@@ -106,6 +106,8 @@ class LocalFiles:
         self._fsync = fsync
         self._unsynced: list[str] = []
         self._staged: Staged | None = None
+        self._renames: list[Future[None]] = []
+        """The syncs making the folders renamed so far durable under their new names."""
 
     @property
     def defers_flush(self) -> bool:
@@ -167,9 +169,19 @@ class LocalFiles:
         self._unsynced.append(path)
 
     def rename(self, path: str, target: str) -> None:
-        """Rename folder ``path`` to ``target``; :meth:`flush` makes that durable."""
+        """Rename folder ``path`` to ``target`` and start making the new name durable, in the
+        background (:meth:`await_renames` waits for it)."""
         os.rename(path, target)
         self._unsynced.append(target)
+        if self._fsync:
+            self._renames.append(fsync_in_background(os.path.dirname(target)))
+
+    def await_renames(self) -> None:
+        """Wait until the folders renamed so far are durable under their new names; raises the
+        ``OSError`` of a sync that failed."""
+        renames, self._renames = self._renames, []
+        for renamed in renames:
+            renamed.result()
 
     def changed(self, path: str) -> None:
         """Remember folder ``path``, whose entries changed (files removed), for :meth:`flush`."""
@@ -183,13 +195,14 @@ class LocalFiles:
     def publish(self, staged: Staged) -> None:
         """Put ``staged`` in place now; :meth:`flush` makes that durable (and syncs what was written
         in the staging folder under its new name)."""
-        folders = staged.publish()
-        moved = {staged.manifest: f"{staged.target}/zarr.json"} if staged.manifest else {}
+        parent = staged.publish()
         inside = staged.folder + "/"
-        for path in self._unsynced:
-            if path == staged.folder or path.startswith(inside):
-                moved.setdefault(path, staged.target + path[len(staged.folder) :])
-        self._unsynced = [moved.get(p, p) for p in self._unsynced] + [staged.target, *folders]
+        moved = {
+            path: staged.target + path[len(staged.folder) :]
+            for path in self._unsynced
+            if path == staged.folder or path.startswith(inside)
+        }
+        self._unsynced = [moved.get(p, p) for p in self._unsynced] + [staged.target, parent]
 
     def publish_when_durable(self, staged: Staged) -> None:
         """Put ``staged`` (a group written in a staging folder) in place once what was written is

@@ -14,9 +14,9 @@ it daskjobs' own (see :mod:`.cleanup`), and renamed to ``<node>.<epoch>`` once a
 durable (the flush): a group appears under its name only complete and durable, a staging folder
 is debris until then. A save may write over a retired group of the same node instead, renamed
 to its staging folder (``over``, see :func:`~.cleanup.take_over_group`): its files are written in
-place, new ones created, stale ones removed, the manifest written last as a new file beside the
-retired group's ``zarr.json``, and renamed over it once durable, just before the folder (see
-:class:`~.durable.Staged`): the retired group's marker is never written in place. On object
+place, new ones created, stale ones removed, and the manifest written last over the retired
+group's ``zarr.json``, in place — once the folder's staging name is durable, so that whatever a
+power loss tears in it, the folder's name proves it daskjobs' own. On object
 stores, where nothing is renamed, ``zarr.json`` is written first with ``{"node", "epoch",
 "save_id", "state": "writing"}`` (the marker that says daskjobs owns the group) and replaced last
 by the manifest.
@@ -40,7 +40,6 @@ import functools
 import os
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -291,11 +290,13 @@ def write_group(
         }
         manifest = group_document(entry)
         if local_tree(files):
-            beside = None if over is None else f"{path}/zarr.json.tmp-{uuid.uuid4().hex}"  # never over the marker
-            if over is not None:
+            if over is None:
+                files.put(f"{path}/zarr.json", manifest)
+            else:  # over the retired marker only once the folder's staging name is durable
                 _drop_stale(files, path, over[1], entry["blobs"])
-            files.put(beside or f"{path}/zarr.json", manifest)
-            files.publish_when_durable(Staged(path, where.path, beside))
+                files.await_renames()
+                files.overwrite(f"{path}/zarr.json", manifest)
+            files.publish_when_durable(Staged(path, where.path))
         else:
             files.put_atomic(f"{path}/zarr.json", manifest)
         entry[MANIFEST_KEY] = reference(manifest)
