@@ -245,9 +245,7 @@ def test_the_marker_of_a_group_written_over_is_written_only_under_a_durable_stag
             i for i, e in enumerate(loss.events) if taken_over(e) and not e.before and e.path.endswith(f"/{node}.1")
         )
         staging = loss.events[renamed].target
-        marker = next(
-            i for i, e in enumerate(loss.events) if e.kind == "write" and e.path == f"{staging}/zarr.json"
-        )
+        marker = next(i for i, e in enumerate(loss.events) if e.kind == "write" and e.path == f"{staging}/zarr.json")
         assert any(
             e.kind in ("fsync", "syncfs") and not e.before and e.path == root for e in loss.events[renamed:marker]
         ), node
