@@ -1,11 +1,11 @@
-"""The commit side of a run's commit pipeline: the reports a run takes from its epochs' save hooks,
-the epochs waiting for their commit, the commits, and the run's save policy.
+"""The commit side of a run's commit pipeline: accepting an epoch once it ran (the reports of its
+save hooks), the epochs waiting for their commit, the commits and flushes, and the run's save policy.
 
-:class:`CommitQueue` is the base of :class:`~.pipeline.CommitPipeline` (whose methods are what the
-runner calls). Once an epoch ran, the pipeline hands the ledger the whole of what its save hooks
+:class:`CommitQueue` is the base of :class:`~.pipeline.CommitPipeline`. Once an epoch ran
+(:meth:`CommitQueue.accept`), the pipeline hands the ledger the whole of what its save hooks
 returned, once (``SaveLedger.receive``), and gets back one answer: the epoch's own failure, the
 flushes of earlier epochs that failed, and the epochs now durable on every node, handed out with
-their entries. A waiting epoch handed out is committed (:meth:`CommitQueue.commit_ready`, while the
+their entries. A waiting epoch handed out is committed (:meth:`CommitQueue.meanwhile`, while the
 next epoch runs) without asking the ledger again; the ledger is asked only when something changed
 since (its ``version``).
 """
@@ -23,9 +23,10 @@ from ...errors import CheckpointWriteError
 from .._format.records import record_bytes
 from .._node.outcomes import SaveOutcome
 from .ledger import PendingCommit, Received, saved_entries, write_error
-from .saving import FATAL, OnCommit, Saved, SavePlan, SavePolicy
+from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
+    from ..._model.group import TaskGroup
     from ...session import Session
     from .._format.documents import EntryReport
     from .writer import EpochWriter
@@ -34,18 +35,25 @@ logger = logging.getLogger("daskjobs")
 
 
 class CommitQueue:
-    """The epochs a run saved through ``writer`` and has still to commit, in order, and how it commits
-    them: through ``policy`` (without one, a failure is raised), telling ``on_commit`` of each commit.
+    """The epochs a run saved through ``writer`` (in their graphs, or by ``save_group``) and has still
+    to commit, in order, and how it commits them: through ``policy`` (without one, a failure is
+    raised), telling ``on_commit`` of each commit.
 
     :attr:`last_committed` is the newest epoch the run committed (or resumed from): what a recovery
     restores and what a graceful stop reports.
     """
 
     def __init__(
-        self, writer: EpochWriter, policy: SavePolicy | None = None, on_commit: OnCommit | None = None
+        self,
+        writer: EpochWriter,
+        policy: SavePolicy | None = None,
+        on_commit: OnCommit | None = None,
+        save_group: Callable[[int], TaskGroup] | None = None,
     ) -> None:
         self.writer, self.ledger = writer, writer.ledger
         self.policy, self.on_commit = policy, on_commit
+        self.save_group = save_group
+        """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
         self.last_committed: int | None = None
         self._waiting: list[PendingCommit] = []
         self._then: list[tuple[int, bool, Callable[[], object]]] = []
@@ -57,6 +65,73 @@ class CommitQueue:
         """A group of this pipeline's saves was interrupted: what its nodes still write is unknown."""
         self.debris = False
         """Something this run wrote may be left uncommitted (a save failed, retried or forgotten)."""
+        self._strays: set[str] = set()
+        """Nodes that may still write in the background for saves this pipeline forgot."""
+
+    # -- saving an epoch -------------------------------------------------------------------
+    def accept(
+        self,
+        session: Session,
+        plan: SavePlan,
+        finished: Mapping[str, object],
+        stop_values: Mapping[str, bool],
+        metrics: Mapping[str, float],
+    ) -> Saved:
+        """Save ``plan``'s epoch once it ran: take what its hooks returned (``finished``) and commit it (now,
+        or while the next epoch runs); a failed save is saved again as a group of its own, a failed
+        background flush of an earlier epoch written again, by policy. A plan of its own group saves
+        it now (:meth:`save`); a plan to skip does nothing."""
+        self.check(plan.epoch)
+        if plan.mode is SaveMode.OWN_GROUP:
+            return self.save(session, plan.epoch, stop_values, metrics)
+        if plan.mode is SaveMode.SKIP:
+            return Saved()
+        self._unsure = False
+        saved, failure = self._receive(session, plan, finished, stop_values, metrics)
+        if failure is None:
+            return saved
+        self._after_failure()
+        logger.warning("saving epoch %d failed: %s; saving it again", plan.epoch, failure)
+        again = self.save(session, plan.epoch, stop_values, metrics)
+        return Saved(saved.seconds + again.seconds, again.bytes)
+
+    def save(
+        self, session: Session, epoch: int, stop_values: Mapping[str, bool], metrics: Mapping[str, float]
+    ) -> Saved:
+        """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
+        saved before committed first."""
+        manager = self.writer.manager
+        if not manager.cp_accessible(epoch=None):
+            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
+            return Saved()
+        started = time.perf_counter()
+        self.flush(session)
+        make_group = self.save_group or self.writer.save_group
+
+        def save() -> None:
+            with self._writing():
+                session.run_group(make_group(epoch), job=manager._job_name, epoch=epoch)
+            timings = {"save_seconds": time.perf_counter() - started}
+            self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
+
+        if self._attempt(epoch, save, give_up=lambda: self._forget(epoch)) and self.last_committed == epoch:
+            self._call_then(epoch)  # committed like an epoch saved in its graph: on_commit hears of it
+        committed = self.writer.last_commit
+        if manager.async_save or committed is None or committed["epoch"] != epoch:
+            return Saved(time.perf_counter() - started, None)
+        return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
+
+    def check(self, epoch: int | None = None) -> None:
+        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
+        :meth:`salvage` and :meth:`drop` check). It ends the run, which commits nothing after the
+        failed epoch: the waiting epochs and ``epoch`` are forgotten, so the way out neither commits
+        them nor asks the nodes for their flushes (a node reports only its newest flush)."""
+        error, self._deferred_error = self._deferred_error, None
+        if error is not None:
+            for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
+                self._forget(waiting)
+            self._waiting = []
+            raise error
 
     # -- the nodes' reports -------------------------------------------------------------------
     def _receive(
@@ -154,30 +229,36 @@ class CommitQueue:
 
     # -- commits ----------------------------------------------------------------------------
     def meanwhile(self) -> None:
-        """While the next epoch runs: commit the waiting epochs that are durable (each commit starts
-        deleting the groups of the epochs its retention un-committed). An error is kept for ``check``
+        """While the next epoch runs: commit the waiting epochs that are durable, then delete the groups
+        of the epochs retention un-committed (each commit starts that). An error is kept for ``check``
         (a session's ``meanwhile`` must not raise); an interruption (``KeyboardInterrupt``) goes
         through at once."""
+        committed = False
         try:
-            self.commit_ready()
+            committed = self.commit_ready(tidy=True)
         except Exception as exc:
             self._deferred_error = exc
+        if not committed:
+            self.writer.tidy()
 
-    def commit_ready(self) -> None:
+    def commit_ready(self, *, tidy: bool = False) -> bool:
         """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
-        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
-        refused = None  # a durable epoch whose entries are of another save: its commit refuses it
+        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting.
+        ``tidy``: each commit then starts deleting what its retention un-committed (see
+        ``EpochWriter.tidy``). ``True`` if an epoch was committed."""
+        refused, committed = None, False  # a durable epoch whose entries are of another save: its commit refuses it
         while self._waiting:
             pending = self._waiting[0]
             if pending.entries is None and pending.epoch != refused:
                 if self.ledger.version == self._asked:  # nothing changed since the ledger last answered
-                    return
+                    return committed
                 handed, refused = self.ledger.hand_out([w.epoch for w in self._waiting])
                 self._hand_over(handed)
                 continue
-            pending = self._waiting[0]
             try:
-                self._attempt(pending.epoch, lambda: self._commit(pending), give_up=lambda: self._forget(pending.epoch))
+                done = self._attempt(
+                    pending.epoch, lambda: self._commit(pending, tidy=tidy), give_up=lambda: self._forget(pending.epoch)
+                )
             except KeyboardInterrupt:
                 # A second signal struck during the commit: unless its record made it, the epoch stays
                 # first in line, so that the way out (settle) commits it before any later epoch.
@@ -188,7 +269,11 @@ class CommitQueue:
                 self._waiting.pop(0)
                 raise
             self._waiting.pop(0)
+            if pending.epoch == refused:  # the ledger forgot it: ask again for those after it
+                self._asked = -1
+            committed |= done
             self._call_then(pending.epoch)
+        return committed
 
     def _hand_over(self, durable: Mapping[int, Mapping[str, EntryReport]]) -> None:
         """The ledger handed out ``durable`` (epoch -> entries) for their commit: the waiting epochs keep
@@ -197,24 +282,13 @@ class CommitQueue:
             self._waiting = [replace(w, entries=durable[w.epoch]) if w.epoch in durable else w for w in self._waiting]
         self._asked = self.ledger.version
 
-    def when_committed(self, call: Callable[[], object], epoch: int | None = None) -> None:
-        """Call ``call`` once the last epoch saved (``epoch``, where the caller knows it) is committed
-        (or given up): now, or after its waiting commit (or the commit of its asynchronous save)."""
-        in_flight = self.ledger.in_flight_epoch()
-        if self._waiting:
-            self._then.append((self._waiting[-1].epoch, True, call))
-        elif in_flight is not None:
-            self._then.append((in_flight, True, call))
-        else:
-            call()
-
     @property
     def newest_commit(self) -> int | None:
         """The newest epoch this run committed (or resumed from), in any tier."""
         return self.last_committed
 
-    def _commit(self, pending: PendingCommit) -> None:
-        self.writer.ask_commit(pending)
+    def _commit(self, pending: PendingCommit, *, tidy: bool = False) -> None:
+        self.writer.ask_commit(pending, tidy=tidy)
         if self.ledger.in_flight is None:
             self.last_committed = pending.epoch
             self.writer.manager.report_checkpoint_stats("checkpoint_save")
@@ -229,6 +303,40 @@ class CommitQueue:
         self._then = [(e, durable, call) for e, durable, call in self._then if e > epoch]
         for call in now:
             call()
+
+    def flush(self, session: Session) -> None:
+        """Commit the epochs waiting for their commit (once their nodes report them durable) and
+        the asynchronous save in flight, if any."""
+        self._wait_flushes(session)
+        self.commit_ready()
+        pending = self.ledger.in_flight
+        if pending is not None:
+
+            def commit() -> None:
+                with self._writing():
+                    self.writer.commit_in_flight(session)
+                self.last_committed = pending.epoch
+
+            self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
+            self._call_then(pending.epoch)
+
+    def finish(self, session: Session) -> None:
+        """The run ends after the epoch it ran last, or stops gracefully after it: commit every epoch
+        saved (:meth:`flush`)."""
+        self.flush(session)
+
+    # -- flushes ----------------------------------------------------------------------------
+    def _wait_flushes(self, session: Session) -> None:
+        """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
+        failed is written again, by policy."""
+        if all(w.entries is not None or self.ledger.flushed(w.epoch) for w in self._waiting):
+            return
+        nodes = self.writer.manager.nodes()
+        with self._writing():
+            finished = self.writer.run_hooks(session, "checkpoint_flush", self.writer.flush_hooks(nodes))
+        self._strays = set()  # every node waited for its background flush
+        for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
+            self._write_again(session, epoch, errors)
 
     # -- policy -----------------------------------------------------------------------------
     def _attempt(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None) -> bool:

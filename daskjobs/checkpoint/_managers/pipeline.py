@@ -13,8 +13,10 @@ a save that failed in its hook is saved again as a group of its own, a backgroun
 failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
 
 The runner makes one call per phase of an epoch: :meth:`CommitPipeline.plan` before it runs,
-``meanwhile`` while it runs, :meth:`CommitPipeline.accept` (or ``drop``, ``salvage``) once it ran.
-Taking the hooks' reports and committing are :class:`~.commits.CommitQueue`'s, the base class.
+``meanwhile`` while it runs, ``accept`` (or :meth:`CommitPipeline.drop`,
+:meth:`CommitPipeline.salvage`) once it ran, :meth:`CommitPipeline.when_committed` once it is
+saved. Accepting an epoch, its commit and flushes are :class:`~.commits.CommitQueue`'s, the base
+class; this module plans each save and holds the way out of a failed run.
 
 With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is a
 :class:`~.tiered.TieredPipeline`, which commits every epoch in cluster memory first.
@@ -23,15 +25,13 @@ With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from .._format.records import record_bytes
 from .._node.outcomes import SaveOutcome
 from .commits import CommitQueue
-from .ledger import PendingCommit, in_flight_outcomes, write_error
-from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
+from .ledger import in_flight_outcomes, write_error
+from .saving import FATAL, OnCommit, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
@@ -59,15 +59,11 @@ class CommitPipeline(CommitQueue):
         save_group: Callable[[int], TaskGroup] | None = None,
         nested: bool = False,
     ) -> None:
-        super().__init__(writer, policy, on_commit)
-        self.save_group = save_group
-        """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
+        super().__init__(writer, policy, on_commit, save_group)
         self.nested = nested
         """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
         self.memory: MemoryTier | None = None
         """The run's epochs committed in cluster memory (tier 0, see ``TieredPipeline``); ``None`` here."""
-        self._strays: set[str] = set()
-        """Nodes that may still write in the background for saves this pipeline forgot."""
 
     # -- saving an epoch --------------------------------------------------------------------
     def plan(
@@ -103,58 +99,6 @@ class CommitPipeline(CommitQueue):
         self._unsure = True
         return SavePlan(epoch, SaveMode.IN_GRAPH, made.hooks, defer_commit=made.defer_commit, nodes=tuple(nodes))
 
-    def accept(
-        self,
-        session: Session,
-        plan: SavePlan,
-        finished: Mapping[str, object],
-        stop_values: Mapping[str, bool],
-        metrics: Mapping[str, float],
-    ) -> Saved:
-        """Save ``plan``'s epoch once it ran: take what its hooks returned (``finished``) and commit it (now,
-        or while the next epoch runs); a failed save is saved again as a group of its own, a failed
-        background flush of an earlier epoch written again, by policy. A plan of its own group saves
-        it now (:meth:`save`); a plan to skip does nothing."""
-        self.check(plan.epoch)
-        if plan.mode is SaveMode.OWN_GROUP:
-            return self.save(session, plan.epoch, stop_values, metrics)
-        if plan.mode is SaveMode.SKIP:
-            return Saved()
-        self._unsure = False
-        saved, failure = self._receive(session, plan, finished, stop_values, metrics)
-        if failure is None:
-            return saved
-        self._after_failure()
-        logger.warning("saving epoch %d failed: %s; saving it again", plan.epoch, failure)
-        again = self.save(session, plan.epoch, stop_values, metrics)
-        return Saved(saved.seconds + again.seconds, again.bytes)
-
-    def save(
-        self, session: Session, epoch: int, stop_values: Mapping[str, bool], metrics: Mapping[str, float]
-    ) -> Saved:
-        """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
-        saved before committed first."""
-        manager = self.writer.manager
-        if not manager.cp_accessible(epoch=None):
-            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
-            return Saved()
-        started = time.perf_counter()
-        self.flush(session)
-        make_group = self.save_group or self.writer.save_group
-
-        def save() -> None:
-            with self._writing():
-                session.run_group(make_group(epoch), job=manager._job_name, epoch=epoch)
-            timings = {"save_seconds": time.perf_counter() - started}
-            self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
-
-        if self._attempt(epoch, save, give_up=lambda: self._forget(epoch)) and self.last_committed == epoch:
-            self._call_then(epoch)  # committed like an epoch saved in its graph: on_commit hears of it
-        committed = self.writer.last_commit
-        if manager.async_save or committed is None or committed["epoch"] != epoch:
-            return Saved(time.perf_counter() - started, None)
-        return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
-
     def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, object]) -> None:
         """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
         reported of earlier epochs' saves (a flush, the async save in flight), so that those are still
@@ -186,51 +130,16 @@ class CommitPipeline(CommitQueue):
         self.check(plan.epoch)
 
     # -- commits ----------------------------------------------------------------------------
-    def check(self, epoch: int | None = None) -> None:
-        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
-        :meth:`salvage` and :meth:`drop` check). It ends the run, which commits nothing after the
-        failed epoch: the waiting epochs and ``epoch`` are forgotten, so the way out neither commits
-        them nor asks the nodes for their flushes (a node reports only its newest flush)."""
-        error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
-                self._forget(waiting)
-            self._waiting = []
-            raise error
-
-    def flush(self, session: Session) -> None:
-        """Commit the epochs waiting for their commit (once their nodes report them durable) and
-        the asynchronous save in flight, if any."""
-        self._wait_flushes(session)
-        self.commit_ready()
-        pending = self.ledger.in_flight
-        if pending is not None:
-
-            def commit() -> None:
-                with self._writing():
-                    self.writer.commit_in_flight(session)
-                self.last_committed = pending.epoch
-
-            self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
-            self._call_then(pending.epoch)
-
-    def finish(self, session: Session) -> None:
-        """The run ends after the epoch it ran last, or stops gracefully after it: commit every epoch
-        saved (:meth:`flush`)."""
-        self.flush(session)
-
-    # -- flushes ----------------------------------------------------------------------------
-    def _wait_flushes(self, session: Session) -> None:
-        """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
-        failed is written again, by policy."""
-        if all(w.entries is not None or self.ledger.flushed(w.epoch) for w in self._waiting):
-            return
-        nodes = self.writer.manager.nodes()
-        with self._writing():
-            finished = self.writer.run_hooks(session, "checkpoint_flush", self.writer.flush_hooks(nodes))
-        self._strays = set()  # every node waited for its background flush
-        for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
-            self._write_again(session, epoch, errors)
+    def when_committed(self, call: Callable[[], object], epoch: int | None = None) -> None:
+        """Call ``call`` once the last epoch saved (``epoch``, where the caller knows it) is committed
+        (or given up): now, or after its waiting commit (or the commit of its asynchronous save)."""
+        in_flight = None if self.ledger.in_flight is None else self.ledger.in_flight.epoch
+        if self._waiting:
+            self._then.append((self._waiting[-1].epoch, True, call))
+        elif in_flight is not None:
+            self._then.append((in_flight, True, call))
+        else:
+            call()
 
     # -- the way out ------------------------------------------------------------------------
     def settle(self, session: Session | None = None) -> bool:

@@ -244,11 +244,11 @@ class EpochWriter:
         return epochs
 
     # -- commits --------------------------------------------------------------------------
-    def ask_commit(self, pending: PendingCommit) -> None:
-        """Commit ``pending`` (see :meth:`commit`); with ``async_save`` it is the save in flight, committed
-        once its background writes finished (:meth:`commit_in_flight`)."""
+    def ask_commit(self, pending: PendingCommit, *, tidy: bool = False) -> None:
+        """Commit ``pending`` (see :meth:`commit`, which ``tidy`` s); with ``async_save`` it is the save in
+        flight, committed once its background writes finished (:meth:`commit_in_flight`)."""
         if not self.manager.async_save:
-            self.commit(pending)
+            self.commit(pending, tidy=tidy)
             return
         if pending.epoch not in self.ledger.ids:
             raise InvalidStateError(
@@ -315,11 +315,11 @@ class EpochWriter:
             ledger.rewritten(epoch, {node: entry})
         return ledger.flushed(epoch)
 
-    def commit(self, pending: PendingCommit) -> CommitRecord:
+    def commit(self, pending: PendingCommit, *, tidy: bool = False) -> CommitRecord:
         """Commit ``pending.epoch``, saved and durable on every node (with the entries the ledger handed
-        out, else those it keeps): write its commit record last, then apply retention, and while
-        :attr:`locked` start deleting in the background the groups retention retired (:meth:`tidy`);
-        return the record."""
+        out, else those it keeps): write its commit record last, then apply retention; ``tidy``: then
+        start deleting the groups of the epochs retention un-committed (:meth:`tidy`, a run commits
+        while the next epoch runs). Returns the record."""
         ledger, store, epoch = self.ledger, self.store, pending.epoch
         entries = pending.entries
         if entries is None:
@@ -353,6 +353,7 @@ class EpochWriter:
         retention_warning(self._retention(), epoch, store.url)
         if self.locked:
             store.sync_commits()
+        if tidy:
             self.tidy()
         return record
 
