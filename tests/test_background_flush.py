@@ -185,6 +185,55 @@ def test_an_epoch_whose_flush_failed_or_vanished_stays_unflushed(report):
     assert saves.writing_nodes() == {"b"}
 
 
+def test_the_next_hooks_report_hands_out_the_epochs_now_durable_in_one_answer():
+    """Epoch 4 is flushed in the background; the hooks of epoch 5 report that flush and epoch 5's
+    own save: one answer of the ledger hands out both, oldest first, with the entries to commit.
+    The ledger keeps them until they are committed; its version stays while it only answers."""
+    saves = SaveLedger()
+    four = written(saves, 4)
+    five = saves.start(5)
+    now = {n: SaveOutcome(entry={"save_id": five}, flushed=FlushReport(four)) for n in ("a", "b")}
+    received = saves.receive(5, now, ("a", "b"), async_save=False, waiting=[4, 5])
+    assert received.failure is None
+    assert received.flushes == {}
+    assert received.durable == {
+        4: {"a": {"save_id": four}, "b": {"save_id": four}},
+        5: {"a": {"save_id": five}, "b": {"save_id": five}},
+    }
+    version = saves.version
+    assert list(saves.hand_out([4, 5])[0]) == [4, 5]
+    assert saves.version == version
+
+
+def test_an_epoch_not_durable_yet_holds_back_the_epochs_after_it():
+    saves = SaveLedger()
+    four = written(saves, 4)
+    five = saves.start(5)
+    received = saves.receive(
+        5, {n: SaveOutcome(entry={"save_id": five}) for n in ("a", "b")}, ("a", "b"), async_save=False, waiting=[4, 5]
+    )
+    assert received.durable == {}  # epoch 4's flush was not reported: epoch 5 waits behind it
+    gone = "its background flush is gone (the worker restarted?)"
+    assert received.flushes == {4: {"a": gone, "b": gone}}
+    assert saves.ids[4] == four
+
+
+def test_a_save_starts_from_the_newest_epoch_written_and_forgets_those_committed():
+    """``begin`` reuses the entries of the newest epoch written and awaiting its commit (delta), and
+    first forgets the epochs committed with the entries the ledger handed out."""
+    saves = SaveLedger()
+    written(saves, 3)
+    four = saves.start(4)
+    entries = {n: {"save_id": four, "node": n, "epoch": 4} for n in ("a", "b")}
+    assert saves.take(4, {n: SaveOutcome(entry=e) for n, e in entries.items()}) == {}
+    started = saves.begin(5, None, committed=[], last_record=None, done=[3])
+    assert started.previous == entries
+    assert saves.sources[5] == 4
+    assert 3 not in saves.ids
+    assert 3 not in saves.entries
+    assert saves.begin(6, None, committed=None, last_record=None).previous == {}
+
+
 # -- whole runs on a cluster -----------------------------------------------------------------------
 NODES = ("ps", "trainer_0")
 

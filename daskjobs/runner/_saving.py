@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint import MultiNodeCheckpointManager
-from ..checkpoint._managers.saving import FATAL
 from ..errors import CheckpointWriteError
 from ..session import Session, as_session
 
@@ -24,33 +22,20 @@ logger = logging.getLogger("daskjobs")
 @dataclass(frozen=True)
 class RetryPolicy:
     """What a run does when a save of an epoch fails, wherever it failed (a node's save hook, its
-    background flush, the commit record): try again up to ``retries`` times, waiting a little longer
-    each time, then raise :class:`~daskjobs.errors.CheckpointWriteError` (``on_save_error="raise"``)
-    or log a warning and go on (``"warn"``). ``url`` names the prefix in those messages."""
+    background flush, the commit record): the commit pipeline tries again up to ``retries`` times,
+    waiting a little longer each time (:meth:`failed`), then raise
+    :class:`~daskjobs.errors.CheckpointWriteError` (``on_save_error="raise"``) or log a warning and go
+    on (``"warn"``) (:meth:`give_up`). ``url`` names the prefix in those messages."""
 
     retries: int
     on_save_error: Literal["raise", "warn"]
     url: str
 
-    def attempt(self, epoch: int, attempt: Callable[[], object], after_failure: Callable[[], None]) -> bool:
-        """Call ``attempt`` until it returns (``True``), at most ``retries + 1`` times; ``after_failure``
-        after each failure (it raises to stop). Then :meth:`give_up` (``False`` once it warned)."""
-        error: BaseException | None = None
-        for number in range(self.retries + 1):
-            try:
-                attempt()
-                return True
-            except FATAL:  # no retry mends these: the run itself cannot go on as it is
-                raise
-            except Exception as exc:
-                error = exc
-                after_failure()
-                logger.warning(
-                    "saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.retries + 1, exc
-                )
-                time.sleep(min(0.05 * 2**number, 1.0))
-        self.give_up(epoch, error)
-        return False
+    def failed(self, epoch: int, number: int, error: BaseException) -> None:
+        """Attempt ``number`` (from 0) of saving ``epoch`` failed with ``error``: log it, then wait a little
+        longer after each failure before the next attempt."""
+        logger.warning("saving epoch %d failed (attempt %d of %d): %s", epoch, number + 1, self.retries + 1, error)
+        time.sleep(min(0.05 * 2**number, 1.0))
 
     def give_up(self, epoch: int, error: BaseException | None) -> None:
         """Give up on saving ``epoch``: raise :class:`CheckpointWriteError` or warn, by policy."""

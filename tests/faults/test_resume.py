@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import daskjobs as dj
-from daskjobs.checkpoint._managers.writer import EpochWriter
+from daskjobs.checkpoint._protocol.retention import Retention
 from daskjobs.errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -260,10 +260,10 @@ def test_unwritable_prefix_with_raise_fails_before_init(session, tmp_path):
 def test_failing_retention_is_a_warning_not_a_failed_save(prefix, caplog, monkeypatch):
     """Retention that raises after a commit logs a warning; every epoch is still committed."""
 
-    def broken(self, newest):
+    def broken(self, store, newest, **options):
         raise OSError("retention storage hiccup")
 
-    monkeypatch.setattr(EpochWriter, "_apply_retention", broken)
+    monkeypatch.setattr(Retention, "apply", broken)
     with caplog.at_level(logging.WARNING, logger="daskjobs"):
         assert train(prefix, max_epochs=3)[0] == 3
     assert [i.epoch for i in dj.list_checkpoints(prefix)] == [0, 1, 2, 3]

@@ -1,28 +1,32 @@
 """The saves a checkpoint manager started but has not committed: per epoch its save id, the nodes'
 entries (or the tasks returning them), what it reuses chunks from, the nodes whose background flush
-is still to be reported, and the asynchronous save in flight."""
+is still to be reported, and the asynchronous save in flight.
+
+The commit pipeline asks the ledger one thing per phase of an epoch, and gets one typed answer:
+:meth:`SaveLedger.begin` before the epoch runs (:class:`StartedSave`), :meth:`SaveLedger.receive`
+once its save hooks returned (:class:`Received`, with the epochs now durable handed out for their
+commit)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..._model.task import Task
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
-from .._format.naming import db_name
 from .._format.records import committed_entry
 from .._node.outcomes import AsyncSaveOutcome, FlushOutcome, SaveOutcome
 from .._protocol.store import CheckpointStore
 
 if TYPE_CHECKING:
     from ..._model.values import Value
-    from .._format.documents import CommitRecord, CommittedEntry, EntryRef, EntryReport, PreviousEntry
+    from .._format.documents import CommitRecord, CommittedEntry, EntryReport, PreviousEntry
 
 logger = logging.getLogger("daskjobs")
 
@@ -36,6 +40,38 @@ class PendingCommit:
     stop_values: Mapping[str, bool] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
     timings: Mapping[str, float] = field(default_factory=dict)
+    entries: Mapping[str, EntryReport] | None = None
+    """The nodes' entries to commit, once the ledger handed them out (``None``: the commit asks it)."""
+
+
+@dataclass(frozen=True)
+class StartedSave:
+    """A save :meth:`SaveLedger.begin` started: its id, the node entries it reuses chunks from (delta)
+    and the id of the asynchronous save in flight, which its hooks wait for (``None``: none)."""
+
+    save_id: str
+    previous: dict[str, PreviousEntry]
+    in_flight_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Received:
+    """What the save hooks of an epoch reported, as :meth:`SaveLedger.receive` took it.
+
+    ``failure``: the epoch's own save failed (it is forgotten); ``flushes``: by earlier epoch, the
+    nodes whose background flush failed or is gone (their error, or why); ``durable``: the epochs
+    durable on every node, oldest first, with the entries to commit (see :meth:`SaveLedger.hand_out`).
+    With ``async_save``: ``in_flight``, the save in flight the hooks waited for, its entries handed
+    out (``None``: none, or its write failed: ``in_flight_failure``); ``not_started``: the nodes whose
+    save of the epoch could not start (their error).
+    """
+
+    failure: CheckpointWriteError | None = None
+    flushes: dict[int, dict[str, BaseException | str]] = field(default_factory=dict)
+    durable: dict[int, dict[str, EntryReport]] = field(default_factory=dict)
+    in_flight: PendingCommit | None = None
+    in_flight_failure: dict[int, CheckpointWriteError] = field(default_factory=dict)
+    not_started: dict[str, BaseException] = field(default_factory=dict)
 
 
 def write_error(epoch: int, failed: Mapping[str, BaseException | str]) -> CheckpointWriteError:
@@ -116,6 +152,98 @@ class SaveLedger:
         """Per save not yet committed, the earlier epoch it reuses chunks from (delta): kept by retention."""
         self.unflushed: dict[int, set[str]] = {}
         """Per written epoch, the nodes whose background flush of it has not been reported yet."""
+        self.version = 0
+        """Counts the changes that may make a waiting epoch durable (or no longer so): an epoch the
+        last :meth:`hand_out` did not hand out is still not durable while this is unchanged."""
+
+    def begin(
+        self,
+        epoch: int,
+        store: CheckpointStore,
+        committed: list[int] | None,
+        last_record: CommitRecord | None,
+        *,
+        done: Collection[int] = (),
+    ) -> StartedSave:
+        """Start a save of ``epoch`` (:meth:`start`), reusing chunks (delta) of the newest earlier epoch
+        written and awaiting its commit, else of the newest of ``committed`` before it (its record:
+        ``last_record`` when that is it, else read from ``store``); ``committed=None``: reuse nothing.
+        The saves of ``done`` (committed with the entries :meth:`hand_out` gave) are forgotten first."""
+        for other in done:
+            self.forget(other)
+        in_flight = None if self.in_flight is None else self.ids.get(self.in_flight.epoch)
+        previous = {} if committed is None else self._reusable(epoch, store, committed, last_record)
+        source = next(iter(previous.values()))["epoch"] if previous else None
+        return StartedSave(self.start(epoch, source), previous, in_flight)
+
+    def _reusable(
+        self, epoch: int, store: CheckpointStore, committed: list[int], last_record: CommitRecord | None
+    ) -> dict[str, PreviousEntry]:
+        """The node entries a save of ``epoch`` reuses chunks from: those of the newest earlier epoch,
+        written and awaiting its commit or committed."""
+        written = self.newest_written(epoch)
+        if written is not None and written > max((e for e in committed if e < epoch), default=-1):
+            return dict(self.entries[written])
+        return previous_entries(store, epoch, committed, last_record)
+
+    def receive(
+        self,
+        epoch: int,
+        finished: Mapping[str, object],
+        nodes: Sequence[str],
+        *,
+        async_save: bool,
+        waiting: Sequence[int] = (),
+    ) -> Received:
+        """Take what the save hooks of ``epoch`` on ``nodes`` returned (``finished``): the flushes they
+        report of earlier epochs, ``epoch``'s entries (with ``async_save``, those of the save in flight
+        the hooks waited for, handed out for its commit); then hand out (:meth:`hand_out`) the
+        durable epochs of ``waiting`` (oldest first, ``epoch`` last when it waits too)."""
+        flushes = self.note_flushes(finished)
+        failure = None
+        missing = sorted(set(nodes) - set(finished))
+        if missing:
+            self.forget(epoch)
+            failure = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
+        elif not async_save:
+            bad = self.take(epoch, finished)
+            if bad:
+                failure = write_error(epoch, bad)
+        durable = self.hand_out([e for e in waiting if failure is None or e != epoch])[0] if waiting else {}
+        if not async_save:
+            return Received(failure, flushes, durable)
+        in_flight, in_flight_failure = self._waited(finished)
+        not_started = {
+            n: r.error for n, r in finished.items() if isinstance(r, AsyncSaveOutcome) and r.error is not None
+        }
+        return Received(failure, flushes, durable, in_flight, in_flight_failure, not_started)
+
+    def _waited(self, finished: Mapping[str, object]) -> tuple[PendingCommit | None, dict[int, CheckpointWriteError]]:
+        """The asynchronous save in flight, no longer in flight, with the entries its nodes reported
+        to the hooks that returned ``finished`` (handed out when they are whole), or its failure."""
+        pending = self.take_in_flight()
+        if pending is None:
+            return None, {}
+        bad = self.take(pending.epoch, in_flight_outcomes(finished))
+        if bad:
+            return None, {pending.epoch: write_error(pending.epoch, bad)}
+        handed, _ = self.hand_out([pending.epoch])
+        return replace(pending, entries=handed.get(pending.epoch)), {}
+
+    def hand_out(self, epochs: Sequence[int]) -> tuple[dict[int, dict[str, EntryReport]], int | None]:
+        """The entries to commit of the epochs of ``epochs`` (oldest first) durable on every node, up to
+        the first that is not (kept here until :meth:`forget`, or the next :meth:`begin` once committed);
+        and the first durable epoch whose entries are of another save, if any (not handed out: its commit
+        refuses it, see :meth:`finished`)."""
+        handed: dict[int, dict[str, EntryReport]] = {}
+        for epoch in epochs:
+            entries = self.entries.get(epoch)
+            if entries is None or self.unflushed.get(epoch):
+                return handed, None
+            if any(e.get("save_id") != self.ids.get(epoch) for e in entries.values()):
+                return handed, epoch
+            handed[epoch] = dict(entries)
+        return handed, None
 
     def start(self, epoch: int, source: int | None = None) -> str:
         """A new save id for ``epoch``, reusing chunks of the earlier epoch ``source`` (delta);
@@ -126,17 +254,9 @@ class SaveLedger:
             self.sources[epoch] = source
         return self.ids[epoch]
 
-    def keeping_sources(self, best: Callable[[list[int]], list[int]] | None) -> Callable[[list[int]], list[int]]:
-        """Retention's ``best``, also keeping the epochs whose chunks saves not yet committed reuse."""
-        sources = set(self.sources.values())
-
-        def kept(epochs: list[int]) -> list[int]:
-            return sorted({*(best(epochs) if best is not None else ()), *(e for e in epochs if e in sources)})
-
-        return kept
-
     def forget(self, epoch: int) -> None:
-        """Forget the save of ``epoch`` (committed, or never to be)."""
+        """Forget the save of ``epoch`` (committed, or never to be: the caller no longer waits for it,
+        so :attr:`version` stays)."""
         for book in (self.ids, self.entries, self.tasks, self.sources, self.unflushed):
             book.pop(epoch, None)
 
@@ -152,6 +272,7 @@ class SaveLedger:
         """Take the flush reports nodes gave (the ``flushed`` of a ``SaveOutcome`` or ``FlushOutcome``),
         with the entry a background write returned; return, by epoch, the nodes whose flush failed or
         is gone (their error, or why), which stay unflushed."""
+        self.version += 1
         epochs = {save_id: epoch for epoch, save_id in self.ids.items()}
         bad: dict[int, dict[str, BaseException | str]] = {}
         for node, result in results.items():
@@ -171,6 +292,13 @@ class SaveLedger:
                     if flushed.entry is not None and epoch in self.entries:
                         self.entries[epoch][node] = flushed.entry  # the write's own (a hard link may have failed)
         return bad
+
+    def rewritten(self, epoch: int, entries: Mapping[str, EntryReport]) -> None:
+        """The nodes of ``entries`` wrote their groups of ``epoch`` again, durably: their new entries."""
+        self.version += 1
+        for node, entry in entries.items():
+            self.entries[epoch][node] = entry
+            self.unflushed.get(epoch, set()).discard(node)
 
     def newest_written(self, before: int) -> int | None:
         """The newest epoch before ``before`` whose save all nodes finished and that awaits its commit."""
@@ -198,6 +326,7 @@ class SaveLedger:
         if bad:
             self.forget(epoch)
             return bad
+        self.version += 1
         self.entries[epoch] = entries
         later = {n for n, o in outcomes.items() if isinstance(o, SaveOutcome) and o.later}
         if later:
@@ -224,6 +353,7 @@ class SaveLedger:
                 )
             entries = {task.node: _reported(task.outputs()[0].fetch()) for task in tasks}
             self.entries[epoch] = entries
+            self.version += 1
         save_id = self.ids[epoch]
         stale = [n for n, e in entries.items() if e.get("save_id") != save_id]
         if stale:
@@ -238,30 +368,3 @@ def _reported(output: Value) -> EntryReport:
     """What a save task returned of a node's entry (see ``entry_array``): JSON text as a uint8 array."""
     entry: EntryReport = json.loads(np.asarray(output).tobytes())
     return entry
-
-
-class LastCheckpoint:
-    """The last checkpoint a manager saved or loaded: where it is and its nodes' entries (or their
-    summaries; blob names are read only when asked), the durations to report, and the commit record
-    a save reuses chunks from (delta) without reading it again."""
-
-    def __init__(self) -> None:
-        self.found: tuple[CheckpointStore, int, dict[str, EntryRef]] | None = None
-        self.stats: dict[str, int] = {}
-        """Nanoseconds by checkpoint name (``<db_prefix>/<node>.<epoch>``), for the metadata handler."""
-        self.record: CommitRecord | None = None
-        """The commit record saved or loaded last through the manager's own store."""
-
-    def remember(self, store: CheckpointStore, epoch: int, entries: Mapping[str, EntryRef], prefix: str) -> None:
-        """Keep the durations of the node ``entries`` of ``epoch`` just saved or loaded from ``store``,
-        and where their blob names are (``prefix``: the manager's ``db_prefix``)."""
-        self.found = (store, epoch, dict(entries))
-        folder = db_name(epoch, next(iter(entries), "n"), prefix).rsplit("/", 1)[0]  # the names were validated
-        self.stats = {f"{folder}/{n}.{epoch}": int(e.get("seconds", 0) * 1e9) for n, e in entries.items()}
-
-    def blob_list(self) -> dict[str, list[str]]:
-        """Blob names per node of the last checkpoint (from its nodes' manifests)."""
-        if self.found is None:
-            raise InvalidStateError("no checkpoint saved or loaded yet by this manager")
-        store, epoch, entries = self.found
-        return {n: sorted(store.resolve_entry(n, epoch, e)["blobs"]) for n, e in entries.items()}

@@ -21,7 +21,7 @@ from .._protocol.store import CheckpointStore
 if TYPE_CHECKING:
     from ...session import Session
     from .._format.documents import CommitRecord, EntryRef
-    from .ledger import LastCheckpoint
+    from .last import LastCheckpoint
 
 logger = logging.getLogger("daskjobs")
 

@@ -21,7 +21,8 @@ from .._node.sharing import prove_shared
 from .._protocol.lock import local_holder
 from .._protocol.retention import DEFAULT_FULL_EVERY, Retention, best_epochs, check_full_every, writes_in_full
 from .._protocol.store import CheckpointStore
-from .ledger import LastCheckpoint, PendingCommit
+from .last import LastCheckpoint
+from .ledger import PendingCommit
 from .loads import Loads
 from .memory import memory_options
 from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start

@@ -12,6 +12,12 @@ Every save error goes through the run's :class:`SavePolicy` (retries, then ``on_
 a save that failed in its hook is saved again as a group of its own, a background flush that
 failed is written again by the nodes (``ResaveFinish``), a commit record is written again.
 
+The runner makes one call per phase of an epoch: :meth:`CommitPipeline.plan` before it runs,
+``meanwhile`` while it runs, ``accept`` (or :meth:`CommitPipeline.drop`,
+:meth:`CommitPipeline.salvage`) once it ran, :meth:`CommitPipeline.when_committed` once it is
+saved. Accepting an epoch, its commit and flushes are :class:`~.commits.CommitQueue`'s, the base
+class; this module plans each save and holds the way out of a failed run.
+
 With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is a
 :class:`~.tiered.TieredPipeline`, which commits every epoch in cluster memory first.
 """
@@ -19,16 +25,13 @@ With tier 0 (``MultiNodeCheckpointManager(in_memory=True)``) a run's pipeline is
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ...errors import CheckpointWriteError
-from .._format.records import record_bytes
-from .._node.outcomes import AsyncSaveOutcome, SaveOutcome
-from .ledger import PendingCommit, in_flight_outcomes, saved_entries, write_error
-from .saving import FATAL, OnCommit, Saved, SaveMode, SavePlan, SavePolicy
+from .._node.outcomes import SaveOutcome
+from .commits import CommitQueue
+from .ledger import in_flight_outcomes, write_error
+from .saving import FATAL, OnCommit, SaveMode, SavePlan, SavePolicy
 
 if TYPE_CHECKING:
     from ..._model.group import TaskGroup
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-class CommitPipeline:
+class CommitPipeline(CommitQueue):
     """The epochs one run (or one ``save_checkpoints``) saves through ``writer``, until committed.
 
     Get it from ``MultiNodeCheckpointManager.writing``, which holds the prefix's lock around it.
@@ -56,25 +59,11 @@ class CommitPipeline:
         save_group: Callable[[int], TaskGroup] | None = None,
         nested: bool = False,
     ) -> None:
-        self.writer, self.ledger = writer, writer.ledger
-        self.policy, self.on_commit = policy, on_commit
-        self.save_group = save_group
-        """The manager's ``save`` where its class overrides it: each epoch is saved by its group (Caffe2)."""
+        super().__init__(writer, policy, on_commit, save_group)
         self.nested = nested
         """Another pipeline of this process holds the lock (``save_checkpoints`` called while training)."""
-        self.last_committed: int | None = None
         self.memory: MemoryTier | None = None
         """The run's epochs committed in cluster memory (tier 0, see ``TieredPipeline``); ``None`` here."""
-        self._waiting: list[PendingCommit] = []
-        self._then: list[tuple[int, bool, Callable[[], object]]] = []
-        """``(epoch, whether only its durable commit will do, call)``, in epoch order (:meth:`when_committed`)."""
-        self._deferred_error: Exception | None = None
-        self._strays: set[str] = set()
-        """Nodes that may still write in the background for saves this pipeline forgot."""
-        self._unsure = False
-        """A group of this pipeline's saves was interrupted: what its nodes still write is unknown."""
-        self.debris = False
-        """Something this run wrote may be left uncommitted (a save failed, retried or forgotten)."""
 
     # -- saving an epoch --------------------------------------------------------------------
     def plan(
@@ -101,79 +90,14 @@ class CommitPipeline:
             logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
             return SavePlan(epoch, SaveMode.SKIP)
         try:
-            hooks = self.writer.hooks(epoch, nodes, flush_later=background and not last)
+            made = self.writer.hooks(epoch, nodes, flush_later=background and not last)
         except FATAL:
             raise
         except Exception as exc:
             self._give_up(epoch, exc)
             return SavePlan(epoch, SaveMode.SKIP)
         self._unsure = True
-        return SavePlan(epoch, SaveMode.IN_GRAPH, hooks)
-
-    def accept(
-        self,
-        session: Session,
-        plan: SavePlan,
-        finished: Mapping[str, object],
-        stop_values: Mapping[str, bool],
-        metrics: Mapping[str, float],
-    ) -> Saved:
-        """Save ``plan``'s epoch once it ran: take what its hooks returned (``finished``) and commit it (now,
-        or while the next epoch runs); a failed save is saved again as a group of its own, a failed
-        background flush of an earlier epoch written again, by policy. A plan of its own group saves
-        it now (:meth:`save`); a plan to skip does nothing."""
-        self.check(plan.epoch)
-        if plan.mode is SaveMode.OWN_GROUP:
-            return self.save(session, plan.epoch, stop_values, metrics)
-        if plan.mode is SaveMode.SKIP:
-            return Saved()
-        started = time.perf_counter()
-        epoch, self._unsure = plan.epoch, False
-        entries = [r.entry for r in finished.values() if isinstance(r, SaveOutcome) and r.entry is not None]
-        node_seconds = max((float(e.get("seconds", 0.0)) for e in entries), default=0.0)
-        failed = self._take_reports(epoch, finished, session)
-        if epoch in failed:
-            self._after_failure()
-            logger.warning("saving epoch %d failed: %s; saving it again", epoch, failed[epoch])
-            again = self.save(session, epoch, stop_values, metrics)
-            return Saved(node_seconds + again.seconds, again.bytes)
-        timings = {"save_seconds": node_seconds + time.perf_counter() - started}
-        written = None
-        if len(entries) == len(finished):
-            written = sum(e["bytes_written"] for e in entries), sum(e["bytes_reused"] for e in entries)
-        pending = PendingCommit(epoch, dict(stop_values), dict(metrics), timings)
-        if self.writer.may_defer_commit:
-            self._waiting.append(pending)
-        else:
-            self.commit_ready()
-            self._attempt(epoch, lambda: self._commit(pending))
-        return Saved(node_seconds + time.perf_counter() - started, written)
-
-    def save(
-        self, session: Session, epoch: int, stop_values: Mapping[str, bool], metrics: Mapping[str, float]
-    ) -> Saved:
-        """Save ``epoch`` as a group run of its own (see :attr:`save_group`) and commit it, the epochs
-        saved before committed first."""
-        manager = self.writer.manager
-        if not manager.cp_accessible(epoch=None):
-            logger.warning("checkpoint storage not accessible: epoch %d not saved", epoch)
-            return Saved()
-        started = time.perf_counter()
-        self.flush(session)
-        make_group = self.save_group or self.writer.save_group
-
-        def save() -> None:
-            with self._writing():
-                session.run_group(make_group(epoch), job=manager._job_name, epoch=epoch)
-            timings = {"save_seconds": time.perf_counter() - started}
-            self._commit(PendingCommit(epoch, dict(stop_values), dict(metrics), timings))
-
-        if self._attempt(epoch, save, give_up=lambda: self._forget(epoch)) and self.last_committed == epoch:
-            self._call_then(epoch)  # committed like an epoch saved in its graph: on_commit hears of it
-        committed = self.writer.last_commit
-        if manager.async_save or committed is None or committed["epoch"] != epoch:
-            return Saved(time.perf_counter() - started, None)
-        return Saved(time.perf_counter() - started, record_bytes(committed)[1:])
+        return SavePlan(epoch, SaveMode.IN_GRAPH, made.hooks, defer_commit=made.defer_commit, nodes=tuple(nodes))
 
     def drop(self, session: Session, plan: SavePlan, finished: Mapping[str, object]) -> None:
         """``plan``'s epoch ran but is not committed (e.g. a stop value is invalid): take what its hooks
@@ -184,7 +108,7 @@ class CommitPipeline:
             return
         self._unsure = False
         if finished:
-            self._take_reports(plan.epoch, finished, session)
+            self._take_reports(plan.epoch, finished, session, plan.nodes)
         self._forget(plan.epoch)
 
     def salvage(self, plan: SavePlan, finished: Mapping[str, object]) -> None:
@@ -205,179 +129,17 @@ class CommitPipeline:
         self._forget(plan.epoch)
         self.check(plan.epoch)
 
-    def _take_reports(
-        self, epoch: int, finished: Mapping[str, object], session: Session | None
-    ) -> dict[int, CheckpointWriteError]:
-        """Take what ``epoch``'s save hooks returned: the flushes they report of earlier epochs (a
-        failed one written again through ``session``, by policy), the asynchronous save they waited
-        for (committed now); give up the earlier epochs whose saves failed; return ``epoch``'s own
-        failure, if any."""
-        ledger, manager = self.ledger, self.writer.manager
-        flushes = ledger.note_flushes(finished)
-        failed: dict[int, CheckpointWriteError] = {}
-        missing = sorted(set(manager.nodes()) - set(finished))
-        in_flight = None
-        if missing:
-            ledger.forget(epoch)
-            failed[epoch] = CheckpointWriteError(f"epoch {epoch}: no save result from nodes {missing}")
-        elif not manager.async_save:
-            bad = ledger.take(epoch, dict(finished))
-            if bad:
-                failed[epoch] = write_error(epoch, bad)
-        if manager.async_save:
-            in_flight, failure = self.writer.commit_waited(finished)
-            failed.update(failure)
-            if in_flight is not None:
-                self.last_committed = in_flight
-            self.debris |= bool(failure)
-            starts = {
-                n: r.error for n, r in finished.items() if isinstance(r, AsyncSaveOutcome) and r.error is not None
-            }
-            if starts and epoch not in failed:
-                ledger.forget(epoch)
-                failed[epoch] = write_error(epoch, starts)
-        if in_flight is not None:
-            self._call_then(in_flight)
-        for other, error in sorted(failed.items()):
-            if other != epoch:
-                self._settle_waiting(other, error)
-        for other, errors in sorted(flushes.items()):
-            self._write_again(session, other, errors)
-        return {e: error for e, error in failed.items() if e == epoch}
-
-    def _write_again(self, session: Session | None, epoch: int, errors: Mapping[str, BaseException | str]) -> None:
-        """``epoch``'s background flush failed on the nodes of ``errors``: have those nodes write their
-        groups again, durably (a group of its own, through ``session``), by policy; else give it up."""
-        error = write_error(epoch, errors)
-        self.debris = True
-        if session is None:
-            self._forget(epoch)
-            self._settle_waiting(epoch, error)
-            return
-        logger.warning("could not make the checkpoint of epoch %d durable: %s; writing it again", epoch, error)
-        nodes = sorted(errors)
-
-        def write_again() -> None:
-            with self._writing():
-                outcomes = self.writer.run_hooks(session, "checkpoint_resave", self.writer.resave_hooks(epoch, nodes))
-            entries, bad = saved_entries(outcomes)
-            if bad:
-                raise write_error(epoch, bad)
-            for node, entry in entries.items():
-                self.ledger.entries[epoch][node] = entry
-                self.ledger.unflushed.get(epoch, set()).discard(node)
-
-        if not self._attempt(epoch, write_again, give_up=lambda: self._forget(epoch)):
-            self._settle_waiting(epoch, None)
-
     # -- commits ----------------------------------------------------------------------------
-    def meanwhile(self) -> None:
-        """While the next epoch runs: commit the waiting epochs that are durable, then delete the groups
-        of the epochs retention un-committed. An error is kept for :meth:`check` (a session's
-        ``meanwhile`` must not raise); an interruption (``KeyboardInterrupt``) goes through at once."""
-        try:
-            self.commit_ready()
-        except Exception as exc:
-            self._deferred_error = exc
-        self.writer.tidy()
-
-    def check(self, epoch: int | None = None) -> None:
-        """Raise the error of the commit :meth:`meanwhile` wrote, if it failed (:meth:`accept`,
-        :meth:`salvage` and :meth:`drop` check). It ends the run, which commits nothing after the
-        failed epoch: the waiting epochs and ``epoch`` are forgotten, so the way out neither commits
-        them nor asks the nodes for their flushes (a node reports only its newest flush)."""
-        error, self._deferred_error = self._deferred_error, None
-        if error is not None:
-            for waiting in [w.epoch for w in self._waiting] + ([] if epoch is None else [epoch]):
-                self._forget(waiting)
-            self._waiting = []
-            raise error
-
-    def commit_ready(self) -> None:
-        """Commit, oldest first, the waiting epochs that are durable on every node (retries, then
-        ``on_save_error``); an epoch not yet reported durable and those after it keep waiting."""
-        while self._waiting and self.ledger.flushed(self._waiting[0].epoch):
-            pending = self._waiting[0]
-            try:
-                self._attempt(pending.epoch, lambda: self._commit(pending), give_up=lambda: self._forget(pending.epoch))
-            except KeyboardInterrupt:
-                # A second signal struck during the commit: unless its record made it, the epoch stays
-                # first in line, so that the way out (settle) commits it before any later epoch.
-                if self.writer.on_disk(pending.epoch):
-                    self._waiting.pop(0)
-                raise
-            except BaseException:
-                self._waiting.pop(0)
-                raise
-            self._waiting.pop(0)
-            self._call_then(pending.epoch)
-
-    def flush(self, session: Session) -> None:
-        """Commit the epochs waiting for their commit (once their nodes report them durable) and
-        the asynchronous save in flight, if any."""
-        self._wait_flushes(session)
-        self.commit_ready()
-        pending = self.ledger.in_flight
-        if pending is not None:
-
-            def commit() -> None:
-                with self._writing():
-                    self.writer.commit_in_flight(session)
-                self.last_committed = pending.epoch
-
-            self._attempt(pending.epoch, commit, give_up=self.ledger.discard_in_flight)
-            self._call_then(pending.epoch)
-
-    def finish(self, session: Session) -> None:
-        """The run ends after the epoch it ran last, or stops gracefully after it: commit every epoch
-        saved (:meth:`flush`)."""
-        self.flush(session)
-
     def when_committed(self, call: Callable[[], object], epoch: int | None = None) -> None:
         """Call ``call`` once the last epoch saved (``epoch``, where the caller knows it) is committed
         (or given up): now, or after its waiting commit (or the commit of its asynchronous save)."""
-        in_flight = self.ledger.in_flight_epoch()
+        in_flight = None if self.ledger.in_flight is None else self.ledger.in_flight.epoch
         if self._waiting:
             self._then.append((self._waiting[-1].epoch, True, call))
         elif in_flight is not None:
             self._then.append((in_flight, True, call))
         else:
             call()
-
-    @property
-    def newest_commit(self) -> int | None:
-        """The newest epoch this run committed (or resumed from), in any tier."""
-        return self.last_committed
-
-    def _commit(self, pending: PendingCommit) -> None:
-        self.writer.ask_commit(pending)
-        if self.ledger.in_flight is None:
-            self.last_committed = pending.epoch
-            self.writer.manager.report_checkpoint_stats("checkpoint_save")
-
-    def _call_then(self, epoch: int) -> None:
-        """Make the calls :meth:`when_committed` kept for ``epoch`` and the epochs before it, after
-        telling :attr:`on_commit` of the commit."""
-        record = self.writer.last_commit
-        if self.on_commit is not None and record is not None and record["epoch"] == epoch:
-            self.on_commit(epoch, *record_bytes(record)[1:])
-        now = [call for e, _, call in self._then if e <= epoch]
-        self._then = [(e, durable, call) for e, durable, call in self._then if e > epoch]
-        for call in now:
-            call()
-
-    # -- flushes ----------------------------------------------------------------------------
-    def _wait_flushes(self, session: Session) -> None:
-        """Wait for the nodes' background flushes of the waiting epochs (one small group); a flush that
-        failed is written again, by policy."""
-        if all(self.ledger.flushed(w.epoch) for w in self._waiting):
-            return
-        nodes = self.writer.manager.nodes()
-        with self._writing():
-            finished = self.writer.run_hooks(session, "checkpoint_flush", self.writer.flush_hooks(nodes))
-        self._strays = set()  # every node waited for its background flush
-        for epoch, errors in sorted(self.ledger.note_flushes(finished).items()):
-            self._write_again(session, epoch, errors)
 
     # -- the way out ------------------------------------------------------------------------
     def settle(self, session: Session | None = None) -> bool:
@@ -393,7 +155,9 @@ class CommitPipeline:
             logger.warning("%s", exc)
         try:
             for pending in self._waiting:
-                if not self.ledger.flushed(pending.epoch) and not self._flush_here(pending.epoch):
+                if pending.entries is not None or self.ledger.flushed(pending.epoch):
+                    continue
+                if not self._flush_here(pending.epoch):
                     break
             self.commit_ready()
         except Exception as exc:
@@ -472,67 +236,6 @@ class CommitPipeline:
         except Exception as exc:
             logger.warning("could not remove uncommitted checkpoint leftovers: %s", exc)
 
-    # -- policy -----------------------------------------------------------------------------
-    def _attempt(self, epoch: int, attempt: Callable[[], object], give_up: Callable[[], None] | None = None) -> bool:
-        """``attempt`` through the policy (without one: once, its error raised); ``give_up`` when it failed."""
-        if self.policy is None:
-            attempt()
-            return True
-        try:
-            done = self.policy.attempt(epoch, attempt, self._after_failure)
-        except BaseException as exc:
-            if give_up is not None and not isinstance(exc, KeyboardInterrupt):
-                give_up()
-            self.debris = True
-            raise
-        if not done:
-            self.debris = True
-            if give_up is not None:
-                give_up()
-        return done
-
-    def _give_up(self, epoch: int, error: BaseException) -> None:
-        """A save of ``epoch`` failed for good: raise ``CheckpointWriteError`` or warn, by policy (a lock
-        that provably vanished or changed hands stops the run with ``CheckpointLockedError``)."""
-        self._after_failure()
-        if self.policy is None:
-            raise error
-        self.policy.give_up(epoch, error)
-
-    def _settle_waiting(self, epoch: int, error: BaseException | None) -> None:
-        """Drop ``epoch`` from the waiting commits (its save failed for good, by policy when ``error``
-        is given) and make its :meth:`when_committed` calls."""
-        self._waiting = [w for w in self._waiting if w.epoch != epoch]
-        if error is not None:
-            self._give_up(epoch, error)
-        self._call_then(epoch)
-
-    def _after_failure(self) -> None:
-        """After a failed save: what it wrote may be left (:attr:`debris`, removed when the run ends even
-        if a retry succeeded); ``CheckpointLockedError`` if the lock (or the prefix) provably vanished or
-        changed hands, rather than retry into a prefix no longer ours (storage that cannot be read is a
-        save error, for the policy; the commit's own lock check stays strict)."""
-        self.debris = True
-        if self.writer.locked:
-            self.writer.store.check_not_taken()
-
-    def _forget(self, epoch: int) -> None:
-        """Forget the save of ``epoch``, written (maybe in part) but never to be committed."""
-        if epoch in self.ledger.ids:
-            self.debris = True
-        self.ledger.forget(epoch)
-
-    @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Around a group run of this pipeline's: an interruption leaves what its nodes write unknown."""
-        self._unsure = True
-        try:
-            yield
-        except Exception:
-            self._unsure = False
-            raise
-        self._unsure = False
-
     def resume_older(self, epoch: int) -> list[int]:
         """Prepare to resume from committed ``epoch`` while newer epochs are committed: they stay until
         the first new epoch is committed (see ``Staging``); return them."""
@@ -542,5 +245,6 @@ class CommitPipeline:
         """The run ends (the lock is about to be released): delete the groups of the epochs retention
         un-committed, then what this run left uncommitted, if anything, when nothing writes any more."""
         self.writer.tidy(final=True)
+        self.writer.forget_done()
         if self.debris:
             self._remove_debris()

@@ -20,15 +20,20 @@ FATAL = (NodeLostError, CheckpointLockedError, SessionLostError, SessionClosedEr
 
 
 class SavePolicy(Protocol):
-    """What a run does when a save fails (the runner's ``save_retries`` and ``on_save_error``)."""
+    """What a run does when a save fails (the runner's ``save_retries`` and ``on_save_error``). The
+    commit pipeline tries a save up to :attr:`retries` more times (not after a :data:`FATAL` error),
+    telling the policy of each failure (:meth:`failed`), then gives up (:meth:`give_up`)."""
 
-    def attempt(self, epoch: int, attempt: Callable[[], object], after_failure: Callable[[], None]) -> bool:
-        """Call ``attempt`` until it returns, retrying failures (not :data:`FATAL` ones), calling
-        ``after_failure`` after each (it raises to stop); ``True`` once it succeeded, ``False`` when
-        the policy gave up with a warning (else it raised ``CheckpointWriteError``)."""
+    @property
+    def retries(self) -> int:
+        """How often a failed save is tried again."""
+
+    def failed(self, epoch: int, number: int, error: BaseException) -> None:
+        """Attempt ``number`` (from 0) of saving ``epoch`` failed with ``error``: log it, and wait a
+        little before the next attempt."""
 
     def give_up(self, epoch: int, error: BaseException | None) -> None:
-        """A save that is not retried failed: raise ``CheckpointWriteError``, or warn, by policy."""
+        """A save of ``epoch`` failed for good: raise ``CheckpointWriteError``, or warn, by policy."""
 
 
 OnCommit = Callable[[int, int, int], None]
@@ -49,13 +54,17 @@ class SavePlan:
     """How :meth:`CommitPipeline.plan` saves ``epoch``; ``hooks`` (node -> ``finish`` hook) in the graph.
 
     With tier 0 (``memory``) the hooks keep the nodes' snapshots in cluster memory, and
-    ``durable`` says whether the epoch is also committed under the prefix."""
+    ``durable`` says whether the epoch is also committed under the prefix. ``defer_commit``: the
+    epoch's commit may wait while the next epoch runs (``None``: the writer is asked once it ran);
+    ``nodes``: the checkpointed nodes whose hooks save it (empty: the manager's)."""
 
     epoch: int
     mode: SaveMode
     hooks: Mapping[str, Hook] = field(default_factory=dict)
     durable: bool = True
     memory: bool = False
+    defer_commit: bool | None = None
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@ reuses), the node groups and hooks that write, flush, wait for and end saves, an
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._model.group import TaskGroup
@@ -18,13 +20,14 @@ from .._node.save_steps import ENTRY_BLOB, FlushFinish, ResaveFinish, SaveFinish
 from .._node.sharing import unseen_groups
 from .._protocol.retention import Retention, retention_warning
 from .._protocol.staging import Staging
-from .ledger import LastCheckpoint, PendingCommit, SaveLedger, in_flight_outcomes, previous_entries, write_error
+from .ledger import PendingCommit, Received, SaveLedger, StartedSave, write_error
 from .saving import Hook
 
 if TYPE_CHECKING:
     from ...session import Session
-    from .._format.documents import CommitRecord, PreviousEntry
+    from .._format.documents import CommitRecord
     from .._protocol.store import CheckpointStore
+    from .last import LastCheckpoint
     from .manager import MultiNodeCheckpointManager
     from .metadata import MetadataHandler
 
@@ -39,6 +42,15 @@ def node_group(
     for node in nodes:
         make_task(group, node)
     return group
+
+
+@dataclass(frozen=True)
+class EpochHooks:
+    """What :meth:`EpochWriter.hooks` made to save an epoch in its graph: the hooks, by node, and
+    whether the epoch's commit may wait while the next epoch runs (see ``may_defer_commit``)."""
+
+    hooks: dict[str, Hook]
+    defer_commit: bool
 
 
 class EpochWriter:
@@ -66,6 +78,9 @@ class EpochWriter:
         """Whether the last hooks handed retired groups to the nodes (see :meth:`hooks`)."""
         self.newest_seen: int | None = None
         self.last_commit: CommitRecord | None = None
+        self.done: list[int] = []
+        """Epochs committed with the entries the ledger handed out, which it forgets when the next save
+        starts (:meth:`new_save`) or the run ends (:meth:`forget_done`): till then, as if forgotten."""
 
     @property
     def store(self) -> CheckpointStore:
@@ -124,8 +139,8 @@ class EpochWriter:
         in_flight = self.ledger.in_flight_epoch()
         if in_flight is not None:
             raise CheckpointError(f"epoch {in_flight} is still being written: flush() before saving epoch {epoch}")
-        save_id, store, previous = self.new_save(epoch)
-        manager = self.manager
+        started, store = self.new_save(epoch)
+        save_id, previous, manager = started.save_id, started.previous, self.manager
         if manager.async_save:
             return self.group(
                 lambda g, node: Task(
@@ -139,7 +154,7 @@ class EpochWriter:
             epoch, lambda node: SaveStep(store, node, epoch, save_id, previous.get(node)), "checkpoint_save"
         )
 
-    def hooks(self, epoch: int, nodes: list[str], *, flush_later: bool = False) -> dict[str, Hook]:
+    def hooks(self, epoch: int, nodes: list[str], *, flush_later: bool = False) -> EpochHooks:
         """Per node of ``nodes`` (the checkpointed ones), a hook that saves ``epoch`` at the end of the
         epoch's own Dask task.
 
@@ -149,22 +164,29 @@ class EpochWriter:
         ``SaveFinish``); their next hooks report the flushes. They also delete their groups of the
         epochs retention un-committed, in the background.
         """
-        ledger, manager = self.ledger, self.manager
-        in_flight = ledger.in_flight_epoch()
-        previous_id = None if in_flight is None else ledger.ids.get(in_flight)
-        save_id, store, previous = self.new_save(epoch)
+        manager = self.manager
+        reuses = manager.reuses_chunks(epoch)
+        started, store = self.new_save(epoch, reuses=reuses)
+        save_id, previous = started.save_id, started.previous
         if manager.async_save:
-            snapshot, reuses = manager.async_snapshot, manager.reuses_chunks(epoch)
-            return {
-                n: AsyncSaveFinish(store, n, epoch, save_id, previous_id, previous.get(n), snapshot, reuses)
-                for n in nodes
-            }
-        later = self.nodes_delete = flush_later and self.may_defer_commit and self.store.defers_flush
+            snapshot, waits_for = manager.async_snapshot, started.in_flight_id
+            return EpochHooks(
+                {
+                    n: AsyncSaveFinish(store, n, epoch, save_id, waits_for, previous.get(n), snapshot, reuses)
+                    for n in nodes
+                },
+                defer_commit=False,
+            )
+        defer = self.may_defer_commit
+        later = self.nodes_delete = flush_later and defer and self.store.defers_flush
         doomed = self.retention.retired.hand_out(nodes) if later else {}
-        return {
-            n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later, doomed=doomed.get(n, ()))
-            for n in nodes
-        }
+        return EpochHooks(
+            {
+                n: SaveFinish(store, n, epoch, save_id, previous.get(n), flush_later=later, doomed=doomed.get(n, ()))
+                for n in nodes
+            },
+            defer_commit=defer,
+        )
 
     def durable_writes(self, epoch: int, nodes: list[str], *, background: bool) -> dict[str, DurableWrite]:
         """Per node of ``nodes``, how it writes its tier-0 snapshot of ``epoch`` under the prefix
@@ -172,7 +194,8 @@ class EpochWriter:
         (the nodes' next hooks report the writes), else at once. On a local disk the nodes also
         delete (or write over) their groups of the epochs retention un-committed, as with
         :meth:`hooks`."""
-        save_id, store, previous = self.new_save(epoch)
+        started, store = self.new_save(epoch)
+        save_id, previous = started.save_id, started.previous
         later = background and self.may_defer_commit
         self.nodes_delete = later and self.store.defers_flush
         doomed = self.retention.retired.hand_out(nodes) if self.nodes_delete else {}
@@ -187,9 +210,10 @@ class EpochWriter:
         older epoch). The next save then reuses that epoch's chunks (delta)."""
         return self.locked and not self.manager.async_save and not self.staging.retire
 
-    def new_save(self, epoch: int) -> tuple[str, CheckpointStore, dict[str, PreviousEntry]]:
-        """A new save id for ``epoch``, the store to write it to and the node entries to reuse
-        chunks from (delta); refuses to overwrite a commit."""
+    def new_save(self, epoch: int, *, reuses: bool | None = None) -> tuple[StartedSave, CheckpointStore]:
+        """Start a save of ``epoch`` (its id and the node entries it reuses chunks from, delta, when
+        ``reuses``: by default the manager's ``reuses_chunks``) and the store to write it to; refuses
+        to overwrite a commit."""
         committed = self._committed_at_least(epoch)
         retire = self.staging.retire
         if epoch in committed and epoch not in retire:
@@ -199,19 +223,13 @@ class EpochWriter:
             )
         if not committed and self.newest_seen is not None and self.newest_seen >= 0:
             committed = [self.newest_seen]
+        if reuses is None:
+            reuses = self.manager.reuses_chunks(epoch)
         # Never reuse from a commit that is about to be retired (its files may go while we link them).
-        reusable = [e for e in committed if e not in retire]
-        previous = self._reusable_entries(epoch, reusable) if self.manager.reuses_chunks(epoch) else {}
-        source = next(iter(previous.values()))["epoch"] if previous else None
-        return self.ledger.start(epoch, source), self.staging.target(self.store, epoch), previous
-
-    def _reusable_entries(self, epoch: int, committed: list[int]) -> dict[str, PreviousEntry]:
-        """The node entries a save of ``epoch`` reuses chunks from (delta): those of the newest
-        earlier epoch, committed or written and awaiting its commit (see :attr:`may_defer_commit`)."""
-        written = self.ledger.newest_written(epoch)
-        if written is not None and written > max((e for e in committed if e < epoch), default=-1):
-            return dict(self.ledger.entries[written])
-        return previous_entries(self.store, epoch, committed, self.last.record)
+        reusable = [e for e in committed if e not in retire] if reuses else None
+        done, self.done = self.done, []
+        started = self.ledger.begin(epoch, self.store, reusable, self.last.record, done=done)
+        return started, self.staging.target(self.store, epoch)
 
     def _committed_at_least(self, epoch: int) -> list[int]:
         """The committed epochs, or ``[]`` when ``epoch`` is provably newer than all of them.
@@ -226,11 +244,11 @@ class EpochWriter:
         return epochs
 
     # -- commits --------------------------------------------------------------------------
-    def ask_commit(self, pending: PendingCommit) -> None:
-        """Commit ``pending`` (see :meth:`commit`); with ``async_save`` it is the save in flight, committed
-        once its background writes finished (:meth:`commit_in_flight`)."""
+    def ask_commit(self, pending: PendingCommit, *, tidy: bool = False) -> None:
+        """Commit ``pending`` (see :meth:`commit`, which ``tidy`` s); with ``async_save`` it is the save in
+        flight, committed once its background writes finished (:meth:`commit_in_flight`)."""
         if not self.manager.async_save:
-            self.commit(pending)
+            self.commit(pending, tidy=tidy)
             return
         if pending.epoch not in self.ledger.ids:
             raise InvalidStateError(
@@ -267,15 +285,12 @@ class EpochWriter:
         ledger.in_flight = None
         return pending
 
-    def commit_waited(self, finished: Mapping[str, object]) -> tuple[int | None, dict[int, CheckpointWriteError]]:
-        """Commit the asynchronous save in flight, which the hooks that returned ``finished`` waited
+    def commit_waited(self, received: Received) -> tuple[int | None, dict[int, CheckpointWriteError]]:
+        """Commit the asynchronous save in flight, which the hooks that reported ``received`` waited
         for; return its epoch once committed, or its failure (a node's write of it, or its commit)."""
-        pending = self.ledger.take_in_flight()
+        pending = received.in_flight
         if pending is None:
-            return None, {}
-        bad = self.ledger.take(pending.epoch, in_flight_outcomes(finished))
-        if bad:
-            return None, {pending.epoch: write_error(pending.epoch, bad)}
+            return None, dict(received.in_flight_failure)
         try:
             self.commit(pending)
         except CheckpointWriteError as exc:
@@ -291,22 +306,26 @@ class EpochWriter:
         entries = ledger.entries.get(epoch, {})
         for node in sorted(ledger.unflushed.get(epoch, ())):
             try:
-                entries[node] = reported(self.store.make_durable(node, epoch, entries[node]))
+                entry = reported(self.store.make_durable(node, epoch, entries[node]))
             except (CheckpointError, KeyError) as exc:
                 logger.warning(
                     "epoch %d cannot be committed: its group of node %r is not durable: %s", epoch, node, exc
                 )
                 return False
-            ledger.unflushed[epoch].discard(node)
+            ledger.rewritten(epoch, {node: entry})
         return ledger.flushed(epoch)
 
-    def commit(self, pending: PendingCommit) -> CommitRecord:
-        """Commit ``pending.epoch``, saved and durable on every node: write its commit record last,
-        then apply retention; return the record."""
+    def commit(self, pending: PendingCommit, *, tidy: bool = False) -> CommitRecord:
+        """Commit ``pending.epoch``, saved and durable on every node (with the entries the ledger handed
+        out, else those it keeps): write its commit record last, then apply retention; ``tidy``: then
+        start deleting the groups of the epochs retention un-committed (:meth:`tidy`, a run commits
+        while the next epoch runs). Returns the record."""
         ledger, store, epoch = self.ledger, self.store, pending.epoch
-        if not ledger.flushed(epoch) and epoch in ledger.entries:
-            raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait for its flushes first")
-        entries = ledger.finished(epoch)
+        entries = pending.entries
+        if entries is None:
+            if not ledger.flushed(epoch) and epoch in ledger.entries:
+                raise InvalidStateError(f"epoch {epoch} is not durable on every node yet: wait for its flushes first")
+            entries = ledger.finished(epoch)
         if not self.locked:  # saved outside a runner (which proves the storage shared before it saves)
             unseen = unseen_groups(self.staging.target(store, epoch), epoch, list(entries))
             if unseen is not None:
@@ -326,11 +345,16 @@ class EpochWriter:
         self.last.record = self.last_commit = record
         self.newest_seen = max(epoch, -1 if self.newest_seen is None else self.newest_seen)
         self.last.remember(store, epoch, entries, self.manager.db_prefix)
-        ledger.forget(epoch)
+        if pending.entries is None:
+            ledger.forget(epoch)
+        else:
+            self.done.append(epoch)
         self.handler.write(epoch=epoch)
-        retention_warning(self._apply_retention, epoch, store.url)
+        retention_warning(self._retention(), epoch, store.url)
         if self.locked:
             store.sync_commits()
+        if tidy:
+            self.tidy()
         return record
 
     def on_disk(self, epoch: int) -> bool:
@@ -346,9 +370,17 @@ class EpochWriter:
         for leftover in self.store.cleanup_uncommitted(self.manager.nodes()):
             logger.info("removed uncommitted checkpoint leftover %s", leftover)
 
-    def _apply_retention(self, newest: int) -> None:
-        """Delete committed epochs that retention does not keep (see ``Retention``)."""
-        self.retention.apply(self.store, newest, deferred=self.locked, keeping=self.ledger.keeping_sources)
+    def _retention(self) -> Callable[[int], None]:
+        """Retention after the commit of an epoch (``newest``): delete committed epochs retention does not
+        keep (see ``Retention``), but those whose chunks saves not yet committed reuse."""
+        sources = {source for epoch, source in self.ledger.sources.items() if epoch not in self.done}
+        return functools.partial(self.retention.apply, self.store, deferred=self.locked, keeping=sources)
+
+    def forget_done(self) -> None:
+        """Have the ledger forget the epochs committed with the entries it handed out (see :attr:`done`)."""
+        for epoch in self.done:
+            self.ledger.forget(epoch)
+        self.done = []
 
     def tidy(self, *, final: bool = False) -> None:
         """Delete the groups of the epochs retention un-committed (see :attr:`locked`) in a

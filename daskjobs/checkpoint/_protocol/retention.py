@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..._model.values import check_count
@@ -359,10 +359,10 @@ class Retention:
         newest: int,
         *,
         deferred: bool,
-        keeping: Callable[[Callable[[list[int]], list[int]] | None], Callable[[list[int]], list[int]]],
+        keeping: Collection[int] = (),
     ) -> None:
         """Delete (``deferred``: only un-commit, see :class:`RetiredGroups`) the committed epochs
-        older than ``newest`` the policy drops; ``keeping(best)`` adds epochs saves in flight need."""
+        older than ``newest`` the policy drops, but those of ``keeping`` (saves in flight reuse them)."""
         if not self.deletes:
             return
         best: Callable[[list[int]], list[int]] | None = None
@@ -380,7 +380,7 @@ class Retention:
         retired, written = (self.retired, self._written) if deferred else (None, None)
         committed = self._committed if deferred else None
         left = apply_retention(
-            store, newest, self.keep_last, self.keep_every, keeping(best), retired, written, committed
+            store, newest, self.keep_last, self.keep_every, _also(best, keeping), retired, written, committed
         )
         self._committed = left if deferred and left else None
 
@@ -392,3 +392,13 @@ class Retention:
         self.retired.remove(store, wait=final)
         if final:
             self._written, self._committed = {}, None
+
+
+def _also(best: Callable[[list[int]], list[int]] | None, keeping: Collection[int]) -> Callable[[list[int]], list[int]]:
+    """Retention's ``best``, also keeping the epochs of ``keeping``."""
+    kept = set(keeping)
+
+    def also(epochs: list[int]) -> list[int]:
+        return sorted({*(best(epochs) if best is not None else ()), *(e for e in epochs if e in kept)})
+
+    return also
