@@ -55,11 +55,19 @@ def define(prefix: str, kind: str) -> dj.Job:
     group is complete, a step damages epoch 2's chunk of ``frozen``."""
     group = Path(prefix) / "a.2"
 
+    def in_place_with_entry() -> bool:
+        """Whether epoch 2's group is in place with its entry (it is flushed in the background and
+        renamed into place from its staging folder)."""
+        try:
+            return b'"bytes_written"' in (group / "zarr.json").read_bytes()
+        except FileNotFoundError:
+            return False
+
     def damage(ws):
         if ws.epoch != 3:
             return
         deadline = time.monotonic() + 30
-        while b'"bytes_written"' not in (group / "zarr.json").read_bytes():  # written in the background
+        while not in_place_with_entry():
             assert time.monotonic() < deadline, "epoch 2's group never got its entry"
             time.sleep(0.005)
         time.sleep(0.02)  # a later clock tick than the entry's
