@@ -38,7 +38,7 @@ from distributed.protocol.serialize import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
 
 from .._config import config_timeout
-from .._execution.memory import Bundle, KeepOrder, Kept, PushFailure, snapshot_bytes
+from .._execution.memory import Bundle, HeldBundle, KeepOrder, Kept, PushFailure
 from .._model.values import Value, copy_value
 from ..errors import CheckpointWriteError
 from ._placement import live_workers
@@ -108,9 +108,8 @@ class WorkerMemory:
             self._memory = (time.monotonic(), used)
         return used
 
-    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value], nbytes: int) -> Kept:
         """Add ``snapshot`` to its bundle (kept only where the bundle was planned)."""
-        nbytes = snapshot_bytes(snapshot)
         me = _address(self._worker)
         if order.bundle.holder != me:  # the node moved after its bundle was planned: not kept
             return {"bytes": nbytes, "holder": ""}
@@ -145,13 +144,12 @@ class WorkerMemory:
         if not sealed:
             return
         worker, me = self._worker, _address(self._worker)
-        worker.update_data(
-            data={order.bundle.key: snapshots for order, snapshots, _ in sealed}, stimulus_id=_stimulus()
-        )
+        bundles = {order.bundle.key: HeldBundle(snapshots, total) for order, snapshots, total in sealed}
+        worker.update_data(data=dict(bundles), stimulus_id=_stimulus())
         by_peer: dict[str, dict[str, Any]] = {}
-        for order, snapshots, _ in sealed:
+        for order, _, _ in sealed:
             for key, peer in order.bundle.replicas.items():
-                by_peer.setdefault(peer, {})[key] = to_serialize(snapshots)
+                by_peer.setdefault(peer, {})[key] = to_serialize(bundles[order.bundle.key])
         pushes = {peer: asyncio.ensure_future(self._push(peer, data)) for peer, data in sorted(by_peer.items())}
         if pushes:
             await asyncio.wait(pushes.values(), timeout=_PUSH_GRACE)
@@ -409,10 +407,10 @@ class ProcessMemory:
     def check_fits(self, order: KeepOrder, nbytes: int) -> None:
         """A copy in this process always fits (the process has no memory limit of Dask's)."""
 
-    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value], nbytes: int) -> Kept:
         with self._lock:
             self._kept[order.bundle.key] = {order.node: snapshot}
-        return {"bytes": snapshot_bytes(snapshot), "holder": "this process"}
+        return {"bytes": nbytes, "holder": "this process"}
 
     def failures(self, node: str) -> list[PushFailure]:
         return []

@@ -15,6 +15,7 @@ says which epochs are also committed durably under the prefix.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -121,9 +122,14 @@ class MemoryEpoch:
     accepted: bool = False
     committed: bool = False
 
+    @functools.cached_property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of the epoch's bundles and of their replicas (the orders never change)."""
+        return tuple(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
+
     def all_keys(self) -> list[str]:
         """The keys of the epoch's bundles and of their replicas."""
-        return list(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
+        return list(self.keys)
 
     def held(self) -> dict[str, tuple[int, str]]:
         """Key -> (bytes, the worker it was put on), for the bundles of the nodes that reported."""
