@@ -40,16 +40,28 @@ class Bundle:
 
 @dataclass(frozen=True)
 class KeepOrder:
-    """Where the snapshot of ``node`` at ``epoch`` goes: into :attr:`bundle`, held by :attr:`owner`
-    (the driver's Dask client id; ``""`` in one process)."""
+    """Where the snapshot of ``node`` at ``epoch`` goes: into the bundle of :attr:`size` nodes held
+    under :attr:`key` on :attr:`holder` and under each key of :attr:`replicas` on that key's worker,
+    as data of :attr:`owner` (the driver's Dask client id; ``""`` in one process). It is what the
+    node's hook carries, in every task of the epoch: its :class:`Bundle` without the other nodes'
+    names (:meth:`of`)."""
 
     node: str
     epoch: int
-    bundle: Bundle
+    key: str
+    holder: str
+    size: int
+    replicas: Mapping[str, str] = field(default_factory=dict)
     owner: str = ""
 
+    @classmethod
+    def of(cls, node: str, epoch: int, bundle: Bundle, owner: str = "") -> KeepOrder:
+        """The order of ``node``, one of ``bundle``'s nodes."""
+        return cls(node, epoch, bundle.key, bundle.holder, len(bundle.nodes), bundle.replicas, owner)
+
     def all_keys(self) -> list[str]:
-        return self.bundle.all_keys()
+        """The holder's key, then the replicas' keys."""
+        return [self.key, *self.replicas]
 
 
 class HeldBundle(Mapping[str, dict[str, Value]]):

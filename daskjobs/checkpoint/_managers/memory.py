@@ -135,8 +135,8 @@ class MemoryEpoch:
         """Key -> (bytes, the worker it was put on), for the bundles of the nodes that reported."""
         found: dict[str, tuple[int, str]] = {}
         for node, kept in self.kept.items():
-            bundle = self.orders[node].bundle
-            for key, holder in [(bundle.key, bundle.holder), *bundle.replicas.items()]:
+            order = self.orders[node]
+            for key, holder in [(order.key, order.holder), *order.replicas.items()]:
                 nbytes, _ = found.get(key, (0, holder))
                 found[key] = (nbytes + kept["bytes"], holder)
         return found
@@ -192,7 +192,7 @@ class MemoryTier:
                 replicas,
                 fewest,
             )
-        orders = {node: KeepOrder(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
+        orders = {node: KeepOrder.of(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
         cluster.hold(record.all_keys())
         return orders
