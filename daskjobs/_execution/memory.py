@@ -5,10 +5,10 @@ A node's snapshot of an epoch (its whole GLOBAL workspace, copied as a save woul
 kept in the memory of the node's worker and, as replicas, of other workers. The snapshots of the
 nodes one worker serves travel and are held together, as one **bundle** per worker and epoch
 (a :class:`HeldBundle`, node -> snapshot): Dask data of the driver's client under one key on the
-worker, and under one key per replica on its peers, whatever the number of nodes. The steps hand a node's snapshot to
-the :class:`SnapshotKeeper` of its state (worker side); the driver plans the bundles, checks,
-releases and restores through the session's :class:`ClusterMemory`. No Dask here: the sessions
-implement both protocols.
+worker, and under one key per replica on its peers, whatever the number of nodes. The steps hand a
+node's snapshot to the :class:`SnapshotKeeper` of its state (worker side), as its
+:class:`KeepOrder` says; the driver plans the bundles, checks, releases and restores through the
+session's :class:`ClusterMemory`. No Dask here: the sessions implement both protocols.
 """
 
 from __future__ import annotations
