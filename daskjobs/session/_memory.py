@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask.config
@@ -38,7 +39,7 @@ from distributed.protocol.serialize import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
 
 from .._config import config_timeout
-from .._execution.memory import Bundle, KeepOrder, Kept, PushFailure, snapshot_bytes
+from .._execution.memory import Bundle, HeldBundle, KeepOrder, Kept, PushFailure
 from .._model.values import Value, copy_value
 from ..errors import CheckpointWriteError
 from ._placement import live_workers
@@ -54,6 +55,15 @@ registers the replicas it did send)."""
 _PUSH_GRACE = 1.0
 """Seconds a worker waits for its pushes to peers before it registers its own snapshots without
 them; the replicas still in flight are registered once sent."""
+
+
+@dataclass(frozen=True)
+class _Sealed:
+    """A bundle completed on this worker: the order of one of its nodes, its nodes, their snapshots' bytes."""
+
+    order: KeepOrder
+    nodes: tuple[str, ...]
+    nbytes: int
 
 
 def _address(worker: Worker) -> str:
@@ -89,12 +99,12 @@ class WorkerMemory:
         if not limit:
             return
         fraction = dask.config.get("distributed.worker.memory.pause", default=0.8) or 0.95
-        needed = nbytes * (1 + len(order.bundle.replicas))
+        needed = nbytes * (1 + len(order.replicas))
         used = self._process_memory()
         if used + needed > fraction * limit:
             raise CheckpointWriteError(
                 f"node {order.node!r}, epoch {order.epoch}: its tier-0 snapshot ({nbytes} bytes) and "
-                f"{len(order.bundle.replicas)} replica(s) of that size do not fit in the memory of worker "
+                f"{len(order.replicas)} replica(s) of that size do not fit in the memory of worker "
                 f"{_address(self._worker)}: {used} bytes in use, limit {int(limit)} bytes, of which Dask lets "
                 f"{fraction:.0%} be used; give the workers more memory (--memory-limit), or keep fewer replicas "
                 "(replicas=...), or turn tier 0 off (in_memory=False)"
@@ -108,25 +118,23 @@ class WorkerMemory:
             self._memory = (time.monotonic(), used)
         return used
 
-    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value], nbytes: int) -> Kept:
         """Add ``snapshot`` to its bundle (kept only where the bundle was planned)."""
-        nbytes = snapshot_bytes(snapshot)
         me = _address(self._worker)
-        if order.bundle.holder != me:  # the node moved after its bundle was planned: not kept
+        if order.holder != me:  # the node moved after its bundle was planned: not kept
             return {"bytes": nbytes, "holder": ""}
-        bundle = order.bundle
         with self._lock:
             for key in [k for k, (o, _, _) in self._open.items() if o.owner == order.owner and o.epoch < order.epoch]:
                 del self._open[key]  # a bundle an earlier epoch never completed (a node's task failed)
-            _, snapshots, total = self._open.get(bundle.key, (order, {}, 0))
+            _, snapshots, total = self._open.get(order.key, (order, {}, 0))
             snapshots[order.node] = snapshot
             total += nbytes
-            full = len(snapshots) >= len(bundle.nodes)
+            full = len(snapshots) >= order.size
             if full:
-                self._open.pop(bundle.key, None)
+                self._open.pop(order.key, None)
                 self._sealed.append((order, snapshots, total))
             else:
-                self._open[bundle.key] = (order, snapshots, total)
+                self._open[order.key] = (order, snapshots, total)
         if full:
             self._worker.loop.add_callback(self._start)
         return {"bytes": nbytes, "holder": me}
@@ -145,13 +153,12 @@ class WorkerMemory:
         if not sealed:
             return
         worker, me = self._worker, _address(self._worker)
-        worker.update_data(
-            data={order.bundle.key: snapshots for order, snapshots, _ in sealed}, stimulus_id=_stimulus()
-        )
+        bundles = {order.key: HeldBundle(snapshots, total) for order, snapshots, total in sealed}
+        worker.update_data(data=dict(bundles), stimulus_id=_stimulus())
         by_peer: dict[str, dict[str, Any]] = {}
-        for order, snapshots, _ in sealed:
-            for key, peer in order.bundle.replicas.items():
-                by_peer.setdefault(peer, {})[key] = to_serialize(snapshots)
+        for order, _, _ in sealed:
+            for key, peer in order.replicas.items():
+                by_peer.setdefault(peer, {})[key] = to_serialize(bundles[order.key])
         pushes = {peer: asyncio.ensure_future(self._push(peer, data)) for peer, data in sorted(by_peer.items())}
         if pushes:
             await asyncio.wait(pushes.values(), timeout=_PUSH_GRACE)
@@ -160,12 +167,13 @@ class WorkerMemory:
             error = push.result() if push.done() else None
             if error is not None:
                 failed[peer] = error
-        for order, _, _ in sealed:
-            for peer in sorted(set(order.bundle.replicas.values()) & set(failed)):
-                self._fail(order, peer, failed[peer])
+        complete = [_Sealed(order, tuple(snapshots), total) for order, snapshots, total in sealed]
+        for bundle in complete:
+            for peer in sorted(set(bundle.order.replicas.values()) & set(failed)):
+                self._fail(bundle, peer, failed[peer])
         late = {peer: push for peer, push in pushes.items() if not push.done()}
-        for owner in sorted({order.owner for order, _, _ in sealed}):
-            mine = [(order, total) for order, _, total in sealed if order.owner == owner]
+        for owner in sorted({bundle.order.owner for bundle in complete}):
+            mine = [bundle for bundle in complete if bundle.order.owner == owner]
             await self._register(owner, mine, me, set(failed) | set(late))
             for peer, push in late.items():
                 self._spawn(self._register_late(owner, mine, peer, push))
@@ -176,22 +184,22 @@ class WorkerMemory:
         task.add_done_callback(self._tasks.discard)
 
     async def _register_late(
-        self, owner: str, sealed: list[tuple[KeepOrder, int]], peer: str, push: asyncio.Future[BaseException | None]
+        self, owner: str, sealed: list[_Sealed], peer: str, push: asyncio.Future[BaseException | None]
     ) -> None:
         """Register the replicas of ``sealed`` on ``peer`` once their push, slower than
         :data:`_PUSH_GRACE`, ended (the own snapshots were registered without them)."""
         error = await push
-        replicas = {key: [peer] for order, _ in sealed for key, at in order.bundle.replicas.items() if at == peer}
+        replicas = {key: [peer] for bundle in sealed for key, at in bundle.order.replicas.items() if at == peer}
         if error is None and replicas:
-            nbytes = {key: total for order, total in sealed for key in order.bundle.replicas if key in replicas}
+            nbytes = {key: bundle.nbytes for bundle in sealed for key in bundle.order.replicas if key in replicas}
             try:
                 await self._worker.scheduler.update_data(who_has=replicas, nbytes=nbytes, client=owner)
             except Exception as exc:
                 error = exc
         if error is not None:
-            for order, _ in sealed:
-                if peer in order.bundle.replicas.values():
-                    self._fail(order, peer, error)
+            for bundle in sealed:
+                if peer in bundle.order.replicas.values():
+                    self._fail(bundle, peer, error)
 
     async def _push(self, peer: str, data: dict[str, Any]) -> BaseException | None:
         """Send ``data`` (key -> serialised bundle) into ``peer``'s memory; the error, if it failed."""
@@ -204,7 +212,7 @@ class WorkerMemory:
             return exc
         return None
 
-    async def _register(self, owner: str, sealed: list[tuple[KeepOrder, int]], me: str, failed: set[str]) -> None:
+    async def _register(self, owner: str, sealed: list[_Sealed], me: str, failed: set[str]) -> None:
         """Register the bundles of ``sealed`` (and their replicas, those sent) as ``owner``'s data: in
         one call to the scheduler when the replicas went to one peer (the usual ring), else one per peer.
 
@@ -212,11 +220,11 @@ class WorkerMemory:
         was to hold there and before it registers anything for the client: so the replicas come
         first, and after such a failure the own keys are registered alone."""
         scheduler = self._worker.scheduler
-        own = {order.bundle.key: [me] for order, _ in sealed}
-        nbytes = {key: total for order, total in sealed for key in order.all_keys()}
+        own = {bundle.order.key: [me] for bundle in sealed}
+        nbytes = {key: bundle.nbytes for bundle in sealed for key in bundle.order.all_keys()}
         by_peer: dict[str, dict[str, list[str]]] = {}
-        for order, _ in sealed:
-            for key, peer in order.bundle.replicas.items():
+        for bundle in sealed:
+            for key, peer in bundle.order.replicas.items():
                 if peer not in failed:
                     by_peer.setdefault(peer, {})[key] = [peer]
         calls = [{**next(iter(by_peer.values()), {}), **own}] if len(by_peer) <= 1 else [*by_peer.values(), own]
@@ -225,9 +233,9 @@ class WorkerMemory:
                 await scheduler.update_data(who_has=who_has, nbytes={k: nbytes[k] for k in who_has}, client=owner)
             except Exception as exc:
                 replicas = [key for key in who_has if key not in own]
-                for order, _ in sealed:  # a peer left after it took the replicas: they went with it
-                    for key in set(order.bundle.replicas) & set(replicas):
-                        self._fail(order, order.bundle.replicas[key], exc)
+                for bundle in sealed:  # a peer left after it took the replicas: they went with it
+                    for key in set(bundle.order.replicas) & set(replicas):
+                        self._fail(bundle, bundle.order.replicas[key], exc)
                 if not replicas:
                     self._unregistered(list(own), exc)
                 elif len(calls) == 1:
@@ -241,10 +249,10 @@ class WorkerMemory:
         if not closing:
             _forget(self._worker, keys)
 
-    def _fail(self, order: KeepOrder, peer: str, error: BaseException) -> None:
-        """Every node of ``order``'s bundle hears, at its next hook, that its replica on ``peer`` failed."""
-        for node in order.bundle.nodes:
-            self._record_failure(node, order.epoch, peer, error)
+    def _fail(self, bundle: _Sealed, peer: str, error: BaseException) -> None:
+        """Every node of ``bundle`` hears, at its next hook, that its replica on ``peer`` failed."""
+        for node in bundle.nodes:
+            self._record_failure(node, bundle.order.epoch, peer, error)
 
     def _record_failure(self, node: str, epoch: int, peer: str, error: BaseException) -> None:
         left = isinstance(error, OSError | asyncio.TimeoutError | KeyError)
@@ -409,10 +417,10 @@ class ProcessMemory:
     def check_fits(self, order: KeepOrder, nbytes: int) -> None:
         """A copy in this process always fits (the process has no memory limit of Dask's)."""
 
-    def keep(self, order: KeepOrder, snapshot: dict[str, Value]) -> Kept:
+    def keep(self, order: KeepOrder, snapshot: dict[str, Value], nbytes: int) -> Kept:
         with self._lock:
-            self._kept[order.bundle.key] = {order.node: snapshot}
-        return {"bytes": snapshot_bytes(snapshot), "holder": "this process"}
+            self._kept[order.key] = {order.node: snapshot}
+        return {"bytes": nbytes, "holder": "this process"}
 
     def failures(self, node: str) -> list[PushFailure]:
         return []

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -228,7 +228,7 @@ def install_node(states: WorkerStates, node: str, blobs: dict[str, Value]) -> st
     return state.token
 
 
-def install_snapshot(states: WorkerStates, node: str, bundle: dict[str, dict[str, Value]]) -> str:
+def install_snapshot(states: WorkerStates, node: str, bundle: Mapping[str, dict[str, Value]]) -> str:
     """Task on ``node``'s worker: a fresh workspace of ``node`` holding copies of its snapshot in
     ``bundle`` (a tier-0 bundle: node -> snapshot); returns its token."""
     return install_node(states, node, bundle[node])

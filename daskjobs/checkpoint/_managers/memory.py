@@ -15,6 +15,7 @@ says which epochs are also committed durably under the prefix.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -121,16 +122,21 @@ class MemoryEpoch:
     accepted: bool = False
     committed: bool = False
 
+    @functools.cached_property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of the epoch's bundles and of their replicas (the orders never change)."""
+        return tuple(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
+
     def all_keys(self) -> list[str]:
         """The keys of the epoch's bundles and of their replicas."""
-        return list(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
+        return list(self.keys)
 
     def held(self) -> dict[str, tuple[int, str]]:
         """Key -> (bytes, the worker it was put on), for the bundles of the nodes that reported."""
         found: dict[str, tuple[int, str]] = {}
         for node, kept in self.kept.items():
-            bundle = self.orders[node].bundle
-            for key, holder in [(bundle.key, bundle.holder), *bundle.replicas.items()]:
+            order = self.orders[node]
+            for key, holder in [(order.key, order.holder), *order.replicas.items()]:
                 nbytes, _ = found.get(key, (0, holder))
                 found[key] = (nbytes + kept["bytes"], holder)
         return found
@@ -186,7 +192,7 @@ class MemoryTier:
                 replicas,
                 fewest,
             )
-        orders = {node: KeepOrder(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
+        orders = {node: KeepOrder.of(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
         cluster.hold(record.all_keys())
         return orders

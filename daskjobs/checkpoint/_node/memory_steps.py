@@ -94,9 +94,10 @@ class KeepFinish:
             kept = self._durably(state, blobs, None)
             return dataclasses.replace(kept, error=error)
         try:
-            keeper.check_fits(self.order, snapshot_bytes(blobs))
+            nbytes = snapshot_bytes(blobs)
+            keeper.check_fits(self.order, nbytes)
             copies = snapshot(blobs, {})
-            memory = keeper.keep(self.order, copies)
+            memory = keeper.keep(self.order, copies, nbytes)
         except Exception as exc:
             kept = self._durably(state, blobs, None)
             return dataclasses.replace(kept, error=exc, pushes=tuple(keeper.failures(self.order.node)))
