@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dask.config
+from dask.typing import Key
 from distributed import Client, Future, Worker
 from distributed.protocol.serialize import to_serialize
 from distributed.worker_state_machine import FreeKeysEvent
@@ -153,8 +154,8 @@ class WorkerMemory:
         if not sealed:
             return
         worker, me = self._worker, _address(self._worker)
-        bundles = {order.key: HeldBundle(snapshots, total) for order, snapshots, total in sealed}
-        worker.update_data(data=dict(bundles), stimulus_id=_stimulus())
+        bundles: dict[Key, object] = {order.key: HeldBundle(snapshots, total) for order, snapshots, total in sealed}
+        worker.update_data(data=bundles, stimulus_id=_stimulus())
         by_peer: dict[str, dict[str, Any]] = {}
         for order, _, _ in sealed:
             for key, peer in order.replicas.items():
