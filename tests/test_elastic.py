@@ -204,12 +204,14 @@ def test_a_pool_shrinks_under_the_job_down_to_one_worker(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="daskjobs")
     with pool(3) as cluster, Client(cluster) as client, dj.DaskSession(client) as session:
         manager = dj.MultiNodeCheckpointManager(str(tmp_path / "ckpt"))
+        # on_epoch hears of an epoch once it is committed, which on a busy machine may be while a
+        # later epoch runs: epochs 7 and 8 leave room for the second retirement to be noticed
         runner = dj.JobRunner(
-            define_job(), manager, max_failures=0, progress=False, on_epoch=retire_at(client, {2: 1, 4: 1})
+            define_job(8), manager, max_failures=0, progress=False, on_epoch=retire_at(client, {2: 1, 4: 1})
         )
-        assert runner.train(session) == 6
+        assert runner.train(session) == 8
         assert len(set(session.placement.values())) == 1
-        assert_equal_to_reference(session)
+        assert_equal_to_reference(session, 8)
     departures = [r.getMessage() for r in caplog.records if "left on purpose (it was retired)" in r.getMessage()]
     assert 1 <= len(departures) <= 2  # two retirements noticed by one failed run are one recovery
     assert not any("lost; restoring" in r.getMessage() for r in caplog.records)
