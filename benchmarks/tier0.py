@@ -5,7 +5,8 @@ Three parts (``--part``, default all):
 * ``overhead`` (a): the tiny 2-node job of ``save_every_epoch.py`` (2 nodes x 2 tasks, a node
   per worker process) and the 64-node job of ``scale_nodes.py`` (2 worker processes, one thread
   per node), each without checkpoints and with tier 0 (``in_memory=True``, a snapshot of every
-  node in memory every epoch with one replica, a durable commit every 10 epochs on local disk).
+  node in memory every epoch with one replica (``--replicas``), a durable commit every 10 epochs on
+  local disk).
   An epoch's cost is the time between the ends of consecutive epochs (``RunnerHooks.epoch_saved``:
   the epoch's run, its snapshots, the commit of the epoch before) averaged over a window of
   ``--epochs`` epochs that holds whole cycles of ``durable_every`` (so a durable epoch's share is
@@ -90,12 +91,16 @@ class EpochEnds(dj.RunnerHooks):
 
 
 def epoch_cost(
-    session: dj.Session, job: dj.Job, epochs: int, warmup: int, tier0: bool, folder: str
+    session: dj.Session, job: dj.Job, epochs: int, warmup: int, tier0: bool, folder: str, replicas: int = 1
 ) -> tuple[float, float]:
     """Mean seconds per epoch of one run, epochs ``warmup``..``warmup + epochs``, and the CPU seconds
     per epoch of the driver's and the workers' processes in that window."""
     prefix = tempfile.mkdtemp(dir=folder) if tier0 else None
-    manager = dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=DURABLE_EVERY) if tier0 else None
+    manager = (
+        dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=DURABLE_EVERY, replicas=replicas)
+        if tier0
+        else None
+    )
     hooks = EpochEnds(marks=(warmup, warmup + epochs))
     runner = dj.JobRunner(job, manager, max_epochs=warmup + epochs + 2, progress=False, hooks=hooks)
     runner.train(session)
@@ -124,7 +129,8 @@ def overhead(args: argparse.Namespace, folder: str) -> dict[str, Any]:
             for number in range(args.rounds):
                 order = ["no checkpoints", "tier 0"] if number % 2 == 0 else ["tier 0", "no checkpoints"]
                 for variant in order:
-                    cost, cpu = epoch_cost(session, make_job(), args.epochs, args.warmup, variant == "tier 0", folder)
+                    tier0 = variant == "tier 0"
+                    cost, cpu = epoch_cost(session, make_job(), args.epochs, args.warmup, tier0, folder, args.replicas)
                     costs[variant].append(cost)
                     cpus[variant].append(cpu)
         medians = {variant: 1000 * statistics.median(values) for variant, values in costs.items()}
@@ -137,6 +143,7 @@ def overhead(args: argparse.Namespace, folder: str) -> dict[str, Any]:
             "cpu_runs_ms": {variant: [round(1000 * v, 3) for v in values] for variant, values in cpus.items()},
             "cpu_ratio": cpu_medians["tier 0"] / cpu_medians["no checkpoints"],
             "target": 1.1,
+            "replicas": args.replicas,
         }
     return result
 
@@ -250,6 +257,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=40, help="epochs per measured window (overhead)")
     parser.add_argument("--warmup", type=int, default=5, help="epochs of a run not counted (overhead)")
     parser.add_argument("--nodes", type=int, default=64, help="nodes of the big job (overhead)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas of each snapshot (overhead; 0: only the node's own worker holds it, which a graceful "
+        "departure moves and a crash loses)",
+    )
     parser.add_argument("--trials", type=int, default=5, help="kills (recovery)")
     parser.add_argument("--mib", type=int, default=16, help="MiB per node (recovery)")
     parser.add_argument("--json", help="write the JSON here instead of stdout")

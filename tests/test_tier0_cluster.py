@@ -283,6 +283,27 @@ def test_a_worker_and_its_replica_holder_killed_fall_back_to_the_durable_commit(
     assert_durable_commits_equal(prefix, [0, 3, 6, EPOCHS])
 
 
+def test_without_replicas_a_killed_worker_comes_back_from_the_durable_commit(
+    cluster, tmp_path, killing, reference, caplog
+):
+    """``replicas=0``: node b's snapshots live only in its own worker's memory, so when that worker
+    dies in epoch 5 no copy of epoch 4 is left: every node comes back from the newest durable commit
+    (epoch 3), the run ends equal, and the commits verify."""
+    caplog.set_level(logging.INFO, logger="daskjobs")
+    prefix = str(tmp_path / "ckpt")
+    manager = dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=3, replicas=0)
+    with dj.DaskSession(cluster) as session:
+        runner = dj.JobRunner(killing(5), manager, max_failures=1, progress=False)
+        assert runner.train(session) == EPOCHS
+        assert_equal(blobs(session), reference)
+    assert restored_from(runner) == 3
+    assert any("no copy of node 'b'" in r.getMessage() for r in caplog.records)
+    restoring = [r.getMessage() for r in caplog.records if "restoring all nodes from" in r.getMessage()]
+    assert len(restoring) == 1, restoring
+    assert restoring[0].endswith("from epoch 3 (recovery 1 of 1)"), restoring
+    assert_durable_commits_equal(prefix, [0, 3, 6, EPOCHS])
+
+
 def test_two_workers_killed_one_after_the_other_both_come_back_from_memory(cluster, tmp_path, killing, reference):
     """Node b's worker dies in epoch 3 and, once restored, again in epoch 4: two recoveries from memory
     (epoch 2, then epoch 3), and the run ends equal."""
@@ -332,13 +353,15 @@ def test_without_a_prefix_a_lost_worker_still_comes_back_from_memory(cluster, tm
     assert {r.tier for r in runner.history} == {"memory"}
 
 
-def test_a_retired_pool_worker_hands_its_snapshots_over(tmp_path, watched_root, reference, caplog):
-    """A pool worker serving node b is retired in epoch 4: Dask moves its snapshots to the workers left,
-    node b goes to another worker, every node comes back from epoch 3 in memory without a failure
-    counted (``max_failures=0``) and without reading the prefix, and the run ends equal."""
+@pytest.mark.parametrize("replicas", [1, 0])
+def test_a_retired_pool_worker_hands_its_snapshots_over(tmp_path, watched_root, reference, caplog, replicas):
+    """A pool worker serving node b is retired in epoch 4: Dask moves its snapshots to the workers left
+    (with ``replicas=0`` they are the only copies), node b goes to another worker, every node comes
+    back from epoch 3 in memory without a failure counted (``max_failures=0``) and without reading
+    the prefix, and the run ends equal."""
     caplog.set_level(logging.INFO, logger="daskjobs")
     prefix = str(tmp_path / "ckpt")
-    manager = dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=10)
+    manager = dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=10, replicas=replicas)
     preload = dask.config.set({"distributed.worker.preload": ["prefix_reads"]})
     with preload, pool_cluster(3) as cluster, dj.DaskSession(cluster) as session:
         client = session.client
