@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ms = row["ms_per_epoch"]
                 cpu = row["cpu_ms_per_epoch"]
                 print(
-                    f"(a) {name:>8}: no checkpoints {ms['no checkpoints']:.2f} ms, tier 0 {ms['tier 0']:.2f} ms "
+                    f"(a) {name:>8} (replicas={row['replicas']}): no checkpoints {ms['no checkpoints']:.2f} ms, "
+                    f"tier 0 {ms['tier 0']:.2f} ms "
                     f"per epoch: {row['ratio']:.3f}x (target <= 1.1); CPU of all processes {cpu['no checkpoints']:.2f} "
                     f"ms vs {cpu['tier 0']:.2f} ms per epoch: {row['cpu_ratio']:.3f}x",
                     file=sys.stderr,
