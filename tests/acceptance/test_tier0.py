@@ -45,26 +45,37 @@ def run_in_memory(cluster, job_dir, elsewhere, marks, prefix, *extra: str):
     return start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
 
 
-@pytest.mark.parametrize("how", ["killpg", "sigterm"])
+@pytest.mark.parametrize("how", ["killpg", "sigterm", "lifetime"])
 def test_a_lost_worker_comes_back_from_the_cluster_memory(
     how, job_dir, elsewhere, tmp_path, external_cluster, reference
 ):
     """The trainer's ``daskjobs worker`` is killed with its whole process group (or sent SIGTERM: a
-    preemption, a planned departure) in epoch 4, and started again: every node is restored from the
-    epoch committed in the workers' memory (the ps worker holds the trainer's replica), no epoch
-    before the running one runs again, and the run ends equal to an uninterrupted one."""
+    preemption, a planned departure) in epoch 4, or its ``--lifetime`` runs out (a batch system's
+    walltime), and a new one is started: every node is restored from the epoch committed in the
+    workers' memory (the ps worker holds the trainer's replica; a departing worker's snapshots are
+    moved by Dask), no epoch before the running one runs again, and the run ends equal to an
+    uninterrupted one; a departure on purpose counts no failure."""
     marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
     marks.mkdir()
     cluster = external_cluster
+    if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
+        os.killpg(cluster.workers["trainer"].pid, signal.SIGKILL)
+        cluster.workers["trainer"].wait(timeout=10)
+        cluster.wait_for_nodes("ps")
+        expiring = cluster.start_worker("trainer", "--lifetime", "5s", "--lifetime-stagger", "0s")
+        cluster.wait_for_nodes("trainer")
     failures = "1" if how == "killpg" else "0"
     process = run_in_memory(cluster, job_dir, elsewhere, marks, prefix, "--max-failures", failures)
-    wait_until(lambda: (marks / "epoch-4").exists(), 120, "epoch 4's step", process)
-    worker = cluster.workers["trainer"]
-    if how == "killpg":
-        os.killpg(worker.pid, signal.SIGKILL)
+    if how == "lifetime":
+        wait_until(lambda: expiring.poll() is not None, 60, "the worker's lifetime to run out", process)
     else:
-        os.kill(worker.pid, signal.SIGTERM)
-    worker.wait(timeout=30)
+        wait_until(lambda: (marks / "epoch-4").exists(), 120, "epoch 4's step", process)
+        worker = cluster.workers["trainer"]
+        if how == "killpg":
+            os.killpg(worker.pid, signal.SIGKILL)
+        else:
+            os.kill(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
     cluster.start_worker("trainer")
     code, out, err = finish(process, timeout=240)
     assert code == 0, err
@@ -73,9 +84,12 @@ def test_a_lost_worker_comes_back_from_the_cluster_memory(
     assert len(restoring) == 1, err
     assert "in cluster memory" in restoring[0], err
     restored = int(restoring[0].split("from epoch ")[1].split()[0])
-    assert restored >= 3, err  # committed in memory before the loss struck in epoch 4 (or 5): only it runs again
+    if how != "lifetime":  # (the lifetime runs out whenever it does)
+        assert restored >= 3, err  # committed in memory before the loss struck in epoch 4 (or 5): only it runs again
     if how == "sigterm":
         assert "left on purpose (it was sent SIGTERM" in restoring[0], err
+    if how == "lifetime":
+        assert "left on purpose (its --lifetime ran out)" in restoring[0], err
     assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, committed under {prefix}")
     assert assert_durable_commits_equal(prefix, reference(EPOCHS))[0] == 0
 
