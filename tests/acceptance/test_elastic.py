@@ -287,7 +287,8 @@ ADAPTIVE = textwrap.dedent(
             cluster.adapt(minimum=1, maximum=1, interval="200ms", wait_count=1)
 
     with Client(cluster) as client:
-        manager = dj.MultiNodeCheckpointManager(sys.argv[1])
+        tier0 = {"in_memory": True, "durable_every": 4} if sys.argv[2:] == ["memory"] else {}
+        manager = dj.MultiNodeCheckpointManager(sys.argv[1], **tier0)
         runner = dj.JobRunner(job, manager, max_failures=0, progress=False, on_epoch=adapt_after_epoch_2)
         print(runner.train(client), len(client.scheduler_info()["workers"]), flush=True)
     cluster.close()
@@ -295,14 +296,17 @@ ADAPTIVE = textwrap.dedent(
 )
 
 
-@pytest.mark.matrix
-def test_an_adaptive_local_cluster_scaling_down_under_the_job(job_dir, tmp_path, reference):
+@pytest.mark.representative("memory")
+@pytest.mark.parametrize("tier", ["durable", "memory"])
+def test_an_adaptive_local_cluster_scaling_down_under_the_job(job_dir, tmp_path, reference, tier):
     """``cluster.adapt(minimum=1, maximum=1)`` on a LocalCluster of three pool workers, turned on while
     the job runs, scales it down to one worker: the nodes of the workers retired move to the one left,
-    a planned departure each (``max_failures=0``), and the run ends equal to an uninterrupted one."""
+    a planned departure each (``max_failures=0``), and the run ends equal to an uninterrupted one.
+    With tier 0 (``in_memory=True, durable_every=4``) the retired workers' snapshots move with them
+    and every node comes back from cluster memory."""
     prefix = tmp_path / "ckpt"
     process = subprocess.run(
-        [sys.executable, "-c", ADAPTIVE, str(prefix)],
+        [sys.executable, "-c", ADAPTIVE, str(prefix), tier],
         cwd=job_dir,
         env=clean_env(JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.3"),
         capture_output=True,
@@ -317,4 +321,10 @@ def test_an_adaptive_local_cluster_scaling_down_under_the_job(job_dir, tmp_path,
     # close); nothing of daskjobs may: no ERROR of its logger, no traceback through its code.
     assert "daskjobs ERROR" not in process.stderr, process.stderr
     assert f"{os.sep}daskjobs{os.sep}" not in process.stderr, process.stderr
-    assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
+    expected = reference(EPOCHS)
+    if tier == "memory":  # durable commits of epochs 0, 4 and the last only
+        restoring = [line for line in process.stderr.splitlines() if "restoring all nodes from epoch" in line]
+        assert restoring, process.stderr
+        assert all("in cluster memory" in line for line in restoring), process.stderr
+        expected = {epoch: expected[epoch] for epoch in (0, 4, EPOCHS)}
+    assert_same_checkpoints(checkpoint_values(prefix), expected)
