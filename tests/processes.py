@@ -148,6 +148,15 @@ class ExternalCluster:
         self.workers[node] = process = self._start(argv, f"worker-{node}")
         return process
 
+    def replace_with_expiring_worker(self, node: str, lifetime: str = "5s") -> subprocess.Popen:
+        """Kill ``node``'s worker (its process group) and start one whose ``--lifetime`` runs out after
+        ``lifetime`` (a batch system's walltime rotation); wait until every node has a worker again."""
+        os.killpg(self.workers[node].pid, signal.SIGKILL)
+        self.workers[node].wait(timeout=10)
+        expiring = self.start_worker(node, "--lifetime", lifetime, "--lifetime-stagger", "0s")
+        self.wait_for_nodes(*self.workers)
+        return expiring
+
     def start_pool_worker(self, *options: str, plain: bool = True) -> subprocess.Popen:
         """A pool worker (its process group is its own): a plain ``dask worker ADDRESS`` without any
         resource, or (``plain=False``) ``daskjobs worker ADDRESS``."""

@@ -45,11 +45,7 @@ def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
     marks.mkdir()
     cluster = external_cluster
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
-        os.killpg(cluster.workers["trainer"].pid, signal.SIGKILL)
-        cluster.workers["trainer"].wait(timeout=10)
-        cluster.wait_for_nodes("ps")
-        expiring = cluster.start_worker("trainer", "--lifetime", "5s", "--lifetime-stagger", "0s")
-        cluster.wait_for_nodes("trainer")
+        expiring = cluster.replace_with_expiring_worker("trainer")
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0", "-v", *saves]
     env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5")
     process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)

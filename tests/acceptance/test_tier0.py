@@ -59,11 +59,7 @@ def test_a_lost_worker_comes_back_from_the_cluster_memory(
     marks.mkdir()
     cluster = external_cluster
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
-        os.killpg(cluster.workers["trainer"].pid, signal.SIGKILL)
-        cluster.workers["trainer"].wait(timeout=10)
-        cluster.wait_for_nodes("ps")
-        expiring = cluster.start_worker("trainer", "--lifetime", "5s", "--lifetime-stagger", "0s")
-        cluster.wait_for_nodes("trainer")
+        expiring = cluster.replace_with_expiring_worker("trainer")
     failures = "1" if how == "killpg" else "0"
     process = run_in_memory(cluster, job_dir, elsewhere, marks, prefix, "--max-failures", failures)
     if how == "lifetime":
