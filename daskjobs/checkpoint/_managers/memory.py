@@ -127,10 +127,6 @@ class MemoryEpoch:
         """The keys of the epoch's bundles and of their replicas (the orders never change)."""
         return tuple(dict.fromkeys(key for order in self.orders.values() for key in order.all_keys()))
 
-    def all_keys(self) -> list[str]:
-        """The keys of the epoch's bundles and of their replicas."""
-        return list(self.keys)
-
     def held(self) -> dict[str, tuple[int, str]]:
         """Key -> (bytes, the worker it was put on), for the bundles of the nodes that reported."""
         found: dict[str, tuple[int, str]] = {}
@@ -194,7 +190,7 @@ class MemoryTier:
             )
         orders = {node: KeepOrder.of(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
-        cluster.hold(record.all_keys())
+        cluster.hold(record.keys)
         return orders
 
     def accept(
@@ -227,8 +223,8 @@ class MemoryTier:
             return failed
         record.stop_values, record.metrics, record.accepted = dict(stop_values), dict(metrics), True
         if self.cluster is not None:  # once this epoch is committed, the ones before it go at once
-            older = [key for e, r in self._epochs.items() if e < epoch for key in r.all_keys()]
-            self.cluster.release_when_held(record.all_keys(), older)
+            older = [key for e, r in self._epochs.items() if e < epoch for key in r.keys]
+            self.cluster.release_when_held(record.keys, older)
         return {}
 
     def _push_failed(self, node: str, failure: PushFailure, failed: dict[str, Any]) -> None:
@@ -256,7 +252,7 @@ class MemoryTier:
             record = self._epochs[epoch]
             if not record.accepted or record.committed or self.cluster is None:
                 continue
-            if all(self.cluster.registered(record.all_keys()).values()):
+            if all(self.cluster.registered(record.keys).values()):
                 record.committed = True
                 newly.append(epoch)
                 self.last = epoch
@@ -296,7 +292,7 @@ class MemoryTier:
         )
         if not candidates or self.cluster is None:
             return None
-        holders = self.cluster.holders([key for record in candidates for key in record.all_keys()])
+        holders = self.cluster.holders([key for record in candidates for key in record.keys])
         for record in candidates:
             sources = {}
             for node, order in record.orders.items():
@@ -344,7 +340,7 @@ class MemoryTier:
         """Forget ``epoch`` and let the cluster drop its snapshots."""
         record = self._epochs.pop(epoch, None)
         if record is not None and self.cluster is not None:
-            self.cluster.release(record.all_keys())
+            self.cluster.release(record.keys)
 
     def close(self) -> None:
         """The run ends: every snapshot is released."""

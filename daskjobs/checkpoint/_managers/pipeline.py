@@ -45,9 +45,8 @@ logger = logging.getLogger("daskjobs")
 class CommitPipeline(CommitQueue):
     """The epochs one run (or one ``save_checkpoints``) saves through ``writer``, until committed.
 
-    Get it from ``MultiNodeCheckpointManager.writing``, which holds the prefix's lock around it.
-    :attr:`last_committed` is the newest epoch the run committed (or resumed from): what a recovery
-    restores and what a graceful stop reports.
+    Get it from ``MultiNodeCheckpointManager.writing``, which holds the prefix's lock around it
+    (see :class:`~.commits.CommitQueue` for :attr:`last_committed`).
     """
 
     def __init__(
