@@ -257,6 +257,31 @@ def test_a_snapshot_that_could_not_reach_its_dead_replica_holder_is_not_left_beh
         wait_until(lambda: tier0_keys(session.client) == ({}, []), 10, "no tier-0 snapshot left on the cluster")
 
 
+async def _register_late(key: str, owner: str, dask_worker) -> None:
+    """What a worker whose push outlived its grace does once the push ends: the key into its memory,
+    then registered with the scheduler as the driver's data."""
+    dask_worker.update_data(data={key: np.arange(4)}, stimulus_id="late-test")
+    await dask_worker.scheduler.update_data(who_has={key: [dask_worker.address]}, nbytes={key: 32}, client=owner)
+
+
+def test_a_snapshot_registered_after_the_run_released_it_is_released_without_another_run(cluster, monkeypatch):
+    """A key the driver released while its registration was still on the way (a push to a peer that
+    died outlives the run) registers after the run's last release: the driver releases it again by
+    itself, with no later run and with the session still open."""
+    monkeypatch.setattr("daskjobs.session._memory._RELEASE_LATE_EVERY", 0.5)
+    with dj.DaskSession(cluster) as session:
+        memory, client = session.memory, session.client
+        key = f"daskjobs-{session.session_id}-tier0-7-late-0"
+        memory.hold([key])
+        memory.release([key])  # the run ended: released before it was registered
+        worker = next(iter(client.scheduler_info()["workers"]))
+        client.run(_register_late, key, memory.owner, workers=[worker])
+        assert tier0_keys(client)[1] == [key]  # registered, late
+        started = time.monotonic()
+        wait_until(lambda: tier0_keys(client) == ({}, []), 10, "the late snapshot released")
+        assert time.monotonic() - started < 5
+
+
 def test_a_worker_and_its_replica_holder_killed_fall_back_to_the_durable_commit(cluster, tmp_path, reference, caplog):
     """Both workers die in epoch 5 (each holds the other's replicas): no snapshot of epoch 4 is left,
     so every node comes back from the newest durable commit (epoch 3) and the run ends equal."""

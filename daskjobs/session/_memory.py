@@ -17,9 +17,9 @@ recomputed (they have no task).
 On the driver, :class:`DaskMemory` holds a ``distributed.Future`` per key from before the key
 exists: the scheduler's report of the registration finishes it, so the driver knows which
 snapshots are stored without asking. A key released before its registration arrived is released
-again at every release from a second later on, for :data:`_LATE_FOR` seconds. Restoring is a task
-per node on its worker with the snapshot's future as argument: Dask brings the snapshot there if
-another worker holds it.
+again at every release from a second later on, and every :data:`_RELEASE_LATE_EVERY` seconds, for
+:data:`_LATE_FOR` seconds. Restoring is a task per node on its worker with the snapshot's future
+as argument: Dask brings the snapshot there if another worker holds it.
 """
 
 from __future__ import annotations
@@ -50,9 +50,12 @@ logger = logging.getLogger("daskjobs")
 _RELEASE_AGAIN_AFTER = 1.0
 """Seconds after which a key released before its registration arrived is released once more."""
 _LATE_FOR = 90.0
-"""Seconds during which such a key is released again at every release: a registration can come that
+"""Seconds during which such a key is released again: a registration can come that
 late (a worker's push to a peer that died waits for Dask's connect timeout before the worker
 registers the replicas it did send)."""
+_RELEASE_LATE_EVERY = 5.0
+"""Seconds between the releases of such keys that the driver makes on its own, while any may still
+come (a run that ended makes no more releases for them to ride on)."""
 _PUSH_GRACE = 1.0
 """Seconds a worker waits for its pushes to peers before it registers its own snapshots without
 them; the replicas still in flight are registered once sent."""
@@ -294,6 +297,7 @@ class DaskMemory:
         self._late: dict[str, float] = {}
         self._live: tuple[float, list[str]] = (-1.0, [])
         self._waiting: set[asyncio.Task[None]] = set()
+        self._late_timer = False
 
     # -- bundles --------------------------------------------------------------------------
     def forget_workers(self) -> None:
@@ -377,6 +381,23 @@ class DaskMemory:
         released.clear()  # the futures go: their keys are released
         if again and self._client.status == "running":
             self._client._send_to_scheduler({"op": "client-releases-keys", "keys": again, "client": self.owner})
+        self._release_late_later()
+
+    def _release_late_later(self) -> None:
+        """While keys may still be registered late, release them again every
+        :data:`_RELEASE_LATE_EVERY` seconds on the client's event loop."""
+        loop = self._client.loop
+        with self._lock:
+            if not self._late or self._late_timer or loop is None or self._client.status != "running":
+                return
+            self._late_timer = True
+
+        def again() -> None:
+            with self._lock:
+                self._late_timer = False
+            self.release([])
+
+        loop.add_callback(lambda: loop.call_later(_RELEASE_LATE_EVERY, again))
 
     def release_all(self) -> None:
         """Release every key this driver holds (the session closes)."""
