@@ -1,12 +1,14 @@
 """Every wait for storage has a deadline: ``daskjobs.storage-timeout``.
 
-The storage really hangs here: ``os.fsync``, ``os.write`` or ``os.unlink`` of the paths a test
-names block, as on a hung NFS or Lustre mount, until the test releases them (at most a minute).
-Whatever waits for that I/O — the fsyncs of a group's flush, a rename made durable, a node's
-background flush, an asynchronous save in a thread or a forked child, the retention deleter —
-gives up after the deadline: the save fails with ``CheckpointWriteError`` naming node, epoch and
-path, how long was waited and what would be right, and the run's retry policy treats it like any
-failed save; retention warns. The committed checkpoints before it stay as they were and verify.
+The storage really hangs here: ``os.fsync``, ``os.write``, ``os.open`` or ``os.unlink`` of the
+paths a test names block, as on a hung NFS or Lustre mount, until the test releases them (at most
+a minute). Whatever waits for that I/O — the fsyncs of a group's flush, a rename made durable, a
+node's background flush, an asynchronous save in a thread or a forked child, the threads writing
+and reading a big group, the retention deleter — gives up after the deadline: the save fails with
+``CheckpointWriteError`` naming node, epoch and path, how long was waited and what would be right,
+and the run's retry policy treats it like any failed save; a read fails with ``CheckpointError``;
+retention warns. The committed checkpoints before it stay as they were and verify, and a stuck
+thread keeps no process from exiting.
 """
 
 from __future__ import annotations
@@ -163,6 +165,18 @@ def check_intact(prefix: str, epochs: list[int], before: dict[str, bytes]) -> No
         assert dj.open_checkpoint(prefix, epoch).verify() > 0
 
 
+def raises_in_time(call: Callable[[], object], error: type[Exception], message: str, waits: int = 1) -> None:
+    """``call()`` raises exactly ``error``, with a message that the regular expression ``message``
+    matches whole, after ``waits`` waits of the deadline (and no more than :data:`SLACK` besides)."""
+    started = time.monotonic()
+    with pytest.raises(error) as caught:
+        call()
+    elapsed = time.monotonic() - started
+    assert type(caught.value) is error
+    assert re.fullmatch(message, str(caught.value)), str(caught.value)
+    assert waits * SECONDS <= elapsed < waits * SECONDS + SLACK
+
+
 def daskjobs_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "daskjobs" and r.levelno >= logging.WARNING]
 
@@ -181,25 +195,18 @@ def test_a_flush_whose_fsync_hangs_fails_the_save_like_any_failed_write(prefix, 
         progress=False,
         on_epoch=lambda record: before.update(committed_files(prefix, range(3))) if record.epoch == 2 else None,
     )
-    started = time.monotonic()
-    with (
-        dj.LocalSession() as session,
-        caplog.at_level(logging.WARNING, logger="daskjobs"),
-        pytest.raises(CheckpointWriteError) as caught,
-    ):
-        runner.train(session)
-    elapsed = time.monotonic() - started
-    assert re.fullmatch(
-        rf"could not write the checkpoint of epoch 3 under {re.escape(prefix)}: could not write the checkpoint of "
-        rf"node 'a' at epoch 3 to {re.escape(prefix)}/a\.3: the fsync of {re.escape(prefix)}/a\.3{STAGING}(/\S+)? "
-        rf"{re.escape(TOO_SLOW)}; the last committed checkpoint is intact",
-        str(caught.value),
-    ), str(caught.value)
+    with dj.LocalSession() as session, caplog.at_level(logging.WARNING, logger="daskjobs"):
+        raises_in_time(
+            lambda: runner.train(session),
+            CheckpointWriteError,
+            rf"could not write the checkpoint of epoch 3 under {re.escape(prefix)}: could not write the checkpoint "
+            rf"of node 'a' at epoch 3 to {re.escape(prefix)}/a\.3: the fsync of {re.escape(prefix)}/a\.3{STAGING}"
+            rf"(/\S+)? {re.escape(TOO_SLOW)}; the last committed checkpoint is intact",
+            waits=4,  # the save in the epoch's hook, and three attempts of the policy
+        )
     attempts = [w for w in daskjobs_warnings(caplog) if w.startswith("saving epoch 3 failed (attempt")]
     assert [w.split(":")[0] for w in attempts] == [f"saving epoch 3 failed (attempt {n} of 3)" for n in (1, 2, 3)]
-    waits = [w for w in daskjobs_warnings(caplog) if TOO_SLOW in w]
-    assert len(waits) == 4  # the save in the epoch's hook, and three attempts of the policy
-    assert len(waits) * SECONDS <= elapsed < len(waits) * SECONDS + SLACK
+    assert len([w for w in daskjobs_warnings(caplog) if TOO_SLOW in w]) == 4
     hung.release()
     check_intact(prefix, [0, 1, 2], before)
 
@@ -216,17 +223,13 @@ def test_a_rename_whose_fsync_hangs_fails_the_write_over_a_retired_group(prefix,
     retired = store.retire_epoch(1, ["a"])
     before = committed_files(prefix, [0, 2])
     hung.fsync(lambda path: path == prefix)
-    started = time.monotonic()
-    with pytest.raises(CheckpointWriteError) as caught:
-        store.write_node_unsynced("a", 3, {"w": np.ones(1000)}, save_id="s3", retired=retired)
-    elapsed = time.monotonic() - started
-    assert re.fullmatch(
+    raises_in_time(
+        lambda: store.write_node_unsynced("a", 3, {"w": np.ones(1000)}, save_id="s3", retired=retired),
+        CheckpointWriteError,
         rf"could not write the checkpoint of node 'a' at epoch 3 to {re.escape(prefix)}/a\.3: the fsync of "
         rf"{re.escape(prefix)} \(making {re.escape(prefix)}/a\.1 durable under its new name "
         rf"{re.escape(prefix)}/a\.3{STAGING}\) {re.escape(TOO_SLOW)}",
-        str(caught.value),
-    ), str(caught.value)
-    assert SECONDS <= elapsed < SECONDS + SLACK
+    )
     assert hung.blocked == [prefix]
     hung.release()
     check_intact(prefix, [0, 2], before)
@@ -291,10 +294,6 @@ def test_an_asynchronous_save_that_hangs_fails_after_the_deadline(prefix, hung, 
             before.update(committed_files(prefix, range(epoch))) if record.epoch == epoch - 1 else None
         ),
     )
-    started = time.monotonic()
-    with dj.LocalSession() as session, pytest.raises(CheckpointWriteError) as caught:
-        runner.train(session)
-    elapsed = time.monotonic() - started
     path = re.escape(f"{prefix}/a.{epoch}")
     if snapshot == "copy":  # the thread is left to itself
         writer = rf"the asynchronous save of node 'a' at epoch {epoch} to {path} {re.escape(TOO_SLOW)}"
@@ -304,12 +303,13 @@ def test_an_asynchronous_save_that_hangs_fails_after_the_deadline(prefix, hung, 
             rf"it was killed: epoch {epoch} is not committed"
         )
     failed = rf"saving epoch {epoch} failed on 1 node\(s\): node 'a': " if epoch == 3 else ""
-    assert re.fullmatch(
-        rf"could not write the checkpoint of epoch {epoch} under {re.escape(prefix)}: {failed}{writer}; the last "
-        r"committed checkpoint is intact",
-        str(caught.value),
-    ), str(caught.value)
-    assert SECONDS <= elapsed < SECONDS + SLACK
+    with dj.LocalSession() as session:
+        raises_in_time(
+            lambda: runner.train(session),
+            CheckpointWriteError,
+            rf"could not write the checkpoint of epoch {epoch} under {re.escape(prefix)}: {failed}{writer}; the "
+            r"last committed checkpoint is intact",
+        )
     assert snapshot_writers() == {}  # the forked writer is gone
     hung.release()
     check_intact(prefix, list(range(epoch)), before)
@@ -336,16 +336,12 @@ def test_a_big_group_whose_write_hangs_fails_after_the_deadline(prefix, hung):
     )
     before = committed_files(prefix, range(3))
     hung.write(lambda path: re.fullmatch(rf"{re.escape(prefix)}/a\.3{STAGING}/w0/c\.\d+", path) is not None)
-    started = time.monotonic()
-    with pytest.raises(CheckpointWriteError) as caught:
-        CheckpointStore(prefix).write_node("a", 3, {"w0": np.full(BIG, 3.0), "w1": np.ones(BIG)}, save_id="s3")
-    elapsed = time.monotonic() - started
-    assert re.fullmatch(
+    raises_in_time(
+        lambda: CheckpointStore(prefix).write_node("a", 3, {"w0": np.full(BIG, 3.0), "w1": np.ones(BIG)}, save_id="s3"),
+        CheckpointWriteError,
         rf"could not write the checkpoint of node 'a' at epoch 3 to {re.escape(prefix)}/a\.3: the write of "
         rf"{re.escape(prefix)}/a\.3{STAGING}/w0 {re.escape(TOO_SLOW)}",
-        str(caught.value),
-    ), str(caught.value)
-    assert SECONDS <= elapsed < SECONDS + SLACK
+    )
     hung.release()
     check_intact(prefix, [0, 1, 2], before)
 
@@ -359,16 +355,11 @@ def test_a_big_group_whose_read_hangs_fails_after_the_deadline(prefix, hung, mon
     )
     before = committed_files(prefix, range(3))
     hung.open(lambda path: re.fullmatch(rf"{re.escape(prefix)}/a\.2/w0/c\.\d+", path) is not None)
-    view = dj.open_checkpoint(prefix, 2)
-    started = time.monotonic()
-    with pytest.raises(CheckpointError) as caught:
-        view.verify()
-    elapsed = time.monotonic() - started
-    assert type(caught.value) is CheckpointError
-    assert str(caught.value) == (
-        f"epoch 2, node 'a': reading {prefix}/a.2 failed: the read of {prefix}/a.2/w0/c.0 {TOO_SLOW}"
+    raises_in_time(
+        dj.open_checkpoint(prefix, 2).verify,
+        CheckpointError,
+        re.escape(f"epoch 2, node 'a': reading {prefix}/a.2 failed: the read of {prefix}/a.2/w0/c.0 {TOO_SLOW}"),
     )
-    assert SECONDS <= elapsed < SECONDS + SLACK
     hung.release()
     check_intact(prefix, [0, 1, 2], before)
 
