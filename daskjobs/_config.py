@@ -5,8 +5,8 @@ Every wait of daskjobs has a deadline; the ones a user can change are read here,
 ``DASK_DASKJOBS__<KEY>``). A value that is not what its key needs raises
 :class:`~daskjobs.errors.ConfigError` naming the key and the value, when the setting is read.
 
-Imports only :mod:`daskjobs.errors` and :mod:`dask.config` (not ``distributed``): sessions and the
-runner read their settings from here.
+Imports only :mod:`daskjobs.errors` and :mod:`dask.config` (not ``distributed``): sessions, the
+runner and the checkpoints' waits for storage read their settings from here.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ TIMEOUTS = {
     "connect-timeout": "30s",
     "straggler-timeout": "60s",
     "recovery-timeout": "60s",
+    "storage-timeout": "10 minutes",
 }
 """Waits: key -> default (a number of seconds, or a string such as ``"10s"`` or ``"2 minutes"``)."""
 COUNTS = {"max-departures": 10}

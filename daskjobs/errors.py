@@ -368,4 +368,6 @@ class CheckpointStorageError(CheckpointError):
 
 
 class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written; the last committed checkpoint is intact."""
+    """A checkpoint could not be written: the storage failed, or did not finish within
+    ``daskjobs.storage-timeout`` (the message names node, epoch and path, and how long was waited).
+    The last committed checkpoint is intact."""

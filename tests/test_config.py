@@ -23,6 +23,7 @@ def test_the_defaults():
         "connect-timeout": 30.0,
         "straggler-timeout": 60.0,
         "recovery-timeout": 60.0,
+        "storage-timeout": 600.0,
     }
     assert {name: config_count(name) for name in COUNTS} == {"max-departures": 10}
 
@@ -61,7 +62,9 @@ def test_a_count_it_cannot_take_names_the_key_and_the_value(value):
     )
 
 
-@pytest.mark.parametrize(("name", "value"), [("recovery-timeout", "later"), ("max-departures", "many")])
+@pytest.mark.parametrize(
+    ("name", "value"), [("recovery-timeout", "later"), ("storage-timeout", "never"), ("max-departures", "many")]
+)
 def test_a_bad_setting_stops_a_run_before_it_starts(name, value, tmp_path):
     """A setting read only by a recovery is checked when ``train`` starts: nothing runs or is written."""
     ran = tmp_path / "ran"

@@ -20,7 +20,7 @@ LAYERS: dict[str, set[str]] = {
     "_model": {"errors"},
     "_execution": {"errors", "_model"},
     "session": {"errors", "_config", "_model", "_execution"},
-    "checkpoint": {"errors", "_version", "_model", "_execution"},
+    "checkpoint": {"errors", "_version", "_config", "_model", "_execution"},
     "data": {"errors", "_model", "checkpoint"},
     "runner": {"errors", "_config", "_model", "_execution", "session", "checkpoint", "data"},
     "testing": {"errors", "_model", "session", "checkpoint", "runner"},

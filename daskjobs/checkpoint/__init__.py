@@ -10,8 +10,9 @@ The package is layered; each part imports only the parts above it in this list:
 * :mod:`._managers` -- the managers, metadata handlers, upload builders and read-only views that
   this package exports.
 
-The package may import :mod:`daskjobs.errors`, :mod:`daskjobs._version`, :mod:`daskjobs._model`
-and :mod:`daskjobs._execution`; never sessions, the runner or ``distributed``.
+The package may import :mod:`daskjobs.errors`, :mod:`daskjobs._version`, :mod:`daskjobs._config`
+(the deadline of its waits for storage), :mod:`daskjobs._model` and :mod:`daskjobs._execution`;
+never sessions, the runner or ``distributed``.
 """
 
 from ._format.naming import db_name, get_ckpt_filename

@@ -20,7 +20,8 @@ import numpy as np
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
 from ..._model.workspace import node_state
-from ...errors import CheckpointError
+from ...errors import CheckpointError, CheckpointWriteError
+from .._storage.deadline import Deadline
 from .fork import ForkedSave, forks
 from .outcomes import AsyncSaveOutcome, SaveOutcome
 from .save_steps import (
@@ -42,8 +43,26 @@ if TYPE_CHECKING:
     from .._protocol.store import CheckpointStore
 
 
+def still_writing(saver: Saver) -> CheckpointWriteError:
+    """The error of a node's asynchronous save ``saver``, still running when a wait for it ran out."""
+    what = f"the asynchronous save of node {saver.node!r} at epoch {saver.epoch} to {saver.path}"
+    return CheckpointWriteError((saver.overdue or Deadline()).message(what))
+
+
+def not_started(node: str, epoch: int, running: Saver) -> CheckpointWriteError:
+    """Why ``node``'s save of ``epoch`` does not start: its save ``running`` still writes."""
+    return CheckpointWriteError(
+        f"node {node!r} does not start its save of epoch {epoch} (never two saves of a node in flight): "
+        f"{still_writing(running)}"
+    )
+
+
 class BackgroundSave:
-    """One node's checkpoint write running in a thread; at most one per node."""
+    """One node's checkpoint write running in a daemon thread; at most one per node.
+
+    A thread stuck in the OS cannot be stopped: waiting for it (:meth:`join`, :meth:`result`) ends at
+    ``daskjobs.storage-timeout`` and leaves it running, still the node's save in flight (:attr:`overdue`).
+    """
 
     def __init__(
         self,
@@ -56,6 +75,9 @@ class BackgroundSave:
     ) -> None:
         self.store, self.node, self.epoch, self.save_id, self.blobs = store, node, epoch, save_id, blobs
         self.previous = previous
+        self.path = store.db_name(node, epoch)
+        self.overdue: Deadline | None = None
+        """The first wait for the write that ran out, if one did: later waits only look (see :meth:`join`)."""
         self._entry: NodeEntry | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name=f"daskjobs-save-{node}-{epoch}", daemon=True)
@@ -73,13 +95,19 @@ class BackgroundSave:
         """Whether the write has finished (successfully or not)."""
         return not self._thread.is_alive()
 
-    def join(self) -> None:
-        """Wait for the write to end, successfully or not."""
-        self._thread.join()
+    def join(self, deadline: Deadline) -> bool:
+        """Wait for the write to end, successfully or not, until ``deadline``; whether it did. Once a
+        wait ran out, only look: a write stuck in the storage holds up no later save for as long again."""
+        if self.overdue is None and not deadline.joined(self._thread):
+            self.overdue = deadline
+        return self.done()
 
     def result(self) -> NodeEntry:
-        """Wait for the write; after a failure, try once more synchronously, then raise."""
-        self._thread.join()
+        """Wait for the write (at most ``daskjobs.storage-timeout``: then a
+        :class:`CheckpointWriteError` naming node, epoch and path); after a failure, try once more
+        synchronously, then raise."""
+        if not self.join(Deadline()):
+            raise still_writing(self)
         if self._error is not None:
             self._error = None
             self._write()
@@ -87,6 +115,10 @@ class BackgroundSave:
             raise self._error
         assert self._entry is not None
         return self._entry
+
+
+Saver = BackgroundSave | ForkedSave
+"""A node's asynchronous save in flight, in a thread or a forked child."""
 
 
 def start_background(
@@ -125,7 +157,8 @@ class AsyncSaveStep:
     """Snapshots the node's GLOBAL workspace and starts writing it in the background.
 
     A save still running on the node (one the driver gave up on, e.g. after a node loss) is
-    waited for first: never two in flight, never two writers of one group.
+    waited for first: never two in flight, never two writers of one group. One still running after
+    ``daskjobs.storage-timeout`` fails this save with :class:`CheckpointWriteError`.
     """
 
     store: CheckpointStore
@@ -139,8 +172,8 @@ class AsyncSaveStep:
     def __call__(self, ws: Workspace) -> None:
         state = node_state(ws)
         running = checkpoint_slots(state).saver
-        if running is not None:
-            running.join()
+        if running is not None and not running.join(Deadline()):
+            raise not_started(self.node, self.epoch, running)
         base = reuse_base(state, self.store, self.node, self.previous)
         start_background(state, self.store, self.node, self.epoch, self.save_id, base, self.snapshot_mode)
 
@@ -174,7 +207,9 @@ class AsyncSaveFinish:
 
     On the node: waits for the save in flight (``previous_id``, the epoch before) and reports its
     outcome, then snapshots the workspace and starts writing ``epoch`` in the background; returns
-    both (see :class:`~.outcomes.AsyncSaveOutcome`).
+    both (see :class:`~.outcomes.AsyncSaveOutcome`). A save still running after
+    ``daskjobs.storage-timeout`` failed, and stays the node's save in flight: ``epoch``'s save does
+    not start (never two in flight), nor do the next ones while it runs.
     """
 
     store: CheckpointStore
@@ -205,7 +240,10 @@ class AsyncSaveFinish:
                     previous = SaveOutcome(entry=reported(written))
                 remember(state, written)
             else:  # a save the driver gave up on: let it end, never two in flight
-                running.join()
+                running.join(Deadline())
+            if not running.done():  # stuck in the storage: still the node's save in flight
+                slots.saver = running
+                return AsyncSaveOutcome(previous, not_started(self.node, self.epoch, running))
         if self.previous_id is not None and previous is None:
             previous = SaveOutcome(
                 error=CheckpointError(
@@ -231,7 +269,9 @@ class EndWrites:
     """A ``finish`` hook ending the node's background writes without using them: a forked writer of
     an asynchronous save is killed, a writing thread is waited for, and so is a synchronous save's
     background flush (its outcome, and a save whose flush failed, are dropped). What they wrote
-    stays uncommitted debris, which nothing writes to any more."""
+    stays uncommitted debris, which nothing writes to any more. Each wait ends at
+    ``daskjobs.storage-timeout``: a writing thread still running then stays the node's save in
+    flight (no save of the node starts while it runs)."""
 
     def __call__(self, state: NodeState) -> None:
         settle_flush(state)
@@ -243,7 +283,8 @@ class EndWrites:
         if pid is not None and not saver.done():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        saver.join()
+        if not saver.join(Deadline()):
+            slots.saver = saver
 
 
 for _step in (AsyncSaveStep, WaitSaveStep):

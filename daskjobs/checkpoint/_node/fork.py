@@ -31,10 +31,13 @@ Child hygiene:
 * A failed write is tried once more inside the child, from the snapshot that still exists there.
   A child that dies (killed) takes its snapshot with it: the save fails with
   :class:`~daskjobs.errors.CheckpointWriteError` naming node and epoch, and is not retried.
+* A child that has not reported after ``daskjobs.storage-timeout`` (its storage hangs) is killed,
+  and the save fails the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -51,6 +54,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ... import errors
 from ...errors import BlobTypeError, CheckpointError, CheckpointWriteError, DaskJobsError, JobDefinitionError
+from .._storage.deadline import Deadline
 
 if TYPE_CHECKING:
     from ..._model.values import Value
@@ -72,6 +76,9 @@ _FORK_SECONDS = 60.0
 """Deadline for the forking thread to answer a request (a fork takes milliseconds)."""
 _FAILED = 70
 """Exit status of a child that could not report (``EX_SOFTWARE``)."""
+_KILLED_SECONDS = 1.0
+"""How long a save whose child was killed at its deadline waits for the child's end (one stuck in
+an uninterruptible system call ends only when that returns)."""
 
 _REPORTED = (CheckpointError, BlobTypeError, JobDefinitionError)
 """Error types a child's report is raised as again (others become :class:`CheckpointWriteError`)."""
@@ -251,7 +258,7 @@ class ForkedSave:
     """One node's checkpoint write in a forked child; the contract of a background save.
 
     :meth:`done`, :meth:`join` and :meth:`result` behave like those of a write in a thread;
-    :attr:`pid` is the child's process id.
+    :attr:`pid` is the child's process id, :attr:`path` where the group goes.
     """
 
     def __init__(
@@ -264,6 +271,9 @@ class ForkedSave:
         previous: NodeEntry | None = None,
     ) -> None:
         self.node, self.epoch, self.save_id = node, epoch, save_id
+        self.path = store.db_name(node, epoch)
+        self.overdue: Deadline | None = None
+        """The first wait for the write that ran out, if one did: later waits only look (see :meth:`join`)."""
 
         def write() -> NodeEntry:
             return store.write_node(node, epoch, blobs, save_id=save_id, previous=previous)
@@ -305,9 +315,12 @@ class ForkedSave:
         """Whether the write has finished (successfully or not)."""
         return self._reported.is_set()
 
-    def join(self) -> None:
-        """Wait for the write to end, successfully or not."""
-        self._reported.wait()
+    def join(self, deadline: Deadline) -> bool:
+        """Wait for the write to end, successfully or not, until ``deadline``; whether it did. Once a
+        wait ran out, only look."""
+        if self.overdue is None and not deadline.waited(self._reported):
+            self.overdue = deadline
+        return self.done()
 
     def result(self) -> NodeEntry:
         """Wait for the write and return the node's entry.
@@ -316,11 +329,17 @@ class ForkedSave:
         ------
         CheckpointWriteError
             The child died before it reported (its snapshot is gone, so nothing can be retried),
-            or it failed twice with an error that is no daskjobs error.
+            or it failed twice with an error that is no daskjobs error, or it did not report within
+            ``daskjobs.storage-timeout`` (it is killed: its storage hangs).
         DaskJobsError
             The daskjobs error the child's write raised twice, naming node and epoch.
         """
-        self._reported.wait()
+        deadline = Deadline()
+        if not self.join(deadline):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._thread.join(_KILLED_SECONDS)  # reaped, unless stuck where SIGKILL waits
+            raise self._killed()
         try:
             report = json.loads(self._report) if self._report else {}
         except ValueError:
@@ -330,12 +349,20 @@ class ForkedSave:
             return entry
         if isinstance(report, dict) and isinstance(report.get("error"), list) and len(report["error"]) == 2:
             raise _child_error(self.node, self.epoch, *map(str, report["error"]))
-        self._thread.join()  # reaped: how it ended
+        if self.overdue is not None:  # killed at its deadline (by an earlier wait)
+            raise self._killed()
+        deadline.joined(self._thread)  # reaped: how it ended
         raise CheckpointWriteError(
             f"the snapshot process (pid {self.pid}) writing node {self.node!r} at epoch {self.epoch} "
             f"{_ended(self._status)} before it reported; its copy-on-write snapshot went with it, so the write "
             f"cannot be retried: epoch {self.epoch} is not committed"
         )
+
+    def _killed(self) -> CheckpointWriteError:
+        """The error of a write whose child was killed when a wait for it ran out (:attr:`overdue`)."""
+        what = f"the snapshot process (pid {self.pid}) writing node {self.node!r} at epoch {self.epoch} to {self.path}"
+        message = (self.overdue or Deadline()).message(what)
+        return CheckpointWriteError(f"{message}; it was killed: epoch {self.epoch} is not committed")
 
 
 def _ended(status: int | None) -> str:

@@ -18,16 +18,17 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from ..._execution.node_run import INTERNAL
 from ..._model.values import copy_value
 from ..._model.workspace import node_state
-from ...errors import CheckpointError, CheckpointLockedError
+from ...errors import CheckpointError, CheckpointLockedError, CheckpointWriteError
 from .._format.records import MANIFEST_KEY
 from .._protocol.commits import RetiredEpoch
+from .._storage.deadline import Deadline
 from .._storage.durable import deleting_in_background, in_background
 from .outcomes import FlushOutcome, FlushReport, SaveOutcome
 from .slots import checkpoint_slots
@@ -143,11 +144,13 @@ def outcome(write: Callable[[], EntryReport]) -> SaveOutcome:
 class PendingFlush:
     """A node's synchronous save of ``epoch`` whose fsync (or whole write) runs in the background;
     ``done`` gives the group's entry when the background thread wrote it, else ``None``. ``copies``:
-    the snapshot a background write writes, kept to write it again should that fail."""
+    the snapshot a background write writes, kept to write it again should that fail. ``path``:
+    where the group goes (for messages)."""
 
     save_id: str
     epoch: int
     done: Future[NodeEntry | None] | Future[None]
+    path: str
     copies: dict[str, Value] | None = None
 
 
@@ -165,13 +168,18 @@ class Unflushed:
 def settle_flush(state: NodeState) -> FlushReport | None:
     """Wait for the node's background flush, if any, and report how it ended (with the entry the
     background write returned, :func:`reported`). The written entry is remembered for the next
-    save's delta; after a failed flush nothing is, and the save is kept as :class:`Unflushed`."""
+    save's delta; after a failed flush nothing is, and the save is kept as :class:`Unflushed`.
+
+    A flush still running after ``daskjobs.storage-timeout`` failed: a :class:`CheckpointWriteError`
+    naming node, epoch and path (its thread, stuck in the OS, is left to itself)."""
     slots = checkpoint_slots(state)
     pending, slots.flush = slots.flush, None
     if pending is None:
         return None
     try:
-        entry = pending.done.result()
+        what = f"making the checkpoint of node {state.node!r} at epoch {pending.epoch} durable at {pending.path}"
+        done = cast("Future[NodeEntry | None]", pending.done)  # a flush alone gives None
+        entry = Deadline().result(done, what, CheckpointWriteError)
     except Exception as exc:
         slots.manifest = None  # never link chunks of a group whose flush failed
         slots.unflushed = Unflushed(pending.save_id, pending.epoch, pending.copies)
@@ -236,7 +244,7 @@ def write_in_background(
         store.write_node_unsynced, node, epoch, copies, save_id=save_id, previous=previous, retired=retired
     )
     in_background(functools.partial(_write_there, unsynced, done))
-    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, done, copies)
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, done, store.db_name(node, epoch), copies)
 
 
 def poll_flush(state: NodeState) -> FlushOutcome | None:
@@ -250,7 +258,8 @@ def poll_flush(state: NodeState) -> FlushOutcome | None:
 
 def flush_later(state: NodeState, save_id: str, epoch: int, flush: GroupFlush) -> None:
     """Hand the fsync of a group written here to the process's next batch of syncs."""
-    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, flush.soon())
+    path = flush.store.db_name(flush.node, epoch)
+    checkpoint_slots(state).flush = PendingFlush(save_id, epoch, flush.soon(), path)
 
 
 def _write_there(unsynced: Callable[[], tuple[NodeEntry, GroupFlush | None]], done: Future[NodeEntry | None]) -> None:

@@ -6,10 +6,11 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..._model.values import check_count
 from ...errors import CheckpointLockedError, JobDefinitionError
+from .._storage.deadline import Deadline
 from .commits import RetiredEpoch
 from .store import CheckpointStore
 
@@ -195,10 +196,11 @@ class RetiredGroups:
         self._pending: dict[int, dict[str, CommittedEntry | None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._deleter: threading.Thread | None = None
+        self._deleter: tuple[threading.Thread, _Stop] | None = None
         self._store: CheckpointStore | None = None
         self._deleting = False
-        self._stopping = False
+        self._epoch: int | None = None
+        """The epoch whose groups are being deleted, or were last (for messages)."""
 
     def __bool__(self) -> bool:
         with self._lock:
@@ -227,50 +229,67 @@ class RetiredGroups:
         Failures are logged warnings; after a lost lock nothing more is deleted.
 
         One thread serves all background deletions of a run: starting a thread per epoch costs
-        as much CPU as deleting a small epoch's groups.
+        as much CPU as deleting a small epoch's groups. ``wait=True`` waits for it at most
+        ``daskjobs.storage-timeout``: a deletion still running then (its storage hangs) is left to
+        finish the epoch it deletes and stop, a warning says so, and nothing more is deleted here
+        (what is left is uncommitted: the next run's cleanup removes it).
         """
         if wait:
-            self._stop()
-            self._remove(store)
+            if self._stop(store):
+                self._remove(store)
             return
         with self._lock:
             if not self._pending:
                 return
             self._store = store
             if self._deleter is None:
-                self._deleter = threading.Thread(target=self._serve, name="daskjobs-retention", daemon=True)
-                self._deleter.start()
+                stop = _Stop(threading.Event(), threading.Event())
+                thread = threading.Thread(target=self._serve, args=(stop,), name="daskjobs-retention", daemon=True)
+                self._deleter = (thread, stop)
+                thread.start()
             self._wake.notify()
 
-    def _serve(self) -> None:
+    def _serve(self, stop: _Stop) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._stopping:
+                while not self._pending and not stop.asked.is_set():
                     self._wake.wait()
-                if self._stopping:
+                if stop.asked.is_set():
                     return
                 store, self._deleting = self._store, True
             assert store is not None  # set before the thread started
             try:
-                self._remove(store)
+                self._remove(store, stop.abandoned)
             finally:
                 with self._lock:
                     self._deleting = False
 
-    def _stop(self) -> None:
-        """End the background thread after the deletion it runs, if any."""
+    def _stop(self, store: CheckpointStore) -> bool:
+        """End the background thread after the deletion it runs, if any, within
+        ``daskjobs.storage-timeout``; ``False`` (a warning) if it still deletes then."""
         with self._lock:
             deleter, self._deleter = self._deleter, None
-            self._stopping = deleter is not None
+            if deleter is not None:
+                deleter[1].asked.set()
             self._wake.notify()
-        if deleter is not None:
-            deleter.join()
-            self._stopping = False
+        if deleter is None:
+            return True
+        thread, stop = deleter
+        deadline = Deadline()
+        if deadline.joined(thread):
+            return True
+        stop.abandoned.set()  # it stops after the epoch it deletes
+        what = f"retention: deleting the groups of epoch {self._epoch} (un-committed) under {store.url}"
+        logger.warning("%s; they are left to the next run's cleanup", deadline.message(what))
+        return False
 
-    def _remove(self, store: CheckpointStore) -> None:
+    def _remove(self, store: CheckpointStore, abandoned: threading.Event | None = None) -> None:
         with self._lock:
             doomed, self._pending = self._pending, {}
         for epoch, entries in sorted(doomed.items()):
+            if abandoned is not None and abandoned.is_set():
+                return
+            self._epoch = epoch
             try:
                 store.remove_retired(RetiredEpoch(epoch, entries))
             except Exception as exc:
@@ -279,6 +298,14 @@ class RetiredGroups:
                     return
                 continue
             logger.info("retention: deleted epoch %d under %s", epoch, store.url)
+
+
+class _Stop(NamedTuple):
+    """How the retention deleter is told to stop: ``asked`` once it has no deletion to do, ``abandoned``
+    after the epoch it deletes (a wait for it ran out)."""
+
+    asked: threading.Event
+    abandoned: threading.Event
 
 
 def retention_warning(apply: Callable[[int], None], newest: int, url: str) -> None:

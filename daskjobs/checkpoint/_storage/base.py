@@ -165,7 +165,8 @@ class LocalTree(Files, Protocol):
         name durable (:meth:`await_renames`)."""
 
     def await_renames(self) -> None:
-        """Wait until the folders renamed so far are durable under their new names."""
+        """Wait until the folders renamed so far are durable under their new names: at most
+        ``daskjobs.storage-timeout``, then :class:`TimeoutError` (an ``OSError``) names the folder."""
 
     def changed(self, path: str) -> None:
         """Remember folder ``path``, whose entries changed (files removed), for the flush."""

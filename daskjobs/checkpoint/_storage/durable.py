@@ -5,6 +5,10 @@ The fsync threads are one pool per process, one more thread writes groups in the
 groups durable in batches (:func:`sync_soon`: the groups of every node a process serves, made durable
 by one ``syncfs`` instead of one fsync per file each).
 All are made again in a forked child (a snapshot writer), whose parent's threads are gone.
+
+All are daemon threads (:class:`DaemonPool`): one stuck in the OS on a hung mount never keeps its
+process from exiting, and whoever waits for them waits at most ``daskjobs.storage-timeout`` (see
+:mod:`.deadline`).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple, TypeVar
+
+from .deadline import DaemonPool
 
 T = TypeVar("T")
 
@@ -35,9 +41,9 @@ def _libc_syncfs() -> Any:
 
 
 _pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-_background: tuple[int, ThreadPoolExecutor] | None = None
-_deleter: tuple[int, ThreadPoolExecutor] | None = None
+_pool: tuple[int, DaemonPool] | None = None
+_background: tuple[int, DaemonPool] | None = None
+_deleter: tuple[int, DaemonPool] | None = None
 _writing = 0
 """Jobs queued in or running on the background write thread."""
 _syncer: _Syncer | None = None
@@ -63,13 +69,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_pool_after_fork)
 
 
-def _fsync_pool() -> ThreadPoolExecutor:
+def _fsync_pool() -> DaemonPool:
     """The process's pool of fsync threads, made once (and anew in a forked child, whose threads are gone):
     starting threads for every flush costs as much as the fsyncs of a small group."""
     global _pool
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(_FSYNC_THREADS, thread_name_prefix="daskjobs-fsync"))
+            _pool = (os.getpid(), DaemonPool(_FSYNC_THREADS, "daskjobs-fsync"))
         return _pool[1]
 
 
@@ -82,7 +88,7 @@ def in_background(job: Callable[[], T]) -> Future[T]:
     global _background, _writing
     with _pool_lock:
         if _background is None or _background[0] != os.getpid():
-            _background = (os.getpid(), ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="daskjobs-write"))
+            _background = (os.getpid(), DaemonPool(_WRITE_THREADS, "daskjobs-write"))
         _writing += 1
         future = _background[1].submit(job)
     future.add_done_callback(_written)
@@ -105,7 +111,7 @@ def deleting_in_background(job: Callable[[], T]) -> Future[T]:
     global _deleter
     with _pool_lock:
         if _deleter is None or _deleter[0] != os.getpid():
-            _deleter = (os.getpid(), ThreadPoolExecutor(_WRITE_THREADS, thread_name_prefix="daskjobs-delete"))
+            _deleter = (os.getpid(), DaemonPool(_WRITE_THREADS, "daskjobs-delete"))
         return _deleter[1].submit(job)
 
 
@@ -158,7 +164,7 @@ def sync_paths(paths: Sequence[str], *, many: bool = False) -> None:
     if len(paths) == 1:
         fsync_path(paths[0])
         return
-    list(_fsync_pool().map(fsync_path, paths))
+    _fsync_pool().map(fsync_path, paths, lambda path: f"the fsync of {path}")
 
 
 @dataclass(frozen=True)

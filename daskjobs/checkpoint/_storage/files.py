@@ -12,10 +12,11 @@ import os
 import stat
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from .base import ChunkRead, ChunkResult, SizeProblem, Staged, UnsafeFileError
+from .deadline import DaemonPool, Deadline
 from .durable import fsync_in_background, fsync_path, fsync_soon, publish_durably, sync_paths, sync_soon
 from .local_reads import check_directory, read_chunk_file, read_regular, size_problem
 
@@ -106,8 +107,8 @@ class LocalFiles:
         self._fsync = fsync
         self._unsynced: list[str] = []
         self._staged: Staged | None = None
-        self._renames: list[Future[None]] = []
-        """The syncs making the folders renamed so far durable under their new names."""
+        self._renames: list[tuple[str, Future[None]]] = []
+        """The syncs making the folders renamed so far durable under their new names (and what each does)."""
 
     @property
     def defers_flush(self) -> bool:
@@ -174,14 +175,17 @@ class LocalFiles:
         os.rename(path, target)
         self._unsynced.append(target)
         if self._fsync:
-            self._renames.append(fsync_in_background(os.path.dirname(target)))
+            folder = os.path.dirname(target)
+            what = f"the fsync of {folder} (making {path} durable under its new name {target})"
+            self._renames.append((what, fsync_in_background(folder)))
 
     def await_renames(self) -> None:
-        """Wait until the folders renamed so far are durable under their new names; raises the
-        ``OSError`` of a sync that failed."""
-        renames, self._renames = self._renames, []
-        for renamed in renames:
-            renamed.result()
+        """Wait until the folders renamed so far are durable under their new names, within
+        ``daskjobs.storage-timeout``; raises the ``OSError`` of a sync that failed, or
+        :class:`TimeoutError` naming the one still running then (see :mod:`.deadline`)."""
+        renames, self._renames, deadline = self._renames, [], Deadline()
+        for what, renamed in renames:
+            deadline.result(renamed, what)
 
     def changed(self, path: str) -> None:
         """Remember folder ``path``, whose entries changed (files removed), for :meth:`flush`."""
@@ -364,10 +368,11 @@ class LocalFiles:
 
     def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkResult | UnsafeFileError]:
         """Read each chunk into its view and hash the whole file (see :data:`~.base.ChunkResult`);
-        many bytes at once (:data:`_PARALLEL_FROM`) in a pool of :data:`_THREADS` threads."""
+        many bytes at once (:data:`_PARALLEL_FROM`) in a pool of :data:`_THREADS` threads, waited for
+        within ``daskjobs.storage-timeout`` (then :class:`TimeoutError` names the file)."""
         if _THREADS > 1 and len(chunks) > 1 and sum(size for _, _, size in chunks) >= _PARALLEL_FROM:
-            with ThreadPoolExecutor(_THREADS, thread_name_prefix="daskjobs-read") as pool:
-                return list(pool.map(_read_chunk, chunks))
+            with DaemonPool(_THREADS, "daskjobs-read") as pool:
+                return pool.map(_read_chunk, chunks, lambda chunk: f"the read of {chunk[0]}")
         return [_read_chunk(chunk) for chunk in chunks]
 
     def check_directory(self, path: str) -> None:

@@ -42,7 +42,6 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +64,7 @@ from .._format.manifests import group_document, reference
 from .._format.records import MANIFEST_KEY
 from .base import Files, LocalTree, Staged, local_tree, queued
 from .cleanup import remove_staging, staging_name
+from .deadline import DaemonPool
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer
@@ -272,8 +272,8 @@ def write_group(
                 files.settle()
         total = sum(array.nbytes for _, array in stored.values())
         if not files.queues_writes and len(stored) > 1 and total >= _THREADS_FROM:
-            with ThreadPoolExecutor(min(_THREADS, len(stored)), thread_name_prefix="daskjobs-write") as pool:
-                results = list(pool.map(write, stored.items()))
+            with DaemonPool(min(_THREADS, len(stored)), "daskjobs-write") as pool:
+                results = pool.map(write, list(stored.items()), lambda item: f"the write of {path}/{item[0]}")
         else:
             results = list(map(write, stored.items()))
         # queued writes: the copies and chunks, before the entry counts them (a failed copy is written)
@@ -305,7 +305,9 @@ def write_group(
     except CheckpointError:
         raise
     except OSError as exc:
-        if path != where.path:  # this attempt's staging folder (a full disk wants its space back)
+        # this attempt's staging folder (a full disk wants its space back); not after a wait for
+        # storage ran out (see .deadline): deleting there would hang as well, the next cleanup does it
+        if path != where.path and not isinstance(exc, TimeoutError):
             remove_staging(path)
         raise CheckpointWriteError(
             f"could not write the checkpoint of node {node!r} at epoch {epoch} to {where.url}: {exc}"
