@@ -125,10 +125,23 @@ def documented_objects() -> dict[str, object]:
     return objects
 
 
+def private_bases(obj: object) -> list[type]:
+    """The bases of class ``obj`` defined in daskjobs' private modules (mixins such as the manager's
+    ``Loads``): the reference shows their methods as the class's own (``:inherited-members:``)."""
+    bases = getattr(obj, "__mro__", ())[1:]
+    return [
+        base
+        for base in bases
+        if base.__module__.startswith("daskjobs.")
+        and any(part.startswith("_") for part in [*base.__module__.split("."), base.__name__])
+    ]
+
+
 @pytest.mark.parametrize("name", sorted(documented_objects()))
 def test_docstring_examples_of_the_api_reference_run(name, tmp_path, monkeypatch):
-    """The ``Examples`` of every documented object (and its methods) give the output they show, run
-    with their module's names in scope, as ``python -m doctest`` would."""
+    """The ``Examples`` of every documented object (and its methods, those of its private mixins
+    too) give the output they show, run with their module's names in scope, as ``python -m doctest``
+    would."""
     import doctest
 
     monkeypatch.chdir(tmp_path)
@@ -136,8 +149,9 @@ def test_docstring_examples_of_the_api_reference_run(name, tmp_path, monkeypatch
     module = sys.modules[obj.__module__]
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     report = io.StringIO()
-    for test in doctest.DocTestFinder().find(obj, name, globs=dict(vars(module))):
-        runner.run(test, out=report.write)
+    for owner in (obj, *private_bases(obj)):
+        for test in doctest.DocTestFinder().find(owner, name, globs=dict(vars(module))):
+            runner.run(test, out=report.write)
     assert runner.failures == 0, report.getvalue()
 
 

@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._config import check_config
 from .._model.job import Job
 from .._model.values import check_count
-from ..checkpoint._managers.manager import overrides
 from ..data import epochs_until_finished
 from ..errors import JobDefinitionError, JobInterruptedError, NodeLostError, SessionLostError
 from ..session import Session, as_session
 from ._checks import check_can_stop, check_placement, resume_epoch
-from ._epochs import run_epoch, run_init
+from ._epochs import run_epoch
 from ._history import EpochRecord, history_frame, history_html, plot_history
 from ._hooks import RunnerHooks
 from ._interrupt import AbandonedRun, GracefulStop, interruption, signal_of
@@ -25,13 +24,13 @@ from ._recovery import (
     Departures,
     Recovery,
     check_recoverable,
-    load_epoch,
     placement_of,
     rebalance,
     restore,
     with_last_commit,
 )
-from ._saving import RetryPolicy, load_now, prepare_manager, save_now
+from ._saving import ManualCheckpoints, prepare_manager
+from ._start import start_run
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-class JobRunner:
+class JobRunner(ManualCheckpoints):
     """Runs a :class:`~daskjobs.Job`: init, epochs until a stop condition is true, download, exit.
 
     Parameters
@@ -230,41 +229,6 @@ class JobRunner:
         """
         self._signals.request(signum)
 
-    def commit_saved(self) -> None:
-        """Commit now every epoch the running :meth:`train` saved and has not committed yet, waiting
-        for the nodes' background writes (a run commits an epoch while a later one runs): for a hook
-        that must find an epoch committed before the next one starts (``before_epoch``). Only from
-        the thread that runs ``train`` (a hook's); outside a checkpointed ``train`` it does nothing.
-        """
-        if self._pipeline is not None and self._session is not None:
-            self._pipeline.flush(self._session)
-
-    def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
-        """Save every checkpointed node's workspace as ``epoch`` and commit it.
-
-        With an asynchronous manager the previous epoch's background save is committed first
-        and this one is committed later. Failures are retried ``save_retries`` times; then
-        ``on_save_error`` decides. Works before :meth:`train` too: the manager is first set up
-        for the job's checkpointed nodes and name, and the prefix's writer lock is held for the
-        save (and the commit of an asynchronous save, waited for), as :meth:`train` holds it.
-
-        Raises
-        ------
-        CheckpointLockedError
-            Another writer (a running :meth:`train`) holds the prefix; nothing was written.
-        CheckpointStorageError
-            A node's worker does not see the prefix as this process does (see
-            :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`); nothing was written.
-        """
-        manager = self._set_up_manager()
-        policy = self._policy(manager)
-        save_now(manager, self.job.name, epoch, session, stop_values or {}, policy=policy, break_lock=self.break_lock)
-
-    def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
-        """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
-        if any node has no committed checkpoint of that epoch (works before :meth:`train` too)."""
-        return load_now(self._set_up_manager(), self.job.nodes_to_checkpoint(), blob_names, epoch, session)
-
     # -- the algorithm --------------------------------------------------------------------
     def _train(self, session: Session, manager: MultiNodeCheckpointManager | None) -> int:
         """Start (or resume), loop, finish; a lost node sends the run back to the last commit."""
@@ -303,7 +267,16 @@ class JobRunner:
                         self.history = [r for r in self.history if r.epoch < rerun]
                         self._bytes_pending = [e for e in self._bytes_pending if e < rerun]
                     if phase == "start":
-                        epoch, stop = self._start(session, manager, resume, failures + departures)
+                        epoch, stop = start_run(
+                            session,
+                            job,
+                            manager,
+                            self._pipeline,
+                            self.hooks,
+                            resume,
+                            failures + departures,
+                            self.max_epochs,
+                        )
                         self._stop_if_interrupted(manager, session)
                         phase = "loop"
                     if bar is None:
@@ -398,41 +371,6 @@ class JobRunner:
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
 
-    def _start(
-        self, session: Session, manager: MultiNodeCheckpointManager | None, resume: int | None, failures: int
-    ) -> tuple[int, bool]:
-        """Init from scratch (saving epoch 0) or restore ``resume``; return the first epoch and
-        whether the job had already stopped."""
-        job = self.job
-        nodes = job.nodes_to_checkpoint()
-        if manager is not None:  # before anything is written or loaded: the nodes see the driver's prefix
-            manager.check_shared(session)
-        if resume is None:
-            if manager is None or self._pipeline is None:
-                session.run_group(job.init_group, job=job.name, attempt=failures)
-            else:
-                run_init(session, job, manager, self._pipeline, self.hooks, failures)
-            return 1, False
-        if manager is None:
-            logger.info("resuming at epoch %d without a checkpoint manager: init group skipped, nothing loaded", resume)
-            return (resume, True) if self._reached_max(resume) else (resume + 1, False)
-        assert self._pipeline is not None
-        newer = self._pipeline.resume_older(resume)
-        if newer:
-            logger.info(
-                "resuming from epoch %d: the newer commits %s stay until epoch %d is committed",
-                resume,
-                newer,
-                resume + 1,
-            )
-        # The load checks on each node what the group manager.init returns would check (the
-        # node's group of the epoch is there and readable): that group is not run, unless a
-        # subclass of the manager overrides init().
-        check = manager.init(nodes, retrieve_from_epoch=resume)
-        if overrides(manager, "init"):
-            session.run_group(check, job=job.name, attempt=failures)
-        return load_epoch(session, manager, job.name, resume, failures, self.max_epochs)
-
     def _finish(self, session: Session, epoch: int) -> None:
         job = self.job
         if self.upload_task_group_builder is not None:
@@ -479,17 +417,6 @@ class JobRunner:
         finished); the flushes no node reported are made from here."""
         if self._pipeline is not None:
             self._pipeline.settle()
-
-    def _policy(self, manager: MultiNodeCheckpointManager) -> RetryPolicy:
-        return RetryPolicy(self.save_retries, self.on_save_error, manager.store.url)
-
-    def _set_up_manager(self) -> MultiNodeCheckpointManager:
-        """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""
-        manager = self.checkpoint_manager
-        if manager is None:
-            raise JobDefinitionError("this JobRunner has no checkpoint manager")
-        manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
-        return manager
 
     def history_frame(self) -> Any:
         """``history`` as a pandas DataFrame, one row per epoch.

@@ -1,20 +1,22 @@
 """A run's policy for failed saves (``save_retries``, ``on_save_error``), the check of a prefix
-before a run, and the runner's saves and loads outside :meth:`~daskjobs.JobRunner.train`. Saving and
-committing themselves are the commit pipeline's (``MultiNodeCheckpointManager.writing``)."""
+before a run, and the checkpoint calls a job makes itself (:class:`ManualCheckpoints`: saves and
+loads outside :meth:`~daskjobs.JobRunner.train`, commits from its hooks). Saving and committing
+themselves are the commit pipeline's (``MultiNodeCheckpointManager.writing``)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..checkpoint import MultiNodeCheckpointManager
-from ..errors import CheckpointWriteError
+from ..errors import CheckpointWriteError, JobDefinitionError
 from ..session import Session, as_session
 
 if TYPE_CHECKING:
     from .._model.job import Job
+    from ..checkpoint._managers.pipeline import CommitPipeline
 
 logger = logging.getLogger("daskjobs")
 
@@ -45,40 +47,81 @@ class RetryPolicy:
         logger.warning("%s; continuing (on_save_error='warn')", message)
 
 
-def save_now(
-    manager: MultiNodeCheckpointManager,
-    job: str,
-    epoch: int,
-    session: Session,
-    stop_values: dict[str, bool],
-    *,
-    policy: RetryPolicy,
-    break_lock: bool,
-) -> None:
-    """:meth:`~daskjobs.JobRunner.save_checkpoints`: save and commit ``epoch`` now, holding the
-    prefix's lock for it (unless this process holds it already: a running ``train()``)."""
-    with manager.writing(job, break_lock=break_lock, policy=policy) as pipeline:
-        if pipeline.nested:  # called while this runner trains (from on_epoch, for instance)
+class ManualCheckpoints:
+    """Mixed into :class:`~daskjobs.JobRunner`: the checkpoint calls a job makes itself, Caffe2's
+    ``save_checkpoints`` and ``load_blobs_from_checkpoints`` (before :meth:`~daskjobs.JobRunner.train`
+    too) and ``commit_saved`` (from a hook while it trains).
+
+    Uses the runner's attributes below; ``_pipeline`` and ``_session`` are set while it trains.
+    """
+
+    job: Job
+    checkpoint_manager: MultiNodeCheckpointManager | None
+    save_retries: int
+    on_save_error: Literal["raise", "warn"]
+    break_lock: bool
+    _pipeline: CommitPipeline | None
+    _session: Session | None
+
+    def commit_saved(self) -> None:
+        """Commit now every epoch the running :meth:`train` saved and has not committed yet, waiting
+        for the nodes' background writes (a run commits an epoch while a later one runs): for a hook
+        that must find an epoch committed before the next one starts (``before_epoch``). Only from
+        the thread that runs ``train`` (a hook's); outside a checkpointed ``train`` it does nothing.
+        """
+        if self._pipeline is not None and self._session is not None:
+            self._pipeline.flush(self._session)
+
+    def save_checkpoints(self, epoch: int, session: Session, stop_values: dict[str, bool] | None = None) -> None:
+        """Save every checkpointed node's workspace as ``epoch`` and commit it.
+
+        With an asynchronous manager the previous epoch's background save is committed first
+        and this one is committed later. Failures are retried ``save_retries`` times; then
+        ``on_save_error`` decides. Works before :meth:`train` too: the manager is first set up
+        for the job's checkpointed nodes and name, and the prefix's writer lock is held for the
+        save (and the commit of an asynchronous save, waited for), as :meth:`train` holds it.
+
+        Raises
+        ------
+        CheckpointLockedError
+            Another writer (a running :meth:`train`) holds the prefix; nothing was written.
+        CheckpointStorageError
+            A node's worker does not see the prefix as this process does (see
+            :meth:`~daskjobs.MultiNodeCheckpointManager.check_shared`); nothing was written.
+        """
+        manager = self._set_up_manager()
+        stop_values = stop_values or {}
+        with manager.writing(self.job.name, break_lock=self.break_lock, policy=self._policy(manager)) as pipeline:
+            if pipeline.nested:  # called while this runner trains (from on_epoch, for instance)
+                pipeline.save(session, epoch, stop_values, {})
+                return
+            manager.check_shared(session)
             pipeline.save(session, epoch, stop_values, {})
-            return
-        manager.check_shared(session)
-        pipeline.save(session, epoch, stop_values, {})
-        pipeline.flush(session)
+            pipeline.flush(session)
 
+    def load_blobs_from_checkpoints(self, blob_names: list[str], epoch: int, session: Session) -> bool:
+        """Load ``blob_names`` of ``epoch`` into every checkpointed node; ``False`` (nothing loaded)
+        if any node has no committed checkpoint of that epoch (works before :meth:`train` too)."""
+        manager, nodes = self._set_up_manager(), self.job.nodes_to_checkpoint()
+        own, session = not isinstance(session, Session), as_session(session)
+        try:
+            loaded = manager.load_blobs_locally(nodes, blob_names, epoch, session)
+        finally:
+            if own:
+                session.close()
+        manager.report_checkpoint_stats("checkpoint_partial_load")
+        return loaded
 
-def load_now(
-    manager: MultiNodeCheckpointManager, nodes: list[str], blob_names: list[str], epoch: int, session: Any
-) -> bool:
-    """:meth:`~daskjobs.JobRunner.load_blobs_from_checkpoints` (``session`` may also be a Client or
-    ``None``: a session made here is closed here)."""
-    own, session = not isinstance(session, Session), as_session(session)
-    try:
-        loaded = manager.load_blobs_locally(nodes, blob_names, epoch, session)
-    finally:
-        if own:
-            session.close()
-    manager.report_checkpoint_stats("checkpoint_partial_load")
-    return loaded
+    def _policy(self, manager: MultiNodeCheckpointManager) -> RetryPolicy:
+        return RetryPolicy(self.save_retries, self.on_save_error, manager.store.url)
+
+    def _set_up_manager(self) -> MultiNodeCheckpointManager:
+        """The checkpoint manager, told the job's checkpointed nodes and name (as :meth:`train` does)."""
+        manager = self.checkpoint_manager
+        if manager is None:
+            raise JobDefinitionError("this JobRunner has no checkpoint manager")
+        manager.set_params(nodes=self.job.nodes_to_checkpoint(), job_name=self.job.name)
+        return manager
 
 
 def prepare_manager(

@@ -2,8 +2,9 @@
 
 :class:`LocalSession` runs the lowered graphs in this process (:mod:`._local`);
 :class:`DaskSession` on a ``distributed`` cluster (:mod:`._dask`, with its client
-:mod:`._client` and :mod:`._address`, the worker side :mod:`._plugin`, placement by resources
-:mod:`._placement` on pinned and pool workers and as the cluster shrinks and grows
+:mod:`._client` and :mod:`._address`, its hold on the scheduler :mod:`._connection`, a run's
+futures submitted and settled :mod:`._futures`, the worker side :mod:`._plugin`, placement by
+resources :mod:`._placement` on pinned and pool workers and as the cluster shrinks and grows
 :mod:`._elastic`, lost nodes and planned departures :mod:`._losses`); :func:`node_cluster`
 starts a local cluster with one worker per node (:mod:`._cluster`, :mod:`._worker_process`), and
 :func:`._pool.pool_cluster` one of pool workers.

@@ -5,30 +5,27 @@ from __future__ import annotations
 import contextlib
 import html
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import CancelledError
 from typing import Any, TypeVar
 
 from distributed import Client, Future
-from distributed.comm.core import CommClosedError
 
 from .._config import config_timeout
-from .._execution.lowering import Dep, LoweredGraph
+from .._execution.lowering import LoweredGraph
 from .._execution.node_run import abandon_node_run
-from .._execution.plan import NodePlan, NodeResult, RunFailed
-from .._execution.shipping import pack_plan
+from .._execution.plan import NodeResult, RunFailed
 from .._model.values import validate_name
-from ..errors import NodeLostError, SessionClosedError, SessionLostError
+from ..errors import NodeLostError, SessionClosedError
 from ._base import Session
-from ._client import connect, dashboard_link, gather_within, scheduler_rpc, send_at_once, when_all_done
+from ._client import connect, dashboard_link, scheduler_rpc
+from ._connection import SchedulerConnection
 from ._elastic import Placer
-from ._losses import DISTRIBUTED_FAILURES, Watchdog, lost_node_error, with_departure
+from ._futures import Failure, settle, submit_graph
+from ._losses import DISTRIBUTED_FAILURES, lost_node_error, with_departure
 from ._memory import DaskMemory
-from ._placement import WorkerTable, node_resource
+from ._placement import node_resource
 from ._plugin import (
-    OnWorker,
     WorkerStates,
     call_on_node,
     drop_session,
@@ -42,20 +39,12 @@ T = TypeVar("T")
 
 logger = logging.getLogger("daskjobs")
 
-_WATCH_INTERVAL = 0.5
-"""Seconds between checks, while a run is in flight, that its nodes still have workers (a pool
-node whose worker left is placed again at once: the check is most of the time a loss takes)."""
-
 
 def _keep_group() -> None:
     """The anchor task of a session: its result (``None``) is held while the session is open."""
 
 
-_EDGE_SHARE = 1 / 1024
-"""The part of a node's resources one Dask task of a run with dataflow edges asks for."""
-
-
-class DaskSession(Session):
+class DaskSession(SchedulerConnection, Session):
     """Runs jobs on a Dask ``distributed`` cluster; each node's workspace lives on its worker.
 
     A node is placed on the one worker providing the resource :func:`~daskjobs.node_resource`
@@ -212,38 +201,11 @@ class DaskSession(Session):
         self._check_client()
         self._preflight(graph.nodes(), graph.resources)
         node_of = {task.key: task.node for task in graph.tasks}
-        futures = self._submit(graph)
+        futures = submit_graph(self._client, graph)
         if meanwhile is not None:
             meanwhile()
         results = self._settle_and_gather(futures, node_of, list(graph.result_keys.values()))
         return dict(zip(graph.result_keys, results, strict=True))
-
-    def _submit(self, graph: LoweredGraph) -> dict[str, Future]:
-        """Submit every task of ``graph`` (in dependency order), with Dep args replaced by futures."""
-        for task in graph.tasks:  # pack the steps first: a step that cannot be pickled raises before any submit
-            for arg in task.args:
-                if isinstance(arg, NodePlan):
-                    pack_plan(arg)  # made once per plan, then reused by every run
-        send_at_once(self._client)
-        futures: dict[str, Future] = {}
-        # A run with dataflow edges is one Dask task per daskjobs task: each takes a sliver of its
-        # node's resources and leaves the worker's thread pool, so that all of a node's tasks run
-        # at once, as they do in the one Dask task of a run without edges.
-        share = _EDGE_SHARE if len(graph.tasks) > len(graph.result_keys) else 1.0
-        for task in graph.tasks:
-            needs = {node_resource(task.node): 1, **graph.resources.get(task.node, {})}
-            try:
-                futures[task.key] = self._client.submit(
-                    OnWorker(task.fn, seceding=share != 1.0),
-                    *(futures[a.key] if isinstance(a, Dep) else a for a in task.args),
-                    key=task.key,
-                    resources={name: amount * share for name, amount in needs.items()},
-                    pure=False,
-                )
-            except Exception:
-                self._client.cancel(list(futures.values()))
-                raise
-        return futures
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:
         self._check_client()
@@ -287,62 +249,6 @@ class DaskSession(Session):
                 self._client.close()
 
     # -- placement ------------------------------------------------------------------------
-    def _check_client(self) -> None:
-        """Raise unless the session is open and its client connected (waiting for a reconnect)."""
-        self._check_open()
-        status = self._client.status
-        if status == "running":
-            return
-        if status in ("closing", "closed") and not self._owns_client:
-            raise SessionClosedError(
-                f"the Dask client of DaskSession {self.session_id} was closed (by its owner, or after it lost "
-                f"the scheduler at {self._address}); open a new session"
-            )
-        self._await_reconnect()
-
-    def _await_reconnect(self) -> None:
-        """Return once the client is connected again; after ``daskjobs.connect-timeout`` close the
-        session and raise :class:`SessionLostError`."""
-        timeout = config_timeout("connect-timeout")
-        deadline = time.monotonic() + timeout
-        while self._client.status != "running" and time.monotonic() < deadline:
-            if self._client.status in ("closing", "closed"):
-                break
-            time.sleep(0.05)
-        if self._client.status != "running":
-            raise self._lost_scheduler(f"no connection to it for {timeout:g} s (daskjobs.connect-timeout)")
-
-    def _lost_scheduler(self, why: str) -> SessionLostError:
-        """Close the session (it can do nothing without its scheduler) and return the error to raise."""
-        self._open = False
-        if self._owns_client:
-            with contextlib.suppress(Exception):
-                self._client.close(timeout=2)
-        return SessionLostError(
-            f"lost the Dask scheduler at {self._address}: {why}. DaskSession {self.session_id} is closed and "
-            "its node workspaces are gone; committed checkpoints are intact: run the job again (on a running "
-            "scheduler) to resume from the last committed epoch."
-        )
-
-    def _workers(self) -> WorkerTable:
-        """The scheduler's worker table, asked for afresh; the scheduler must answer within
-        ``daskjobs.connect-timeout``."""
-        timeout = config_timeout("connect-timeout")
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_client()
-            try:
-                identity = self._client.sync(
-                    scheduler_rpc(self._client).identity,
-                    n_workers=-1,
-                    callback_timeout=max(deadline - time.monotonic(), 0.1),
-                )
-                return identity["workers"]
-            except OSError as exc:  # TimeoutError, CommClosedError
-                if time.monotonic() >= deadline:
-                    raise self._lost_scheduler(f"it did not answer for {timeout:g} s ({exc!r})") from None
-                time.sleep(0.1)
-
     def _preflight(self, nodes: Iterable[str], resources: Mapping[str, Mapping[str, float]]) -> None:
         """Place the nodes not placed yet (or needing resources not yet checked)."""
         unchecked = self._placer.unchecked(nodes, resources)
@@ -461,43 +367,21 @@ class DaskSession(Session):
 
     # -- waiting and errors ---------------------------------------------------------------
     def _settle_and_gather(self, futures: dict[str, Future], node_of: dict[str, str], keys: list[str]) -> list[Any]:
-        """Gather ``keys`` in one transfer once they are done, watching for lost nodes.
+        """Gather ``keys`` in one transfer once they are done, watching for lost nodes (see :func:`~._futures.settle`).
 
-        On failure, wait for the run's other futures too (no straggler may touch a workspace
-        after the run was reported), then raise :class:`RunFailed` with the first error in
-        submission (dependency) order, with its remote traceback, and the results of the nodes
-        (by ``node_of``) whose key finished; distributed's failures become NodeLostError. The
-        futures are released first and no raised traceback refers to them, so failed runs
-        leave no keys on the scheduler.
+        On failure raise :class:`RunFailed` with the run's first error, with its remote traceback,
+        and the results of the nodes whose key finished; distributed's failures become
+        NodeLostError, and a broken scheduler connection a lost session unless the client
+        reconnects within ``daskjobs.connect-timeout``.
         """
-        every = list(futures.values())
-        watchdog = Watchdog(self._workers, self._client.cancel, every, node_of, self._placer.gone)
-        tb = None
-        partial: dict[str, Any] = {}
         try:
-            results = self._gather_watched([futures[k] for k in keys], watchdog)
-            if isinstance(results, list) and len(results) == len(keys):
-                return results
-            if isinstance(results, list):  # the failed ones skipped: keep what the others returned
-                done = [k for k in keys if futures[k].status == "finished"]
-                if len(done) == len(results):
-                    partial = {node_of[k]: result for k, result in zip(done, results, strict=True)}
-            error: BaseException | None = results if isinstance(results, NodeLostError) else self._drain(watchdog)
-            if error is None:
-                erred = [f for f in every if f.status == "error"][:1]
-                if erred:
-                    error, tb = erred[0].exception(), erred[0].traceback()
-                    erred.clear()
-                else:
-                    error = CancelledError("the run's Dask futures were cancelled")
-        except (CancelledError, CommClosedError) as exc:
-            error = exc
+            settled = settle(self._client, futures, node_of, keys, self._workers, self._placer.gone)
         except (KeyboardInterrupt, SystemExit):  # the run's steps may run on: the next run waits for them
             self._interrupted = True
             raise
-        finally:
-            futures.clear()
-            every.clear()
+        if not isinstance(settled, Failure):
+            return settled
+        error, tb, partial = settled.error, settled.traceback, settled.finished
         if self._client.status != "running":
             # The scheduler connection broke (distributed cancelled the futures): a lost
             # session unless the client reconnects within daskjobs.connect-timeout.
@@ -509,25 +393,6 @@ class DaskSession(Session):
         if not isinstance(error, Exception):  # an interruption, as in a LocalSession: no failure of the run
             raise error.with_traceback(tb)
         raise RunFailed(error.with_traceback(tb), partial)
-
-    def _gather_watched(self, futures: list[Future], watchdog: Watchdog) -> list[Any] | NodeLostError:
-        """The results of the successful ``futures`` once all are done, or the watchdog's error."""
-        results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL)
-        while pending is not None:
-            lost = watchdog.check()
-            if lost is not None:
-                return lost
-            results, pending = self._client.sync(gather_within, self._client, futures, _WATCH_INTERVAL, pending)
-        return results
-
-    def _drain(self, watchdog: Watchdog) -> NodeLostError | None:
-        """Block until all of the run's futures are done, or return the watchdog's error."""
-        done = when_all_done(watchdog.futures)
-        while not done.wait(_WATCH_INTERVAL):
-            lost = watchdog.check()
-            if lost is not None:
-                return lost
-        return None
 
     def _lost(self, error: NodeLostError) -> NodeLostError:
         """``error`` told with why the nodes' worker left (see :func:`with_departure`); the nodes are

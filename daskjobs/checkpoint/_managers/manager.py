@@ -1,23 +1,23 @@
-"""Checkpoint managers: save and load node workspaces as TaskGroups, commit epochs."""
+"""The multi-node checkpoint manager: its options, its init, save and commit groups, the writer lock a
+run holds for its commit pipeline (``writing``) and its statistics; which nodes it checkpoints
+(:mod:`.nodes`), how it loads (:mod:`.loads`) and resumes (:mod:`.resumes`) is mixed in."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..._model.group import TaskGroup
 from ..._model.node import Node
 from ..._model.task import Task, WorkspaceType
-from ..._model.values import check_count, validate_name
-from ...errors import InvalidStateError, JobDefinitionError
+from ...errors import JobDefinitionError
 from .._format.naming import db_name, get_ckpt_filename
 from .._format.records import record_bytes
 from .._node.fork import resolve_snapshot
 from .._node.load_steps import CheckStep
-from .._node.sharing import prove_shared
 from .._protocol.lock import local_holder
 from .._protocol.retention import DEFAULT_FULL_EVERY, Retention, best_epochs, check_full_every, writes_in_full
 from .._protocol.store import CheckpointStore
@@ -25,8 +25,10 @@ from .last import LastCheckpoint
 from .ledger import PendingCommit
 from .loads import Loads
 from .memory import memory_options
-from .metadata import CommitRecordHandler, MetadataHandler, check_same_job, stage_fresh_start
+from .metadata import CommitRecordHandler, MetadataHandler
+from .nodes import CheckpointedNodes
 from .pipeline import CommitPipeline
+from .resumes import Resumes
 from .saving import OnCommit, OnMemoryCommit, SavePolicy
 from .tiered import TieredPipeline
 from .views import prefix_html
@@ -53,7 +55,7 @@ def overrides(manager: MultiNodeCheckpointManager, method: str) -> bool:
     return getattr(type(manager), method) is not getattr(MultiNodeCheckpointManager, method)
 
 
-class MultiNodeCheckpointManager(Loads):
+class MultiNodeCheckpointManager(CheckpointedNodes, Resumes, Loads):
     """Checkpoints every node of a job, one save/load task per node, run on that node.
 
     Parameters
@@ -204,7 +206,7 @@ class MultiNodeCheckpointManager(Loads):
         self._job_named = False
         """Whether :meth:`set_params` was given the job's name (else a resume adopts the prefix's)."""
         self._last = LastCheckpoint()
-        self._writer = EpochWriter(self, self._handler, self.retention, self._last)
+        self._writer: EpochWriter = EpochWriter(self, self._handler, self.retention, self._last)
 
     keep_last = property(lambda self: self.retention.keep_last, doc="Retention: the newest epochs kept.")
     keep_every = property(lambda self: self.retention.keep_every, doc="Retention: every epoch divisible by it is kept.")
@@ -236,113 +238,7 @@ class MultiNodeCheckpointManager(Loads):
         record = self._writer.last_commit
         return (0, 0, 0) if record is None else record_bytes(record)
 
-    # -- parameters -----------------------------------------------------------------------
-    def _node_names(self, nodes: Iterable[str | Node]) -> list[str]:
-        return [validate_name(str(n), "node") for n in nodes]
-
-    def set_params(
-        self,
-        nodes: Sequence[str | Node],
-        path_prefix: str | None = None,
-        path_type: str | None = None,
-        *,
-        job_name: str | None = None,
-    ) -> None:
-        """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
-        self._nodes = self._node_names(nodes)
-        self._newest_seen = None
-        if job_name is not None:
-            self._job_name, self._job_named = validate_name(job_name, "job"), True
-        self._handler.set_params(
-            db_prefix=self.db_prefix,
-            db_type=self.db_type,
-            node_names=list(self._nodes),
-            path_prefix=path_prefix,
-            path_type=path_type,
-        )
-
-    def nodes(self) -> list[str]:
-        """The checkpointed nodes (after :meth:`init` or :meth:`set_params`)."""
-        if self._nodes is None:
-            raise InvalidStateError("checkpoint manager has no nodes yet: call init() or set_params() first")
-        return list(self._nodes)
-
-    def check_shared(self, session: Session) -> None:
-        """Prove that every checkpointed node's worker in ``session`` sees this prefix as this process does.
-
-        A local path must be one directory for this process and every node's worker (a shared
-        filesystem): on a cluster of several machines without one, each would write where the
-        others never look. This process writes a probe file under ``__daskjobs__/``, each node's
-        worker reads it and writes its own, this process reads those back, and all of them are
-        removed: one round trip to the nodes. A :class:`~daskjobs.JobRunner` does it before a run
-        writes or loads anything, and before :meth:`~daskjobs.JobRunner.save_checkpoints`; a
-        :class:`~daskjobs.LocalSession` needs no proof.
-
-        Raises
-        ------
-        CheckpointStorageError
-            A node's worker sees another directory (or nothing, or cannot write there); the
-            message names the node, its worker and the path, and says what to use instead: a
-            shared filesystem mounted at the same path on every machine, or an object store.
-        CheckpointWriteError
-            This process cannot write to the prefix.
-
-        Examples
-        --------
-        >>> import daskjobs as dj, tempfile
-        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
-        >>> manager.set_params(["ps", "trainer"])
-        >>> with dj.node_cluster(["ps", "trainer"]) as cluster, dj.DaskSession(cluster) as session:  # doctest: +SKIP
-        ...     manager.check_shared(session)
-        """
-        if self.durable:
-            prove_shared(self.store, session, self.nodes(), job=self._job_name)
-
-    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str:
-        """The checkpoint name of ``node_name`` at ``epoch``: ``db_name(epoch, node_name, db_prefix)``."""
-        return db_name(epoch, str(node_name), self.db_prefix)
-
     # -- handler pass-throughs --------------------------------------------------------------
-    def get_resume_from_epoch_id(self, user_epoch: int | None = None) -> int | None:
-        """The epoch to resume from (the handler's answer), after checking the prefix holds this job.
-
-        The job's name and nodes are checked against the commit record of ``user_epoch`` when it
-        is given (newer records are not read: one of them may be the unreadable commit the user
-        skips), else against the latest commit.
-
-        Without a job name given to :meth:`set_params`, only the nodes are checked, and the
-        manager takes the job name of the checked commit (for the commits it writes next).
-
-        After :meth:`start_fresh` (and without ``user_epoch``): ``None``, the run starts from scratch.
-
-        Raises
-        ------
-        DefinitionTypeError, JobDefinitionError
-            ``user_epoch`` is not a non-negative int; nothing was read.
-        CheckpointError
-            The checked commit is another job's or has other nodes.
-        CheckpointCorruptError, CheckpointFormatError
-            The checked commit record cannot be read.
-        """
-        if user_epoch is not None:
-            user_epoch = check_count(user_epoch, "resume_from_epoch", minimum=0)
-            if self._fresh:
-                raise InvalidStateError(
-                    f"start_fresh() starts from epoch 0 and resume_from_epoch={user_epoch} from epoch {user_epoch}: "
-                    "give one of them"
-                )
-        elif self._fresh:  # see start_fresh
-            self._fresh = False
-            staging = self._writer.staging
-            job = stage_fresh_start(self.store, staging, self._job_name if self._job_named else None, self._nodes)
-            if job is not None and not self._job_named:
-                self._job_name = job
-            return None
-        job = check_same_job(self.store, self._job_name if self._job_named else None, self._nodes, user_epoch)
-        if job is not None and not self._job_named:  # no name given: this is the prefix's job
-            self._job_name = job
-        return self._handler.last_epoch(user_epoch=user_epoch)
-
     def cp_accessible(self, epoch: int | None = None) -> bool:
         """Whether checkpoint storage is reachable (the handler's answer)."""
         return self._handler.cp_accessible(epoch)
@@ -481,33 +377,11 @@ class MultiNodeCheckpointManager(Loads):
                     advice = f"run 'daskjobs checkpoints unlock {url}'"
                     logger.warning("could not release the writer lock of %s: %s; %s", url, exc, advice)
 
-    # -- resuming ------------------------------------------------------------------------
+    # -- delta ---------------------------------------------------------------------------
     def reuses_chunks(self, epoch: int) -> bool:
         """Whether a save of ``epoch`` may reuse chunks of an earlier epoch: ``delta``, and not an
         epoch written in full (see ``full_every``)."""
         return self.delta and not writes_in_full(epoch, self.full_every, self.keep_every)
-
-    def start_fresh(self) -> None:
-        """Make the next run start from scratch (init, then epoch 0) although this job's epochs are
-        committed under the prefix (what ``daskjobs run --fresh`` does).
-
-        Nothing is deleted now: the committed epochs stay (and a run that fails before its epoch 0
-        commits leaves them as they were) until the new epoch 0 is committed. That epoch's groups are
-        written to a staging folder; right before its commit record is written the old epochs are
-        retired (one warning lists them), as when resuming from an older epoch. The prefix must hold
-        this job's commits (its name and nodes, checked against the newest commit record that reads).
-
-        Examples
-        --------
-        >>> import daskjobs as dj, tempfile
-        >>> manager = dj.MultiNodeCheckpointManager(tempfile.mkdtemp())
-        >>> manager.start_fresh()  # then JobRunner(job, manager).train(...) starts at epoch 0
-        """
-        self._fresh = True
-
-    def stop_values(self, epoch: int) -> dict[str, bool]:
-        """The stop-condition values recorded when ``epoch`` was committed."""
-        return dict(self.store.read_commit(epoch).get("stop_values", {}))
 
     # -- statistics -----------------------------------------------------------------------
     def report_checkpoint_stats(self, action_name: str) -> None:

@@ -35,7 +35,8 @@ from .._format.entries import SAVE_ID_RE, check_epoch
 from .._format.records import MANIFEST_KEY, committed_entry
 from .._storage.base import LocalTree, local_tree
 from .._storage.cleanup import Tree, clear_for_write, staged_group, staging_name, take_over_group
-from .._storage.reader import GroupReader, read_group, read_group_entry, read_manifest
+from .._storage.group_metadata import read_group_entry, read_manifest
+from .._storage.reader import GroupReader, read_group
 from .._storage.zarr_groups import COMPRESSIONS, Location, describe_group, write_group
 from .commits import Commits, RetiredEpoch
 
@@ -399,7 +400,7 @@ class CheckpointStore(Commits):
 
     def resolve_entry(self, node: str, epoch: int, entry: EntryRef) -> NodeEntry:
         """``node``'s whole entry of committed ``epoch`` from what its commit record holds of it: a
-        summary's manifest read and verified (see :func:`~.._storage.reader.read_manifest`), or the entry
+        summary's manifest read and verified (see :func:`~.._storage.group_metadata.read_manifest`), or the entry
         itself (records before format version 4, and entries a write returned).
 
         Raises
