@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import importlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._notebook import show_figures_inline
@@ -40,16 +40,6 @@ class EpochRecord:
     def checkpoint_bytes(self) -> int:
         """Bytes written and reused: the size of the epoch's checkpoint."""
         return self.bytes_written + self.bytes_reused
-
-
-def settle_bytes(records: list[EpochRecord], pending: list[int], committed: Mapping[int, tuple[int, int]]) -> None:
-    """Give the records of the ``pending`` epochs (saved asynchronously) the bytes written and
-    reused that their commits report (``committed``: epoch -> bytes); drop those from ``pending``."""
-    for epoch in [e for e in pending if e in committed]:
-        pending.remove(epoch)
-        index = next(i for i in range(len(records) - 1, -1, -1) if records[i].epoch == epoch)
-        written, reused = committed[epoch]
-        records[index] = replace(records[index], bytes_written=written, bytes_reused=reused)
 
 
 _NOTEBOOK_EXTRA = 'pip install "daskjobs[notebook]"'

@@ -47,7 +47,6 @@ class CheckpointedNodes:
     ) -> None:
         """Record the checkpointed nodes (and the job's name) and tell the metadata handler."""
         self._nodes = self._node_names(nodes)
-        self._newest_seen = None
         if job_name is not None:
             self._job_name, self._job_named = validate_name(job_name, "job"), True
         self._handler.set_params(

@@ -121,13 +121,3 @@ def adopt_staged(store: CheckpointStore, epoch: int, nodes: list[str]) -> None:
                 fsync_path(os.path.dirname(target))
         else:
             fs.mv(source, target, recursive=True)
-
-
-def discard_after(store: CheckpointStore, epoch: int) -> list[int]:
-    """Un-commit the epochs of ``store`` newer than ``epoch``; return them."""
-    newer = [e for e in store.committed_epochs() if e > epoch]
-    for later in newer:
-        store.uncommit(later)
-    if newer:
-        logger.warning("resuming from epoch %d: discarded newer committed epochs %s under %s", epoch, newer, store.url)
-    return newer
