@@ -90,8 +90,8 @@ class Deadline:
 
 
 class DaemonPool:
-    """Up to ``size`` daemon threads running the calls submitted, in order; a ``with`` block ends
-    them (:meth:`shutdown`).
+    """Up to ``size`` daemon threads (``name_0``, ``name_1``, ... as a ``ThreadPoolExecutor`` names
+    them) running the calls submitted, in order; a ``with`` block ends them (:meth:`shutdown`).
 
     Unlike a ``ThreadPoolExecutor``, whose threads the interpreter joins at exit (and a ``with``
     block at its end), a thread stuck in the OS (an fsync on a hung mount) never holds up its
@@ -121,7 +121,7 @@ class DaemonPool:
         if not self._idle.acquire(blocking=False):
             with self._lock:
                 if len(self._threads) < self._size:
-                    thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads) + 1}")
+                    thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._threads)}")
                     thread.daemon = True
                     self._threads.append(thread)
                     thread.start()
