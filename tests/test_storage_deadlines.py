@@ -423,3 +423,23 @@ with dask.config.set({{"daskjobs.storage-timeout": 0.2}}):
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"the fsync of {tmp_path / 'x'} {TOO_SLOW.replace('0.5 s', '0.2 s')}\n"
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("queue", ["in_background", "deleting_in_background"])
+def test_work_queued_in_the_background_threads_is_finished_at_exit(tmp_path, queue):
+    """A group's write or a retired group's deletion still queued when the process ends is finished
+    first (the threads are daemons, which the interpreter alone would stop wherever they are)."""
+    done = tmp_path / "done"
+    code = f"""
+import pathlib, time
+from daskjobs.checkpoint._storage import durable
+durable.{queue}(lambda: time.sleep(0.5))
+durable.{queue}(lambda: pathlib.Path({str(done)!r}).write_text("finished"))
+"""
+    root = str(Path(__file__).resolve().parents[1])
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env={**os.environ, "PYTHONPATH": root}
+    )
+    assert (ran.returncode, ran.stderr) == (0, "")
+    assert done.read_text() == "finished"

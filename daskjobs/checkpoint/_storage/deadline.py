@@ -5,8 +5,9 @@ write or sync thread, a node's save in flight, a forked snapshot writer, the ret
 waits at most this long, then fails with a message saying what did not finish, how long it was
 waited for and what would be right (check the storage, or raise the setting if it is only slow).
 The thread stuck in the OS (a hung NFS or Lustre mount, an object store that stopped answering)
-cannot be stopped: it is a daemon thread, left to finish or to end with its process, which never
-waits for it (nor does anything that closes).
+cannot be stopped: it is a daemon thread, left to finish or to end with its process, which waits
+for it no longer than that either (at exit, for the work queued in the background write and delete
+threads; nothing that closes waits longer).
 
 I/O a thread does itself (a write, a rename, the fsync of one file) is not a wait for another
 thread and has no deadline of its own.

@@ -6,13 +6,16 @@ groups durable in batches (:func:`sync_soon`: the groups of every node a process
 by one ``syncfs`` instead of one fsync per file each).
 All are made again in a forked child (a snapshot writer), whose parent's threads are gone.
 
-All are daemon threads (:class:`DaemonPool`): one stuck in the OS on a hung mount never keeps its
-process from exiting, and whoever waits for them waits at most ``daskjobs.storage-timeout`` (see
-:mod:`.deadline`).
+All are daemon threads (:class:`DaemonPool`): whoever waits for them, the process's exit included
+(it lets the write and delete threads finish what is queued there), waits at most
+``daskjobs.storage-timeout`` (see :mod:`.deadline`), so one stuck in the OS on a hung mount never
+keeps its process from exiting for longer.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import threading
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple, TypeVar
 
-from .deadline import DaemonPool
+from .deadline import DaemonPool, Deadline
 
 T = TypeVar("T")
 
@@ -67,6 +70,20 @@ def _reset_pool_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
+@atexit.register
+def _finish_queued_work() -> None:
+    """At exit, let the background write and delete threads finish the jobs queued there (a retired
+    group's deletion, a group's write), within ``daskjobs.storage-timeout``: their threads are
+    daemons, which the interpreter would otherwise stop wherever they are."""
+    with _pool_lock:
+        pools = [pool for pid, pool in (_background or (0, None), _deleter or (0, None)) if pid == os.getpid()]
+    deadline = Deadline()
+    for pool in pools:
+        if pool is not None:  # one thread each: a call queued last ends after every call queued before it
+            with contextlib.suppress(TimeoutError):
+                deadline.result(pool.submit(lambda: None), "the background work queued at exit")
 
 
 def _fsync_pool() -> DaemonPool:
