@@ -58,17 +58,23 @@ def chunk_rows(shape: tuple[int, ...], itemsize: int) -> list[int]:
     Where it costs little, chunks hold whole pages, so every chunk lands page-aligned in the
     page-aligned arrays :func:`empty_aligned` allocates for reading.
     """
+    return list(_chunk_rows(shape, itemsize))
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_rows(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """:func:`chunk_rows`, remembered (a workspace's blobs keep their shapes from epoch to epoch)."""
     if not shape:
-        return []
+        return ()
     row = itemsize * math.prod(shape[1:])
     if shape[0] == 0 or row == 0:
-        return [1, *(max(1, d) for d in shape[1:])]
+        return (1, *(max(1, d) for d in shape[1:]))
     count = -(-shape[0] * row // CHUNK_BYTES)
     rows = -(-shape[0] // count)
     step = _PAGE // math.gcd(row, _PAGE)
     if count > 1 and step * row * 64 <= CHUNK_BYTES:
         rows = min(shape[0], -(-rows // step) * step)
-    return [rows, *shape[1:]]
+    return (rows, *shape[1:])
 
 
 def chunk_count(shape: list[int] | tuple[int, ...], chunks: list[int] | tuple[int, ...]) -> int:
@@ -121,7 +127,18 @@ def empty_aligned(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.nda
 
 
 def flat_bytes(array: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, as a flat ``uint8`` memoryview."""
+    """The bytes of a C-contiguous array, as a flat ``uint8`` memoryview (writable if the array is).
+
+    Examples
+    --------
+    >>> bytes(flat_bytes(np.arange(2, dtype="<u2"))), bytes(flat_bytes(np.zeros((0, 3))))
+    (b'\\x00\\x00\\x01\\x00', b'')
+    """
+    if array.size and array.flags.c_contiguous:
+        try:  # the buffer protocol's view: a few times cheaper than numpy's reshape and view
+            return array.data.cast("B")
+        except (TypeError, ValueError):  # a dtype without a buffer format
+            pass
     return array.reshape(-1).view(np.uint8).data
 
 
@@ -151,7 +168,13 @@ def dimension_names(blob: str, ndim: int) -> list[str]:
     >>> dimension_names("w", 2), dimension_names("step", 0)
     (['w/dim_0', 'w/dim_1'], [])
     """
-    return [f"{blob}/dim_{axis}" for axis in range(ndim)]
+    return list(_dimension_names(blob, ndim))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dimension_names(blob: str, ndim: int) -> tuple[str, ...]:
+    """:func:`dimension_names`, remembered (a workspace names the same blobs every epoch)."""
+    return tuple(f"{blob}/dim_{axis}" for axis in range(ndim))
 
 
 def array_metadata(
