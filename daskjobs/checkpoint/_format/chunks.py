@@ -58,21 +58,22 @@ def chunk_rows(shape: tuple[int, ...], itemsize: int) -> list[int]:
     Where it costs little, chunks hold whole pages, so every chunk lands page-aligned in the
     page-aligned arrays :func:`empty_aligned` allocates for reading.
     """
-    return list(_chunk_rows(shape, itemsize))
+    return list(_chunk_rows(shape, itemsize, CHUNK_BYTES))
 
 
 @functools.lru_cache(maxsize=4096)
-def _chunk_rows(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    """:func:`chunk_rows`, remembered (a workspace's blobs keep their shapes from epoch to epoch)."""
+def _chunk_rows(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
+    """:func:`chunk_rows` for chunks of about ``chunk_bytes``, remembered (a workspace's blobs keep
+    their shapes from epoch to epoch)."""
     if not shape:
         return ()
     row = itemsize * math.prod(shape[1:])
     if shape[0] == 0 or row == 0:
         return (1, *(max(1, d) for d in shape[1:]))
-    count = -(-shape[0] * row // CHUNK_BYTES)
+    count = -(-shape[0] * row // chunk_bytes)
     rows = -(-shape[0] // count)
     step = _PAGE // math.gcd(row, _PAGE)
-    if count > 1 and step * row * 64 <= CHUNK_BYTES:
+    if count > 1 and step * row * 64 <= chunk_bytes:
         rows = min(shape[0], -(-rows // step) * step)
     return (rows, *shape[1:])
 
