@@ -78,12 +78,11 @@ def _finish_queued_work() -> None:
     group's deletion, a group's write), within ``daskjobs.storage-timeout``: their threads are
     daemons, which the interpreter would otherwise stop wherever they are."""
     with _pool_lock:
-        pools = [pool for pid, pool in (_background or (0, None), _deleter or (0, None)) if pid == os.getpid()]
+        pools = [made[1] for made in (_background, _deleter) if made is not None and made[0] == os.getpid()]
     deadline = Deadline()
-    for pool in pools:
-        if pool is not None:  # one thread each: a call queued last ends after every call queued before it
-            with contextlib.suppress(TimeoutError):
-                deadline.result(pool.submit(lambda: None), "the background work queued at exit")
+    for pool in pools:  # one thread each: a call queued last ends after every call queued before it
+        with contextlib.suppress(TimeoutError):
+            deadline.result(pool.submit(lambda: None), "the background work queued at exit")
 
 
 def _fsync_pool() -> DaemonPool:
