@@ -157,6 +157,26 @@ def test_multi_chunk_arrays_with_padding(store, monkeypatch):
         store.read_node("a", 1, entry)
 
 
+def test_many_small_blobs_read_back_as_separate_writable_arrays(store, monkeypatch):
+    """The small blobs of a read share a few buffers (one allocation each scales badly): each array
+    still starts on a 64-byte boundary, holds exactly its blob, and writing it changes no other."""
+    monkeypatch.setattr(_chunks, "_ARENA_BYTES", 8 << 10)  # a few buffers for these 40 blobs
+    blobs = {f"b{i:02d}": np.full(50 * (i + 1), i, dtype=["<f8", "<i2", "|u1", "<c16"][i % 4]) for i in range(40)}
+    blobs["big"] = np.arange(20_000, dtype="<i8")  # 160 KB: a buffer of its own
+    blobs["empty"] = np.zeros((0, 3), dtype="<f4")
+    save(store, 1, {"a": blobs})
+    got = store.read_node("a", 1, entry_of(store, 1))
+    assert_same(got, blobs)
+    small = [got[f"b{i:02d}"] for i in range(40)]
+    assert all(array.ctypes.data % 64 == 0 and array.flags.writeable for array in small)
+    assert 1 < len({id(array.base) for array in small}) < 40
+    assert got["big"].base is not small[0].base
+    for index, array in enumerate(small):
+        array[...] = 100 + index
+    assert [int(array.real.max()) for array in small] == [100 + i for i in range(40)]
+    assert [int(array.real.min()) for array in small] == [100 + i for i in range(40)]
+
+
 def test_parallel_reads_and_aligned_outputs(store, monkeypatch):
     monkeypatch.setattr(_chunks, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(_files, "_PARALLEL_FROM", 0)  # read chunks in the thread pool even when small

@@ -33,6 +33,12 @@ _PAGE = 4096
 _ALIGN_FROM = 1 << 20
 _HUGE_PAGE = 2 << 20
 _HUGE_FROM = 8 << 20
+_OWN_BUFFER_FROM = 64 << 10
+"""Arrays a read allocates of at least this many bytes get a buffer of their own (:func:`empty_arrays`)."""
+_ARENA_BYTES = 16 << 20
+"""The most bytes of smaller arrays one shared buffer of a read holds."""
+_ARENA_ALIGN = 64
+"""Where each array in a shared buffer starts: a multiple of this (a cache line, and any dtype's alignment)."""
 _ZARR_TYPES = {
     "|b1": "bool",
     "|i1": "int8",
@@ -125,6 +131,47 @@ def empty_aligned(shape: list[int] | tuple[int, ...], dtype: np.dtype) -> np.nda
     buffer = np.empty(nbytes + align, np.uint8)
     start = -buffer.ctypes.data % align
     return buffer[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def empty_arrays(layouts: list[tuple[list[int], np.dtype]]) -> list[np.ndarray]:
+    """Uninitialised arrays of the given ``(shape, dtype)`` for one read: each large one from
+    :func:`empty_aligned`; the small ones (under :data:`_OWN_BUFFER_FROM` bytes, and too small for
+    :func:`empty_aligned` to align) packed into shared buffers of up to :data:`_ARENA_BYTES`, each
+    at an offset aligned to :data:`_ARENA_ALIGN`.
+
+    One allocation per small array scales badly: the C allocator gives the memory of a freed read's
+    thousands of arrays back to the system and takes it again for the next, about 2 µs per array
+    at 1000 blobs of 4 KiB against 0.2 µs at 100. The price of packing: an array still in use keeps
+    its whole buffer (at most :data:`_ARENA_BYTES`) alive.
+
+    Examples
+    --------
+    >>> a, b = empty_arrays([([3], np.dtype("<f8")), ([2, 2], np.dtype("<i4"))])
+    >>> a.shape, b.shape, a.base is b.base, b.ctypes.data % 64
+    ((3,), (2, 2), True, 0)
+    """
+    arrays: list[np.ndarray | None] = [None] * len(layouts)
+    small: list[tuple[int, int]] = []
+    for index, (shape, dtype) in enumerate(layouts):
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes >= min(_OWN_BUFFER_FROM, _ALIGN_FROM) or not nbytes:
+            arrays[index] = empty_aligned(shape, dtype)
+        else:
+            small.append((index, -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN))
+    while small:
+        taken, size = 0, 0
+        while taken < len(small) and (not taken or size + small[taken][1] <= _ARENA_BYTES):
+            size += small[taken][1]
+            taken += 1
+        arena = np.empty(size + _ARENA_ALIGN, np.uint8)
+        offset = -arena.ctypes.data % _ARENA_ALIGN
+        for index, padded in small[:taken]:
+            shape, dtype = layouts[index]
+            nbytes = math.prod(shape) * dtype.itemsize
+            arrays[index] = arena[offset : offset + nbytes].view(dtype).reshape(shape)
+            offset += padded
+        del small[:taken]
+    return [array for array in arrays if array is not None]
 
 
 def flat_bytes(array: np.ndarray) -> memoryview:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 from .._format import json_values as _json
-from .._format.chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, flat_bytes
+from .._format.chunks import chunk_count, chunk_key, chunk_spans, empty_aligned, empty_arrays, flat_bytes
 from .._format.entries import validate_node_entry
 from .base import ChunkRead, ChunkResult, SizeProblem, UnsafeFileError
 from .group_metadata import blob_label, check_array_metadata, check_stored_group, read_manifest
@@ -145,10 +145,18 @@ class GroupReader:
             exc.add_note(f"{self._label(name)}: reading it needs {nbytes} bytes, as the commit record says")
             raise
 
-    def _allocate(self, name: str) -> np.ndarray:
-        meta = self.blobs[name]
-        with self._allocating(name, meta["nbytes"]):
-            return empty_aligned(meta["shape"], np.dtype(meta["dtype"]))
+    def _allocate(self, names: list[str]) -> dict[str, np.ndarray]:
+        """An uninitialised array for each blob of ``names`` (the small ones share buffers, see
+        :func:`~.._format.chunks.empty_arrays`)."""
+        layouts = [(self.blobs[name]["shape"], np.dtype(self.blobs[name]["dtype"])) for name in names]
+        try:
+            return dict(zip(names, empty_arrays(layouts), strict=True))
+        except MemoryError as exc:
+            claimed = sum(self.blobs[name]["nbytes"] for name in names)
+            exc.add_note(
+                f"{self.context}: reading {len(names)} blob(s) needs {claimed} bytes, as the commit record says"
+            )
+            raise
 
     def read(self, names: Iterable[str] | None = None) -> dict[str, Value]:
         """Read, verify and decode blobs (default: all); names the entry lacks are skipped."""
@@ -156,7 +164,7 @@ class GroupReader:
         self.check_group()
         self._check_metadata(wanted)
         self._check_sizes([(name, list(range(self._count(name))), self._claimed(name)) for name in wanted])
-        outs = {name: self._allocate(name) for name in wanted}
+        outs = self._allocate(wanted)
         plans = [(name, read, index) for name in wanted for read, index in self.chunk_plan(name, outs[name])]
         results = self._read_chunks([read for _, read, _ in plans])
         parts: dict[str, list[bytes]] = {}
