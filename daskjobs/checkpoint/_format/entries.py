@@ -21,6 +21,7 @@ shapes and sizes against the limits below.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -125,10 +126,18 @@ _STORED: dict[np.dtype, np.dtype] = {}
 
 def check_blob_name(name: object) -> str:
     """Validate a blob name for writing: :func:`validate_name` plus the Zarr-reserved names."""
+    if not isinstance(name, str):
+        validate_name(name, "blob")  # raises
+    return _checked_blob_name(str(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_blob_name(name: str) -> str:
+    """:func:`check_blob_name` of a ``str``, remembered (a workspace saves the same names every epoch)."""
     validate_name(name, "blob")
     if name in RESERVED_BLOB_NAMES:
         raise JobDefinitionError(f"invalid blob name {name!r}: reserved for Zarr metadata")
-    return str(name)
+    return name
 
 
 def dumps(obj: Any) -> bytes:

@@ -72,8 +72,8 @@ def make_dirs(path: str, within: str | None = None) -> list[str]:
     return [*made, path]
 
 
-def write_file(path: str, parts: Sequence[Any], *, over: int | None = None) -> None:
-    """Create or truncate ``path`` and write the buffers ``parts`` to it (no fsync).
+def write_file(path: str, parts: Sequence[Any], *, over: int | None = None) -> int:
+    """Create or truncate ``path``, write the buffers ``parts`` to it (no fsync) and return the bytes written.
 
     ``over``: the size of the regular file already at ``path``, written over in place instead (no
     file created or truncated: only what is past the new end is cut off).
@@ -94,6 +94,7 @@ def write_file(path: str, parts: Sequence[Any], *, over: int | None = None) -> N
             os.ftruncate(fd, total)
     finally:
         os.close(fd)
+    return total
 
 
 class LocalFiles:
@@ -131,8 +132,7 @@ class LocalFiles:
         Its data then goes to disk while other threads still hash and write (the GIL is released
         in fsync), instead of all of it waiting for :meth:`flush`.
         """
-        write_file(path, parts)
-        self._written(path, parts)
+        self._written(path, write_file(path, parts))
 
     def overwrite(self, path: str, *parts: Any) -> None:
         """:meth:`put` over a file of a group being written over (see
@@ -145,16 +145,16 @@ class LocalFiles:
         except FileNotFoundError:
             info = None
         if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
-            write_file(path, parts, over=info.st_size)
-            self._written(path, parts)
+            self._written(path, write_file(path, parts, over=info.st_size))
             return
         if info is not None:
             os.unlink(path)
         self.put(path, *parts)
 
-    def _written(self, path: str, parts: Sequence[Any]) -> None:
-        """A file was written: fsync it now if it is large (:data:`_SYNC_EARLY_FROM`), else at :meth:`flush`."""
-        if self._fsync and _size(parts) >= _SYNC_EARLY_FROM:
+    def _written(self, path: str, size: int) -> None:
+        """A file of ``size`` bytes was written: fsync it now if it is large (:data:`_SYNC_EARLY_FROM`),
+        else at :meth:`flush`."""
+        if self._fsync and size >= _SYNC_EARLY_FROM:
             fsync_path(path)
         else:
             self._unsynced.append(path)

@@ -113,9 +113,10 @@ def _writes(before=None, after=None):
     def write_file(path, parts, **kwargs):
         if before is not None:
             before(path)
-        real(path, parts, **kwargs)
+        written = real(path, parts, **kwargs)
         if after is not None:
             after(path)
+        return written
 
     _patch(files, "write_file", write_file)
 
