@@ -28,16 +28,16 @@ both alike:
 Run::
 
     python benchmarks/checkpoint_io.py [--quick] [--small-only] [--runs 5] [--small-runs 15] [--size-mib 1024]
-        [--dir DIR]
+        [--dir DIR] [--json FILE]
 
-``--quick`` uses 256 MiB for the bulk rows. The last line printed is the JSON of all results.
+``--quick`` uses 256 MiB for the bulk rows. Prints the table (stderr) and the JSON of all results
+(stdout, or ``--json FILE``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Callable
 
 import numpy as np
+from _report import write_json
 
 import daskjobs as dj
 from daskjobs.checkpoint import CheckpointStore
@@ -341,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--dir", help="where to write (default: a temporary directory, removed afterwards)")
     parser.add_argument("--small-only", action="store_true", help="only the small-blob rows")
+    parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     runs, size = max(5, args.runs), 256 if args.quick else args.size_mib
     with contextlib.ExitStack() as stack:
@@ -354,16 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(results)
     print(
         f"{'benchmark (medians of interleaved runs)':48s} {'baseline':>9s} {'daskjobs':>9s} "
-        f"{'ratio':>6s} {'target':>7s}"
+        f"{'ratio':>6s} {'target':>7s}",
+        file=sys.stderr,
     )
     for row in rows:
         target = "-" if row["target"] is None else f"<= {row['target']}"
         print(
             f"{row['benchmark']:48s} {row['baseline_s']:9.4f} {row['daskjobs_s']:9.4f} {row['ratio']:6.2f} "
-            f"{target:>7s}{'  (missed)' if row['met'] is False else ''}"
+            f"{target:>7s}{'  (missed)' if row['met'] is False else ''}",
+            file=sys.stderr,
         )
     summary = {"runs": runs, "small_runs": max(5, args.small_runs), "bulk_mib": size, "rows": rows}
-    print(json.dumps({**summary, "seconds": results}))
+    write_json({**summary, "seconds": results}, args.json)
     return 0
 
 
