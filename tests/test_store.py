@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import pickle
@@ -23,6 +24,7 @@ from records import as_version, edit_entry, manifest_path, raw_record, record_pa
 
 from daskjobs.checkpoint import CheckpointStore
 from daskjobs.checkpoint._format import chunks as _chunks
+from daskjobs.checkpoint._format.entries import validate_node_entry
 from daskjobs.checkpoint._format.manifests import reference
 from daskjobs.checkpoint._format.records import (
     RECORD_FORMAT_VERSION,
@@ -468,6 +470,31 @@ def test_corrupt_commit_record(store, fault):
     assert store.committed_epochs() == [3]
     with pytest.raises(CheckpointCorruptError, match="commit record of epoch 3"):
         store.read_commit(3)
+
+
+LOOKALIKE_LAYOUTS = {
+    "shape_of_bools": lambda meta: meta.update(shape=[True], chunks=[True]),
+    "nbytes_as_a_float": lambda meta: meta.update(nbytes=8.0),
+    "null_dimension_names": lambda meta: meta.update(dimension_names=None),
+    "other_dimension_names": lambda meta: meta.update(dimension_names=["flag/dim_1"]),
+    "nbytes_off_by_one": lambda meta: meta.update(nbytes=9),
+}
+
+
+@pytest.mark.parametrize("change", sorted(LOOKALIKE_LAYOUTS))
+def test_an_entry_equal_to_a_valid_one_but_for_one_field_is_refused_after_it(store, change):
+    """Blob layouts found good are remembered (a node's blobs keep them from epoch to epoch): an
+    entry that differs from a remembered one in one field, or only in a field's type (``True`` for
+    ``1``), is still checked and refused."""
+    save(store, 1, {"a": {"flag": np.ones(1, dtype="<f8")}})
+    entry = store.read_node_entry("a", 1)
+    for _ in range(2):
+        validate_node_entry(copy.deepcopy(entry), "a", 1)
+    damaged = copy.deepcopy(entry)
+    LOOKALIKE_LAYOUTS[change](damaged["blobs"]["flag"])
+    with pytest.raises(CheckpointCorruptError, match="blob 'flag'"):
+        validate_node_entry(damaged, "a", 1)
+    validate_node_entry(copy.deepcopy(entry), "a", 1)
 
 
 ENTRY_FAULTS = {

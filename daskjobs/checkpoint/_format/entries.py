@@ -205,6 +205,76 @@ def check_name(value: Any, where: str, what: str) -> str:
 
 def _validate_blob(name: str, meta: Any, where: str) -> None:
     meta = check_mapping(meta, where, "blob entry", _BLOB_KEYS)
+    layout = _layout_key(name, meta)
+    try:
+        count = _check_layout(name, meta, where) if layout is None else _checked_layout(*layout)
+    except (CheckpointCorruptError, CheckpointFormatError):
+        count = _check_layout(name, meta, where)  # raises again, naming ``where``
+    codec, chunks, dtype = meta["codec"], meta["chunks"], meta["dtype"]
+    hashes = meta["hashes"]
+    if not isinstance(hashes, list) or len(hashes) != count:
+        raise fail(where, f"hashes must list one digest per chunk ({count}), got {type(hashes).__name__}")
+    for digest in hashes:
+        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
+            raise fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
+    if codec is not None:
+        sizes = meta.get("sizes")
+        if not isinstance(sizes, list) or len(sizes) != count:
+            raise fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
+        raw = math.prod(chunks) * np.dtype(dtype).itemsize
+        bound = max_stored_size(codec, raw)
+        for size in sizes:
+            if type(size) is not int or not 0 <= size <= bound:
+                raise fail(
+                    where,
+                    f"sizes holds {size!r}; a {codec} chunk of {raw} bytes (chunks {chunks} of {dtype}) is stored "
+                    f"in at most {bound} bytes",
+                )
+
+
+def _layout_key(name: str, meta: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The fields :func:`_check_layout` checks, as a key to remember a good layout by; ``None`` when a
+    field is not of the plain type a good entry has (an ``int`` that is a ``bool`` would share its key)."""
+    shape, chunks, nbytes, dims = meta["shape"], meta["chunks"], meta["nbytes"], meta.get("dimension_names")
+    plain = (
+        type(meta["dtype"]) is str
+        and type(meta["kind"]) is str
+        and (meta["codec"] is None or type(meta["codec"]) is str)
+        and type(nbytes) is int
+        and type(shape) is list
+        and type(chunks) is list
+        and all(type(d) is int for d in (*shape, *chunks))
+        and ("dimension_names" not in meta or (type(dims) is list and all(type(d) is str for d in dims)))
+    )
+    if not plain:
+        return None
+    named = None if dims is None else tuple(dims)
+    return name, meta["dtype"], meta["kind"], meta["codec"], tuple(shape), tuple(chunks), nbytes, named
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_layout(
+    name: str,
+    dtype: str,
+    kind: str,
+    codec: str | None,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    nbytes: int,
+    dims: tuple[str, ...] | None,
+) -> int:
+    """:func:`_check_layout` of a layout given by :func:`_layout_key`, remembered when it is good
+    (a node's blobs keep their layouts from epoch to epoch)."""
+    meta: dict[str, Any] = {"dtype": dtype, "kind": kind, "codec": codec, "shape": list(shape)}
+    meta.update({"chunks": list(chunks), "nbytes": nbytes})
+    if dims is not None:
+        meta["dimension_names"] = list(dims)
+    return _check_layout(name, meta, "")
+
+
+def _check_layout(name: str, meta: Mapping[str, Any], where: str) -> int:
+    """Check a blob entry's data type, kind, codec, shape, chunks, size and dimension names; return its
+    number of chunks."""
     dtype, kind, codec = meta["dtype"], meta["kind"], meta["codec"]
     if not isinstance(dtype, str) or not allowed_dtype(dtype):
         raise CheckpointFormatError(
@@ -238,31 +308,13 @@ def _validate_blob(name: str, meta: Any, where: str) -> None:
     count = math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
     if count > MAX_CHUNKS:
         raise fail(where, f"chunks {chunks} split shape {shape} into more than {MAX_CHUNKS} chunks")
-    hashes = meta["hashes"]
-    if not isinstance(hashes, list) or len(hashes) != count:
-        raise fail(where, f"hashes must list one digest per chunk ({count}), got {type(hashes).__name__}")
-    for digest in hashes:
-        if not isinstance(digest, str) or not HASH_RE.fullmatch(digest):
-            raise fail(where, f"hashes must be 32 lowercase hex digits, got {digest!r}")
     if "dimension_names" in meta and meta["dimension_names"] != dimension_names(name, len(shape)):
         raise fail(
             where,
             f"dimension_names {meta['dimension_names']!r} are not {dimension_names(name, len(shape))}, the names "
             "daskjobs gives the dimensions of this blob",
         )
-    if codec is not None:
-        sizes = meta.get("sizes")
-        if not isinstance(sizes, list) or len(sizes) != count:
-            raise fail(where, f"a {codec} blob must list one stored size per chunk ({count})")
-        raw = math.prod(chunks) * np.dtype(dtype).itemsize
-        bound = max_stored_size(codec, raw)
-        for size in sizes:
-            if type(size) is not int or not 0 <= size <= bound:
-                raise fail(
-                    where,
-                    f"sizes holds {size!r}; a {codec} chunk of {raw} bytes (chunks {chunks} of {dtype}) is stored "
-                    f"in at most {bound} bytes",
-                )
+    return count
 
 
 def max_stored_size(codec: str, raw: int) -> int:
