@@ -150,28 +150,32 @@ def empty_arrays(layouts: list[tuple[list[int], np.dtype]]) -> list[np.ndarray]:
     >>> a.shape, b.shape, a.base is b.base, b.ctypes.data % 64
     ((3,), (2, 2), True, 0)
     """
-    arrays: list[np.ndarray | None] = [None] * len(layouts)
-    small: list[tuple[int, int]] = []
+    arrays: dict[int, np.ndarray] = {}
+    small: list[tuple[int, int]] = []  # (index, bytes) of the arrays packed into shared buffers
     for index, (shape, dtype) in enumerate(layouts):
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes >= min(_OWN_BUFFER_FROM, _ALIGN_FROM) or not nbytes:
             arrays[index] = empty_aligned(shape, dtype)
         else:
-            small.append((index, -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN))
+            small.append((index, nbytes))
     while small:
         taken, size = 0, 0
-        while taken < len(small) and (not taken or size + small[taken][1] <= _ARENA_BYTES):
-            size += small[taken][1]
+        while taken < len(small) and (not taken or size + _padded(small[taken][1]) <= _ARENA_BYTES):
+            size += _padded(small[taken][1])
             taken += 1
         arena = np.empty(size + _ARENA_ALIGN, np.uint8)
         offset = -arena.ctypes.data % _ARENA_ALIGN
-        for index, padded in small[:taken]:
+        for index, nbytes in small[:taken]:
             shape, dtype = layouts[index]
-            nbytes = math.prod(shape) * dtype.itemsize
             arrays[index] = arena[offset : offset + nbytes].view(dtype).reshape(shape)
-            offset += padded
+            offset += _padded(nbytes)
         del small[:taken]
-    return [array for array in arrays if array is not None]
+    return [arrays[index] for index in range(len(layouts))]
+
+
+def _padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`_ARENA_ALIGN`."""
+    return -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
 
 
 def flat_bytes(array: np.ndarray) -> memoryview:
