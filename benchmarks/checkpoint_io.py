@@ -89,22 +89,33 @@ def _create(path: str, data: bytes) -> int:
     return fd
 
 
-def format_floor(path: str, arrays: dict[str, np.ndarray], record: str, sizes: tuple[int, int, int]) -> None:
-    """The same folders and files a save and commit of ``arrays`` create, made durable in the order the
-    format needs, without daskjobs: the group (its ``zarr.json`` of ``sizes[0]`` bytes, per blob a folder,
-    a ``zarr.json`` of ``sizes[1]`` bytes and the chunk file) with one syncfs, then the commit record
-    (``sizes[2]`` bytes) with its fsync and its folder's."""
-    os.mkdir(path)
-    os.close(_create(f"{path}/zarr.json", b"{" + b" " * (sizes[0] - 2) + b"}"))
+def _floor_group(folder: str, arrays: dict[str, np.ndarray], sizes: tuple[int, int, int]) -> None:
+    """Create the folders and files of a group of ``arrays`` at ``folder`` (its ``zarr.json`` of
+    ``sizes[0]`` bytes, per blob a folder, a ``zarr.json`` of ``sizes[1]`` bytes and the chunk file)
+    and make them durable with one syncfs, as daskjobs does."""
+    os.mkdir(folder)
+    os.close(_create(f"{folder}/zarr.json", b"{" + b" " * (sizes[0] - 2) + b"}"))
     metadata = b"{" + b" " * (sizes[1] - 2) + b"}"
     for name, array in arrays.items():
-        os.mkdir(f"{path}/{name}")
-        os.close(_create(f"{path}/{name}/zarr.json", metadata))
-        os.close(_create(f"{path}/{name}/c.0", array.tobytes()))
-    sync_paths([path] * (FSYNC_EACH_UP_TO + 1))  # more paths than fsync-each: one syncfs, as daskjobs does
-    fd = _create(record, b"{" + b" " * (sizes[2] - 2) + b"}")
+        os.mkdir(f"{folder}/{name}")
+        os.close(_create(f"{folder}/{name}/zarr.json", metadata))
+        os.close(_create(f"{folder}/{name}/c.0", array.tobytes()))
+    sync_paths([folder] * (FSYNC_EACH_UP_TO + 1))  # more paths than fsync-each: one syncfs
+
+
+def _floor_record(path: str, sizes: tuple[int, int, int]) -> None:
+    """Create a commit record of ``sizes[2]`` bytes at ``path`` and fsync it."""
+    fd = _create(path, b"{" + b" " * (sizes[2] - 2) + b"}")
     os.fsync(fd)
     os.close(fd)
+
+
+def format_floor(path: str, arrays: dict[str, np.ndarray], record: str, sizes: tuple[int, int, int]) -> None:
+    """The same folders and files a save and commit of ``arrays`` create, made durable in the order the
+    format needs, without daskjobs: the group with one syncfs, then the commit record with its fsync
+    and its folder's."""
+    _floor_group(path, arrays, sizes)
+    _floor_record(record, sizes)
     fsync_path(os.path.dirname(record))
 
 
@@ -114,20 +125,11 @@ def renamed_floor(path: str, arrays: dict[str, np.ndarray], record: str, sizes: 
     record written to a temp file, fsynced, renamed into place and its folder fsynced. This is what
     lets cleanup prove a folder daskjobs' own after a power loss, and a record be whole or absent."""
     staging = f"{path}.tmp-{uuid.uuid4().hex}"
-    os.mkdir(staging)
-    metadata = b"{" + b" " * (sizes[1] - 2) + b"}"
-    for name, array in arrays.items():
-        os.mkdir(f"{staging}/{name}")
-        os.close(_create(f"{staging}/{name}/zarr.json", metadata))
-        os.close(_create(f"{staging}/{name}/c.0", array.tobytes()))
-    os.close(_create(f"{staging}/zarr.json", b"{" + b" " * (sizes[0] - 2) + b"}"))
-    sync_paths([staging] * (FSYNC_EACH_UP_TO + 1))
+    _floor_group(staging, arrays, sizes)
     os.rename(staging, path)
     fsync_path(os.path.dirname(path))
     temp = f"{record}.tmp-{uuid.uuid4().hex}"
-    fd = _create(temp, b"{" + b" " * (sizes[2] - 2) + b"}")
-    os.fsync(fd)
-    os.close(fd)
+    _floor_record(temp, sizes)
     os.replace(temp, record)
     fsync_path(os.path.dirname(record))
 
