@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import signal
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._config import check_config
@@ -366,7 +368,8 @@ class JobRunner(ManualCheckpoints):
 
     def _record_of(self, epoch: int) -> int | None:
         """The index of ``epoch``'s history record (``None``: it has none)."""
-        return next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].epoch == epoch), None)
+        index = bisect.bisect_left(self.history, epoch, key=attrgetter("epoch"))  # records run in epoch order
+        return index if index < len(self.history) and self.history[index].epoch == epoch else None
 
     def _reached_max(self, epoch: int) -> bool:
         return self.max_epochs is not None and epoch >= self.max_epochs
