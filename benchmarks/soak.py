@@ -7,7 +7,8 @@ and reports the least-squares slope in MB per 1000 epochs per process, plus open
 threads at the first and last sample. Target: every slope <= 2 MB / 1000 epochs.
 
 ``--checkpoint``: the same job with a checkpoint committed every epoch (``keep_last=3``, in a
-temporary folder removed at the end).
+temporary folder removed at the end). ``--in-memory``: every epoch committed in cluster memory
+(tier 0, one replica), durably every 10th (``in_memory=True, durable_every=10``).
 
 Prints a table (stderr) and JSON (stdout, or ``--json FILE``).
 
@@ -62,7 +63,7 @@ def slope_per_1000(epochs: list[int], values: list[float]) -> float:
     return float(np.polyfit(np.asarray(epochs, float), np.asarray(values, float), 1)[0] * 1000)
 
 
-def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False) -> dict[str, object]:
+def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memory: bool = False) -> dict[str, object]:
     """Run the job for ``epochs`` epochs and sample every process after ``warmup`` epochs."""
     with (
         tempfile.TemporaryDirectory(prefix="daskjobs-soak-") as folder,
@@ -80,11 +81,22 @@ def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False) -> dict
                 for name, process in processes.items():
                     samples[name].append((record.epoch, process_stats(process)))
 
-        manager = dj.MultiNodeCheckpointManager(folder, keep_last=3) if checkpoint else None
+        manager = (
+            dj.MultiNodeCheckpointManager(folder, in_memory=True, durable_every=10)
+            if in_memory
+            else dj.MultiNodeCheckpointManager(folder, keep_last=3)
+            if checkpoint
+            else None
+        )
         runner = dj.JobRunner(define_job(), manager, max_epochs=epochs, on_epoch=on_epoch, progress=False)
         runner.train(session)
         history_bytes = sum(sys.getsizeof(r) for r in runner.history)
-    result: dict[str, object] = {"epochs": epochs, "warmup": warmup, "checkpoint_every_epoch": checkpoint}
+    result: dict[str, object] = {
+        "epochs": epochs,
+        "warmup": warmup,
+        "checkpoint_every_epoch": checkpoint,
+        "in_memory": in_memory,
+    }
     result["history_records"] = len(runner.history)
     result["history_record_bytes"] = history_bytes
     per_process = {}
@@ -110,11 +122,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--warmup", type=int, default=300, help="epochs before the first sample (default 300)")
     parser.add_argument("--every", type=int, default=100, help="epochs between samples (default 100)")
     parser.add_argument("--checkpoint", action="store_true", help="commit a checkpoint every epoch (keep_last=3)")
+    parser.add_argument(
+        "--in-memory", action="store_true", help="commit every epoch in cluster memory (tier 0), every 10th durably"
+    )
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     if args.epochs < args.warmup + 2 * args.every:
         parser.error("--epochs must leave at least two samples after --warmup")
-    result = soak(args.epochs, args.warmup, args.every, args.checkpoint)
+    result = soak(args.epochs, args.warmup, args.every, args.checkpoint, args.in_memory)
     header = f"{'process':<12} {'MB/1000 epochs':>15} {'RSS first→last MB':>20} {'files':>8} {'threads':>9}"
     lines = [header]
     for name, row in result["processes"].items():

@@ -7,6 +7,7 @@ excluded from the default run) measures RSS of the driver and every worker over 
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import time
 import weakref
@@ -103,6 +104,35 @@ def test_a_client_the_user_made_keeps_a_bounded_message_log():
         assert dask.config.get("distributed.admin.low-level-log-length") == 1000
 
 
+@pytest.mark.cluster
+def test_dask_remembers_a_bounded_number_of_key_prefixes():
+    """Dask's ``key_split`` remembers the prefix of its last 100 000 keys, and every epoch makes new
+    ones (the tasks', and with tier 0 the snapshots'): half a kilobyte per key, megabytes per
+    thousand epochs in the driver and in every worker. The driver and the workers keep it at most
+    ``KEY_CACHE_LIMIT`` keys (and an epoch's) long. In-process workers share the driver's cache."""
+    from dask.utils import key_split
+
+    from daskjobs.session._key_cache import KEY_CACHE_LIMIT
+
+    sizes = []
+    with dj.node_cluster(["a", "b"], processes=False) as cluster, dj.DaskSession(cluster) as session:
+        key_split.cache_clear()
+        manager = dj.MultiNodeCheckpointManager(None, in_memory=True)
+        runner = dj.JobRunner(
+            define_job(), manager, max_epochs=200, progress=False, on_epoch=lambda r: sizes.append(_cached_keys())
+        )
+        runner.train(session)
+    assert len(sizes) == 200
+    assert max(sizes) <= KEY_CACHE_LIMIT + 20, max(sizes)
+    assert any(later < earlier for earlier, later in itertools.pairwise(sizes))  # it was emptied, and grew again
+
+
+def _cached_keys() -> int:
+    from dask.utils import key_split
+
+    return key_split.cache_info().currsize
+
+
 def _group_with_edges() -> dj.TaskGroup:
     with dj.TaskGroup(dj.WorkspaceType.GLOBAL) as group:
         made = dj.Task(lambda ws: ws.__setitem__("x", np.arange(3)), node="a", outputs="x")
@@ -138,9 +168,11 @@ def _slope_per_1000(points: list[tuple[int, float]]) -> float:
 @pytest.mark.soak
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
-def test_rss_growth_per_1000_epochs_is_bounded():
+@pytest.mark.parametrize("in_memory", [False, True], ids=["plain", "tier0"])
+def test_rss_growth_per_1000_epochs_is_bounded(in_memory, tmp_path):
     """Driver and worker RSS grow by at most 2 MB per 1000 epochs after warm-up (2000 epochs);
-    open files and threads stay constant."""
+    open files and threads stay constant. Also with every epoch committed in cluster memory and
+    every tenth durably (tier 0)."""
     psutil = pytest.importorskip("psutil")
     epochs, warmup, every = 2000, 500, 100
     with dj.node_cluster(["a", "b"]) as cluster, dj.DaskSession(cluster) as session:
@@ -156,7 +188,8 @@ def test_rss_growth_per_1000_epochs_is_bounded():
                     rss[name].append((record.epoch, process.memory_info().rss / 2**20))
                     handles[name].append((len(process.open_files()), process.num_threads()))
 
-        dj.JobRunner(define_job(), max_epochs=epochs, on_epoch=on_epoch, progress=False).train(session)
+        manager = dj.MultiNodeCheckpointManager(str(tmp_path), in_memory=True, durable_every=10) if in_memory else None
+        dj.JobRunner(define_job(), manager, max_epochs=epochs, on_epoch=on_epoch, progress=False).train(session)
     growth = {name: _slope_per_1000(points) for name, points in rss.items()}
     assert all(value <= SOAK_LIMIT_MB_PER_1000 for value in growth.values()), growth
     assert all(seen[0] == seen[-1] for seen in handles.values()), handles

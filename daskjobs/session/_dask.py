@@ -22,6 +22,7 @@ from ._client import connect, dashboard_link, scheduler_rpc
 from ._connection import SchedulerConnection
 from ._elastic import Placer
 from ._futures import Failure, settle, submit_graph
+from ._key_cache import trim_key_cache
 from ._losses import DISTRIBUTED_FAILURES, lost_node_error, with_departure
 from ._memory import DaskMemory
 from ._placement import node_resource
@@ -202,6 +203,7 @@ class DaskSession(SchedulerConnection, Session):
         self._preflight(graph.nodes(), graph.resources)
         node_of = {task.key: task.node for task in graph.tasks}
         futures = submit_graph(self._client, graph)
+        trim_key_cache()
         if meanwhile is not None:
             meanwhile()
         results = self._settle_and_gather(futures, node_of, list(graph.result_keys.values()))

@@ -37,6 +37,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .._execution.node_run import NodeState
 from .._model.values import Value, copy_value
 from ..errors import NodeLostError, NodePlacementError, TaskFailedError, picklable_cause
+from ._key_cache import trim_key_cache
 from ._memory import WorkerMemory
 from ._placement import node_resource, resource_node
 
@@ -143,6 +144,7 @@ class WorkerStates:
 
         Raises :class:`~daskjobs.errors.NodePlacementError` if this worker does not serve ``node``.
         """
+        trim_key_cache()  # once per node task: the worker sees new keys every epoch
         return _serving(node).node_state(self.session, node)
 
 
