@@ -112,7 +112,7 @@ def test_dask_remembers_a_bounded_number_of_key_prefixes():
     ``KEY_CACHE_LIMIT`` keys (and an epoch's) long. In-process workers share the driver's cache."""
     from dask.utils import key_split
 
-    from daskjobs.session._key_cache import KEY_CACHE_LIMIT
+    from daskjobs.session._growth import KEY_CACHE_LIMIT
 
     sizes = []
     with dj.node_cluster(["a", "b"], processes=False) as cluster, dj.DaskSession(cluster) as session:
@@ -125,6 +125,50 @@ def test_dask_remembers_a_bounded_number_of_key_prefixes():
     assert len(sizes) == 200
     assert max(sizes) <= KEY_CACHE_LIMIT + 20, max(sizes)
     assert any(later < earlier for earlier, later in itertools.pairwise(sizes))  # it was emptied, and grew again
+
+
+@pytest.mark.cluster
+def test_the_scheduler_keeps_one_note_per_kind_of_submission():
+    """The scheduler notes in a span the kind of every submission (``{"type": "Future"}`` per
+    ``client.submit``, one per node and epoch) and keeps the notes as long as the span lives: the
+    session has it drop the repeated ones every ``TRIM_SPANS_EVERY`` tasks submitted."""
+    from daskjobs.session._growth import TRIM_SPANS_EVERY
+
+    epochs = TRIM_SPANS_EVERY // 2 + 100  # two submissions per epoch: one trim
+    with dj.node_cluster(["a", "b"], processes=False) as cluster, dj.DaskSession(cluster) as session:
+        dj.JobRunner(define_job(), max_epochs=epochs, progress=False).train(session)
+        notes = session.client.run_on_scheduler(_span_notes)
+    assert notes["Future"] <= 2 * epochs + 10 - TRIM_SPANS_EVERY, notes  # 2 per epoch since the trim
+    assert notes["Future"] >= 150, notes
+
+
+def _span_notes(dask_scheduler) -> dict[str, int]:
+    import collections
+
+    spans = dask_scheduler.extensions["spans"].spans.values()
+    notes = [note for span in spans for note in (span._metadata or {}).get("collections", [])]
+    return dict(collections.Counter(note["type"] for note in notes))
+
+
+@pytest.mark.slow
+def test_the_scheduler_needs_no_daskjobs_to_trim_its_notes():
+    """The function the scheduler runs is pickled by value: a process in which daskjobs cannot be
+    imported (a ``dask scheduler`` without it) loads and runs it."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from daskjobs.session._growth import _span_notes_trimmer
+
+    run = (
+        "import sys, pickle; sys.modules['daskjobs'] = None; "
+        "trim = pickle.loads(sys.stdin.buffer.read()); print(trim(object()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run], input=cloudpickle.dumps(_span_notes_trimmer()), capture_output=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, b"0", b"")
 
 
 def _cached_keys() -> int:

@@ -22,7 +22,7 @@ from ._client import connect, dashboard_link, scheduler_rpc
 from ._connection import SchedulerConnection
 from ._elastic import Placer
 from ._futures import Failure, settle, submit_graph
-from ._key_cache import trim_key_cache
+from ._growth import SpanTrim, trim_key_cache
 from ._losses import DISTRIBUTED_FAILURES, lost_node_error, with_departure
 from ._memory import DaskMemory
 from ._placement import node_resource
@@ -100,6 +100,7 @@ class DaskSession(SchedulerConnection, Session):
         self._client, self._owns_client = client, owned
         self._address: str = scheduler_rpc(client).address
         self._states = WorkerStates(self.session_id)
+        self._span_trim = SpanTrim(client)
         self._interrupted = False
         """A run was interrupted while it gathered: its steps may still run (see :meth:`start_job_run`)."""
         self._memory: DaskMemory | None = None
@@ -204,6 +205,7 @@ class DaskSession(SchedulerConnection, Session):
         node_of = {task.key: task.node for task in graph.tasks}
         futures = submit_graph(self._client, graph)
         trim_key_cache()
+        self._span_trim.submitted(len(graph.tasks))
         if meanwhile is not None:
             meanwhile()
         results = self._settle_and_gather(futures, node_of, list(graph.result_keys.values()))

@@ -37,7 +37,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .._execution.node_run import NodeState
 from .._model.values import Value, copy_value
 from ..errors import NodeLostError, NodePlacementError, TaskFailedError, picklable_cause
-from ._key_cache import trim_key_cache
+from ._growth import trim_key_cache
 from ._memory import WorkerMemory
 from ._placement import node_resource, resource_node
 
