@@ -8,7 +8,9 @@ threads at the first and last sample. Target: every slope <= 2 MB / 1000 epochs.
 
 ``--checkpoint``: the same job with a checkpoint committed every epoch (``keep_last=3``, in a
 temporary folder removed at the end). ``--in-memory``: every epoch committed in cluster memory
-(tier 0, one replica), durably every 10th (``in_memory=True, durable_every=10``).
+(tier 0, one replica), durably every 10th (``in_memory=True, durable_every=10``). ``--nodes N``:
+the N-node job of ``scale_nodes.py`` (a tiny step per node, two worker processes, one thread per
+node) instead.
 
 Prints a table (stderr) and JSON (stdout, or ``--json FILE``).
 
@@ -26,6 +28,7 @@ import tempfile
 import numpy as np
 import psutil
 from _report import write_json
+from scale_nodes import define_job as scale_job
 
 import daskjobs as dj
 
@@ -63,11 +66,16 @@ def slope_per_1000(epochs: list[int], values: list[float]) -> float:
     return float(np.polyfit(np.asarray(epochs, float), np.asarray(values, float), 1)[0] * 1000)
 
 
-def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memory: bool = False) -> dict[str, object]:
-    """Run the job for ``epochs`` epochs and sample every process after ``warmup`` epochs."""
+def soak(
+    epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memory: bool = False, nodes: int = 0
+) -> dict[str, object]:
+    """Run the job (the ``nodes``-node job if given) for ``epochs`` epochs and sample every process
+    after ``warmup`` epochs."""
+    node_names = [f"n{i:03d}" for i in range(nodes)]
+    spec = {"w0": node_names[0::2], "w1": node_names[1::2]} if nodes else ["a", "b"]
     with (
         tempfile.TemporaryDirectory(prefix="daskjobs-soak-") as folder,
-        dj.node_cluster(["a", "b"], nthreads=2) as cluster,
+        dj.node_cluster(spec, nthreads=max(2, -(-nodes // 2))) as cluster,
         dj.DaskSession(cluster) as session,
     ):
         pids = session.client.run(os.getpid)
@@ -88,7 +96,8 @@ def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memo
             if checkpoint
             else None
         )
-        runner = dj.JobRunner(define_job(), manager, max_epochs=epochs, on_epoch=on_epoch, progress=False)
+        job = scale_job(node_names) if nodes else define_job()
+        runner = dj.JobRunner(job, manager, max_epochs=epochs, on_epoch=on_epoch, progress=False)
         runner.train(session)
         history_bytes = sum(sys.getsizeof(r) for r in runner.history)
     result: dict[str, object] = {
@@ -96,6 +105,7 @@ def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memo
         "warmup": warmup,
         "checkpoint_every_epoch": checkpoint,
         "in_memory": in_memory,
+        "nodes": nodes or 2,
     }
     result["history_records"] = len(runner.history)
     result["history_record_bytes"] = history_bytes
@@ -105,6 +115,7 @@ def soak(epochs: int, warmup: int, every: int, checkpoint: bool = False, in_memo
         first, last = rows[0][1], rows[-1][1]
         per_process[name] = {
             "rss_growth_mb_per_1000_epochs": slope_per_1000(at, [s["rss_mb"] for _, s in rows]),
+            "rss_mb_series": {epoch: round(stats["rss_mb"], 2) for epoch, stats in rows},
             "rss_mb_first": first["rss_mb"],
             "rss_mb_last": last["rss_mb"],
             "open_files_first": first["open_files"],
@@ -125,11 +136,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument(
         "--in-memory", action="store_true", help="commit every epoch in cluster memory (tier 0), every 10th durably"
     )
+    parser.add_argument("--nodes", type=int, default=0, help="run the N-node job of scale_nodes.py instead")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
     args = parser.parse_args(argv)
     if args.epochs < args.warmup + 2 * args.every:
         parser.error("--epochs must leave at least two samples after --warmup")
-    result = soak(args.epochs, args.warmup, args.every, args.checkpoint, args.in_memory)
+    result = soak(args.epochs, args.warmup, args.every, args.checkpoint, args.in_memory, args.nodes)
     header = f"{'process':<12} {'MB/1000 epochs':>15} {'RSS first→last MB':>20} {'files':>8} {'threads':>9}"
     lines = [header]
     for name, row in result["processes"].items():
