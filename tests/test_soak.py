@@ -128,6 +128,21 @@ def test_dask_remembers_a_bounded_number_of_key_prefixes():
 
 
 @pytest.mark.cluster
+def test_worker_processes_remember_a_bounded_number_of_key_prefixes(shared_cluster):
+    """Workers in processes of their own (``node_cluster``'s) trim their own ``key_split`` cache: with
+    tier 0 each sees three new keys per epoch (its node's task, its bundle, its peer's replica)."""
+    from daskjobs.session._growth import KEY_CACHE_LIMIT
+
+    epochs = KEY_CACHE_LIMIT // 3 + 50
+    with dj.DaskSession(shared_cluster) as session:
+        manager = dj.MultiNodeCheckpointManager(None, in_memory=True)
+        dj.JobRunner(define_job(), manager, max_epochs=epochs, progress=False).train(session)
+        sizes = session.client.run(_cached_keys)
+    assert len(sizes) == 2
+    assert max(sizes.values()) <= KEY_CACHE_LIMIT + 20, sizes
+
+
+@pytest.mark.cluster
 def test_the_scheduler_keeps_one_note_per_kind_of_submission():
     """The scheduler notes in a span the kind of every submission (``{"type": "Future"}`` per
     ``client.submit``, one per node and epoch) and keeps the notes as long as the span lives: the

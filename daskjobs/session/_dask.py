@@ -205,10 +205,10 @@ class DaskSession(SchedulerConnection, Session):
         node_of = {task.key: task.node for task in graph.tasks}
         futures = submit_graph(self._client, graph)
         trim_key_cache()
-        self._span_trim.submitted(len(graph.tasks))
         if meanwhile is not None:
             meanwhile()
         results = self._settle_and_gather(futures, node_of, list(graph.result_keys.values()))
+        self._span_trim.submitted(len(graph.tasks))  # once the scheduler answered: it is there to ask
         return dict(zip(graph.result_keys, results, strict=True))
 
     def _call_on_node(self, node: str, fn: Callable[..., T], *args: Any) -> T:

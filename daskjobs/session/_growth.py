@@ -46,20 +46,15 @@ def _span_notes_trimmer() -> Any:
     daskjobs nor anything but distributed to run it."""
 
     def trim_span_notes(dask_scheduler: Any) -> int:
+        """Keep one note per kind in every span; return how many were dropped."""
         spans = getattr(dask_scheduler, "extensions", {}).get("spans")
         dropped = 0
         for span in list(getattr(spans, "spans", {}).values()):
             notes = (getattr(span, "_metadata", None) or {}).get("collections")
-            if not isinstance(notes, list) or len(notes) < 2:
-                continue
-            kept, seen = [], set()
-            for note in notes:
-                kind = repr(sorted(note.items())) if isinstance(note, dict) else repr(note)
-                if kind not in seen:
-                    seen.add(kind)
-                    kept.append(note)
-            dropped += len(notes) - len(kept)
-            notes[:] = kept
+            if isinstance(notes, list) and len(notes) > 1:
+                kinds = {repr(sorted(note.items())) if isinstance(note, dict) else repr(note): note for note in notes}
+                dropped += len(notes) - len(kinds)
+                notes[:] = list(kinds.values())
         return dropped
 
     return trim_span_notes
@@ -68,26 +63,29 @@ def _span_notes_trimmer() -> Any:
 class SpanTrim:
     """Has the scheduler of ``client`` drop repeated collection notes from its spans every
     :data:`TRIM_SPANS_EVERY` tasks submitted (:meth:`submitted`). A scheduler that refuses (it runs
-    no functions of clients, or is unreachable) is logged once and left alone."""
+    no functions of clients) or does not answer within the connect timeout is logged once, and
+    asked again after as many tasks."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self._since = 0
-        self._refused = False
+        self._logged = False
         self._trimmer = _span_notes_trimmer()
 
     def submitted(self, tasks: int) -> None:
         """``tasks`` more tasks were submitted: trim once enough were since the last trim."""
         self._since += tasks
-        if self._since < TRIM_SPANS_EVERY or self._refused:
+        if self._since < TRIM_SPANS_EVERY:
             return
         self._since = 0
         try:
             self._client.run_on_scheduler(self._trimmer, callback_timeout=config_timeout("connect-timeout"))
         except Exception as exc:
-            self._refused = True
-            logger.info(
-                "the Dask scheduler did not drop its notes of this session's submissions (%r): it keeps about "
-                "300 bytes per task submitted (dask/distributed#7977)",
-                exc,
-            )
+            if not self._logged:
+                self._logged = True
+                logger.info(
+                    "the Dask scheduler did not drop its notes of this session's submissions (%r): it keeps about "
+                    "300 bytes per task submitted (dask/distributed#7977) until it restarts; let it run client "
+                    "functions (distributed.scheduler.pickle: true) to keep them bounded",
+                    exc,
+                )
