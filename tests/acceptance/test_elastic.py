@@ -155,6 +155,40 @@ def test_workers_killed_for_good_leave_the_job_running_on_the_others(
     assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
 
 
+def test_workers_killed_for_good_hand_their_nodes_over_from_the_cluster_memory(
+    job_dir, elsewhere, pool, reference, tmp_path
+):
+    """Tier 0 on three plain pool workers (``--in-memory --durable-every 4``): in epochs 3 and 5 a
+    worker serving a node is SIGKILLed with its process group and never replaced. Each time every
+    node comes back from the epoch committed in the memory of the workers left (the lost node's
+    replica moves to a worker that never served it), and the run ends on the last worker with every
+    durable commit equal to an uninterrupted run's."""
+    workers = [pool.start_pool_worker() for _ in range(3)]
+    pool.wait_for_workers(3)
+    marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
+    options = ["--scheduler", pool.address, "--checkpoint", str(prefix), "--max-failures", "2"]
+    options += ["--in-memory", "--durable-every", "4", "-v"]
+    process = run_job(job_dir, elsewhere, *options, marks=marks)
+    for epoch in (3, 5):
+        wait_until(lambda epoch=epoch: (marks / f"epoch-{epoch}").exists(), 120, f"epoch {epoch}'s step", process)
+        victim = serving_a_node(pool, workers)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=10)
+    code, out, err = finish(process, timeout=240)
+    assert code == 0, err
+    assert_quiet(err)
+    restoring = [line for line in err.splitlines() if "restoring all nodes from epoch" in line]
+    assert len(restoring) == 2, err
+    assert all("in cluster memory" in line for line in restoring), err
+    restored = [int(line.split("from epoch ")[1].split()[0]) for line in restoring]
+    assert restored[0] >= 2, err  # only the epoch running (or the one before) ran again
+    assert restored[1] >= 4, err
+    assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, committed under {prefix}")
+    committed = checkpoint_values(prefix)
+    assert {0, EPOCHS} <= set(committed), sorted(committed)
+    assert_same_checkpoints(committed, {epoch: reference(EPOCHS)[epoch] for epoch in committed})
+
+
 @pytest.mark.representative
 @pytest.mark.parametrize("saves", SAVES)
 def test_workers_that_join_take_nodes_at_an_epoch_boundary(saves, job_dir, elsewhere, pool, reference, tmp_path):
