@@ -30,7 +30,10 @@ Three parts (``--part``, default all):
 Prints tables (stderr) and JSON (stdout, or ``--json FILE``). The machine's load average is in the
 JSON: the figures are medians on a machine other jobs share.
 
-Run: ``python benchmarks/tier0.py [--part overhead|recovery] [--rounds 5] [--epochs 40]``
+``--split`` adds, interleaved with those runs, tier 0 without a replica, without the durable epochs
+between the first and the last, and with neither: what the replica and the durable epochs each add.
+
+Run: ``python benchmarks/tier0.py [--part overhead|recovery] [--rounds 5] [--epochs 40] [--split]``
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from prefix_reads import ROOT_VARIABLE, reads_everywhere, watch
 
 DURABLE_EVERY = 10
+ONLY_FIRST_AND_LAST = 10**9
+"""``durable_every`` of the split's runs without durable epochs between the first and the last."""
 
 
 def cluster_cpu() -> float:
@@ -90,25 +96,46 @@ class EpochEnds(dj.RunnerHooks):
             self.cpu[len(self.ends) - 1] = cluster_cpu()
 
 
+@dataclass(frozen=True)
+class Setting:
+    """What a run keeps: nothing (``replicas`` ``None``: no checkpoints), or tier 0 with ``replicas``
+    and a durable commit every ``durable_every`` epochs (``None``: at the first and last epoch only)."""
+
+    replicas: int | None = None
+    durable_every: int | None = DURABLE_EVERY
+
+    def manager(self, prefix: str) -> dj.MultiNodeCheckpointManager | None:
+        if self.replicas is None:
+            return None
+        every = self.durable_every or ONLY_FIRST_AND_LAST
+        return dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=every, replicas=self.replicas)
+
+
 def epoch_cost(
-    session: dj.Session, job: dj.Job, epochs: int, warmup: int, tier0: bool, folder: str, replicas: int = 1
+    session: dj.Session, job: dj.Job, epochs: int, warmup: int, setting: Setting, folder: str
 ) -> tuple[float, float]:
     """Mean seconds per epoch of one run, epochs ``warmup``..``warmup + epochs``, and the CPU seconds
     per epoch of the driver's and the workers' processes in that window."""
-    prefix = tempfile.mkdtemp(dir=folder) if tier0 else None
-    manager = (
-        dj.MultiNodeCheckpointManager(prefix, in_memory=True, durable_every=DURABLE_EVERY, replicas=replicas)
-        if tier0
-        else None
-    )
+    prefix = tempfile.mkdtemp(dir=folder)
     hooks = EpochEnds(marks=(warmup, warmup + epochs))
-    runner = dj.JobRunner(job, manager, max_epochs=warmup + epochs + 2, progress=False, hooks=hooks)
+    runner = dj.JobRunner(job, setting.manager(prefix), max_epochs=warmup + epochs + 2, progress=False, hooks=hooks)
     runner.train(session)
-    if prefix:
-        shutil.rmtree(prefix, ignore_errors=True)
+    shutil.rmtree(prefix, ignore_errors=True)
     window = hooks.ends[warmup : warmup + epochs + 1]
     cpu = (hooks.cpu[warmup + epochs] - hooks.cpu[warmup]) / epochs
     return (window[-1] - window[0]) / (len(window) - 1), cpu
+
+
+def settings(args: argparse.Namespace) -> dict[str, Setting]:
+    """The variants a run of the overhead part measures, interleaved: no checkpoints and tier 0 as
+    asked; with ``--split`` also tier 0 without a replica and without the durable epochs between the
+    first and the last, and with neither (so what each part costs is in the same run)."""
+    found = {"no checkpoints": Setting(), "tier 0": Setting(args.replicas)}
+    if args.split:
+        found["tier 0, no replica"] = Setting(0)
+        found["tier 0, durable first and last only"] = Setting(args.replicas, None)
+        found["tier 0, neither"] = Setting(0, None)
+    return found
 
 
 def overhead(args: argparse.Namespace, folder: str) -> dict[str, Any]:
@@ -121,16 +148,16 @@ def overhead(args: argparse.Namespace, folder: str) -> dict[str, Any]:
             lambda: scale_job(nodes),
         ),
     }
+    variants = settings(args)
     for name, (make_cluster, make_job) in setups.items():
-        costs: dict[str, list[float]] = {"no checkpoints": [], "tier 0": []}
-        cpus: dict[str, list[float]] = {"no checkpoints": [], "tier 0": []}
+        costs: dict[str, list[float]] = {variant: [] for variant in variants}
+        cpus: dict[str, list[float]] = {variant: [] for variant in variants}
         with make_cluster() as cluster, dj.DaskSession(cluster) as session:
-            epoch_cost(session, make_job(), 5, 2, True, folder)  # warm-up
+            epoch_cost(session, make_job(), 5, 2, Setting(args.replicas), folder)  # warm-up
             for number in range(args.rounds):
-                order = ["no checkpoints", "tier 0"] if number % 2 == 0 else ["tier 0", "no checkpoints"]
+                order = list(variants) if number % 2 == 0 else list(variants)[::-1]
                 for variant in order:
-                    tier0 = variant == "tier 0"
-                    cost, cpu = epoch_cost(session, make_job(), args.epochs, args.warmup, tier0, folder, args.replicas)
+                    cost, cpu = epoch_cost(session, make_job(), args.epochs, args.warmup, variants[variant], folder)
                     costs[variant].append(cost)
                     cpus[variant].append(cpu)
         medians = {variant: 1000 * statistics.median(values) for variant, values in costs.items()}
@@ -139,6 +166,7 @@ def overhead(args: argparse.Namespace, folder: str) -> dict[str, Any]:
             "ms_per_epoch": medians,
             "runs_ms": {variant: [round(1000 * v, 3) for v in values] for variant, values in costs.items()},
             "ratio": medians["tier 0"] / medians["no checkpoints"],
+            "ratios": {variant: ms / medians["no checkpoints"] for variant, ms in medians.items()},
             "cpu_ms_per_epoch": cpu_medians,
             "cpu_runs_ms": {variant: [round(1000 * v, 3) for v in values] for variant, values in cpus.items()},
             "cpu_ratio": cpu_medians["tier 0"] / cpu_medians["no checkpoints"],
@@ -264,6 +292,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="replicas of each snapshot (overhead; 0: only the node's own worker holds it, which a graceful "
         "departure moves and a crash loses)",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also tier 0 without a replica, without durable epochs between the first and the last, and with "
+        "neither (overhead): where its cost goes",
+    )
     parser.add_argument("--trials", type=int, default=5, help="kills (recovery)")
     parser.add_argument("--mib", type=int, default=16, help="MiB per node (recovery)")
     parser.add_argument("--json", help="write the JSON here instead of stdout")
@@ -283,6 +317,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"ms vs {cpu['tier 0']:.2f} ms per epoch: {row['cpu_ratio']:.3f}x",
                     file=sys.stderr,
                 )
+                for variant, ratio in row["ratios"].items() if args.split else ():
+                    print(
+                        f"    {variant:>36}: {ms[variant]:.2f} ms per epoch, {ratio:.3f}x; CPU {cpu[variant]:.2f} ms",
+                        file=sys.stderr,
+                    )
         if args.part in ("recovery", "all"):
             result["recovery"] = {}
             for kind in ("pinned", "pool"):
