@@ -3,10 +3,11 @@ plain ``dask worker`` processes run the job with no set-up; workers killed for g
 to the others; workers that join take nodes at an epoch boundary; a worker SIGTERMed and restarted
 by its supervisor within half a second is a planned departure; ``timeout`` forwarding the group's
 SIGTERM to the driver is one graceful stop; an adaptive ``LocalCluster`` scales down under the job.
-Every case ends with the checkpoint equal, bit for bit, to an uninterrupted run's.
+Every case with a prefix ends with its checkpoints equal, bit for bit, to an uninterrupted run's.
 
-The default test run keeps the notebook ``Client()``, two of three workers killed and the supervised
-SIGTERM of a pinned worker (see ``DEFAULT_CASES`` in ``conftest.py``); the fast in-process cases of
+The default test run keeps the notebook ``Client()``, two of three workers killed (and the same
+with tier 0, restored from the memory of the workers left) and the supervised SIGTERM of a pinned
+worker (the ``representative`` marks); the fast in-process cases of
 ``tests/test_elastic.py`` cover joining, retiring and the rest there. ``-m matrix`` runs all of them."""
 
 from __future__ import annotations
@@ -155,19 +156,22 @@ def test_workers_killed_for_good_leave_the_job_running_on_the_others(
     assert_same_checkpoints(checkpoint_values(prefix), reference(EPOCHS))
 
 
+@pytest.mark.parametrize("durable", [True, False], ids=["durable-every-4", "memory-only"])
 def test_workers_killed_for_good_hand_their_nodes_over_from_the_cluster_memory(
-    job_dir, elsewhere, pool, reference, tmp_path
+    durable, job_dir, elsewhere, pool, reference, tmp_path
 ):
-    """Tier 0 on three plain pool workers (``--in-memory --durable-every 4``): in epochs 3 and 5 a
-    worker serving a node is SIGKILLed with its process group and never replaced. Each time every
-    node comes back from the epoch committed in the memory of the workers left (the lost node's
-    replica moves to a worker that never served it), and the run ends on the last worker with every
-    durable commit equal to an uninterrupted run's."""
+    """Tier 0 on three plain pool workers (``--in-memory``, with ``--checkpoint`` and
+    ``--durable-every 4`` or without a prefix): in epochs 3 and 5 a worker serving a node is
+    SIGKILLed with its process group and never replaced. Each time every node comes back from the
+    epoch committed in the memory of the workers left (the lost node's replica moves to a worker that
+    never served it) and the run ends on the last worker; with a prefix, every durable commit equals
+    an uninterrupted run's."""
     workers = [pool.start_pool_worker() for _ in range(3)]
     pool.wait_for_workers(3)
     marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
-    options = ["--scheduler", pool.address, "--checkpoint", str(prefix), "--max-failures", "2"]
-    options += ["--in-memory", "--durable-every", "4", "-v"]
+    options = ["--scheduler", pool.address, "--max-failures", "2", "--in-memory", "-v"]
+    if durable:
+        options += ["--checkpoint", str(prefix), "--durable-every", "4"]
     process = run_job(job_dir, elsewhere, *options, marks=marks)
     for epoch in (3, 5):
         wait_until(lambda epoch=epoch: (marks / f"epoch-{epoch}").exists(), 120, f"epoch {epoch}'s step", process)
@@ -183,10 +187,14 @@ def test_workers_killed_for_good_hand_their_nodes_over_from_the_cluster_memory(
     restored = [int(line.split("from epoch ")[1].split()[0]) for line in restoring]
     assert restored[0] >= 2, err  # only the epoch running (or the one before) ran again
     assert restored[1] >= 4, err
-    assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, committed under {prefix}")
-    committed = checkpoint_values(prefix)
-    assert {0, EPOCHS} <= set(committed), sorted(committed)
-    assert_same_checkpoints(committed, {epoch: reference(EPOCHS)[epoch] for epoch in committed})
+    where = f"committed under {prefix}" if durable else "kept in cluster memory only"
+    assert out.strip().splitlines()[-1].startswith(f"job 'acceptance': last epoch {EPOCHS}, {where}"), out
+    if durable:
+        committed = checkpoint_values(prefix)
+        assert {0, EPOCHS} <= set(committed), sorted(committed)
+        assert_same_checkpoints(committed, {epoch: reference(EPOCHS)[epoch] for epoch in committed})
+    else:
+        assert not prefix.exists()
 
 
 @pytest.mark.representative
