@@ -89,13 +89,11 @@ def soak(
                 for name, process in processes.items():
                     samples[name].append((record.epoch, process_stats(process)))
 
-        manager = (
-            dj.MultiNodeCheckpointManager(folder, in_memory=True, durable_every=10)
-            if in_memory
-            else dj.MultiNodeCheckpointManager(folder, keep_last=3)
-            if checkpoint
-            else None
-        )
+        manager = None
+        if in_memory:
+            manager = dj.MultiNodeCheckpointManager(folder, in_memory=True, durable_every=10)
+        elif checkpoint:
+            manager = dj.MultiNodeCheckpointManager(folder, keep_last=3)
         job = scale_job(node_names) if nodes else define_job()
         runner = dj.JobRunner(job, manager, max_epochs=epochs, on_epoch=on_epoch, progress=False)
         runner.train(session)

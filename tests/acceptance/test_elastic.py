@@ -131,6 +131,18 @@ def serving_a_node(cluster: ExternalCluster, workers: list[subprocess.Popen]) ->
     return next(w for w in workers if w.pid in nannies.values())
 
 
+def kill_for_good(
+    pool: ExternalCluster, workers: list[subprocess.Popen], process: subprocess.Popen, marks: Path, epochs: list[int]
+) -> None:
+    """In each of ``epochs`` (once its step left its mark), SIGKILL the process group of a worker
+    serving a node, never replaced."""
+    for epoch in epochs:
+        wait_until(lambda epoch=epoch: (marks / f"epoch-{epoch}").exists(), 120, f"epoch {epoch}'s step", process)
+        victim = serving_a_node(pool, workers)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=10)
+
+
 @pytest.mark.representative("two-of-three")
 @pytest.mark.parametrize("killed", [1, 2], ids=["one-of-three", "two-of-three"])
 def test_workers_killed_for_good_leave_the_job_running_on_the_others(
@@ -144,11 +156,7 @@ def test_workers_killed_for_good_leave_the_job_running_on_the_others(
     marks, prefix = tmp_path / "marks", elsewhere / "ckpt"
     options = ["--scheduler", pool.address, "--checkpoint", str(prefix), "--max-failures", str(killed)]
     process = run_job(job_dir, elsewhere, *options, marks=marks)
-    for epoch in [3, 5][:killed]:
-        wait_until(lambda epoch=epoch: (marks / f"epoch-{epoch}").exists(), 120, f"epoch {epoch}'s step", process)
-        victim = serving_a_node(pool, workers)
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(timeout=10)
+    kill_for_good(pool, workers, process, marks, [3, 5][:killed])
     code, _out, err = finish(process, timeout=240)
     assert code == 0, err
     assert err.count("lost; restoring all nodes from epoch") == killed, err
@@ -173,11 +181,7 @@ def test_workers_killed_for_good_hand_their_nodes_over_from_the_cluster_memory(
     if durable:
         options += ["--checkpoint", str(prefix), "--durable-every", "4"]
     process = run_job(job_dir, elsewhere, *options, marks=marks)
-    for epoch in (3, 5):
-        wait_until(lambda epoch=epoch: (marks / f"epoch-{epoch}").exists(), 120, f"epoch {epoch}'s step", process)
-        victim = serving_a_node(pool, workers)
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(timeout=10)
+    kill_for_good(pool, workers, process, marks, [3, 5])
     code, out, err = finish(process, timeout=240)
     assert code == 0, err
     assert_quiet(err)
