@@ -38,10 +38,10 @@ def assert_durable_commits_equal(prefix, expected: dict) -> list[int]:
     return sorted(committed)
 
 
-def run_in_memory(cluster, job_dir, elsewhere, marks, prefix, *extra: str):
+def run_in_memory(cluster, job_dir, elsewhere, marks, prefix, *extra: str, step: str = "0.4"):
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--in-memory"]
     options += ["--durable-every", str(DURABLE_EVERY), "-v", *extra]
-    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.4")
+    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS=step)
     return start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
 
 
@@ -61,7 +61,9 @@ def test_a_lost_worker_comes_back_from_the_cluster_memory(
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
         expiring = cluster.replace_with_expiring_worker("trainer")
     failures = "1" if how == "killpg" else "0"
-    process = run_in_memory(cluster, job_dir, elsewhere, marks, prefix, "--max-failures", failures)
+    # the worker's 5 s lifetime must run out well inside the run (10 epochs of 0.8 s), not near its end
+    step = "0.8" if how == "lifetime" else "0.4"
+    process = run_in_memory(cluster, job_dir, elsewhere, marks, prefix, "--max-failures", failures, step=step)
     if how == "lifetime":
         wait_until(lambda: expiring.poll() is not None, 60, "the worker's lifetime to run out", process)
     else:
