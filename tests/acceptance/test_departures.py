@@ -47,7 +47,9 @@ def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
         expiring = cluster.replace_with_expiring_worker("trainer")
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0", "-v", *saves]
-    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS="0.5")
+    # the worker's 5 s lifetime must run out well inside the run (10 epochs of 0.8 s), not near its end
+    step = "0.8" if how == "lifetime" else "0.5"
+    env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS=step)
     process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
     if how == "lifetime":
         wait_until(lambda: expiring.poll() is not None, 60, "the worker's lifetime to run out", process)
