@@ -120,6 +120,13 @@ def served(client) -> dict[str, str]:
     return found
 
 
+EXPIRING_LIFETIME = "5s"
+"""The ``--lifetime`` of the worker :meth:`ExternalCluster.replace_with_expiring_worker` starts."""
+STEP_SECONDS_WHILE_EXPIRING = "0.8"
+"""A step's seconds in a run of 10 epochs whose worker's :data:`EXPIRING_LIFETIME` is to run out well
+inside the run, not near its end (with 0.4 s steps a run could end first: seen in CI)."""
+
+
 class ExternalCluster:
     """A ``dask scheduler`` and ``daskjobs worker`` processes on 127.0.0.1, started from their own
     folder (so no worker has the job's folder on its path), each in a process group of its own."""
@@ -148,7 +155,7 @@ class ExternalCluster:
         self.workers[node] = process = self._start(argv, f"worker-{node}")
         return process
 
-    def replace_with_expiring_worker(self, node: str, lifetime: str = "5s") -> subprocess.Popen:
+    def replace_with_expiring_worker(self, node: str, lifetime: str = EXPIRING_LIFETIME) -> subprocess.Popen:
         """Kill ``node``'s worker (its process group) and start one whose ``--lifetime`` runs out after
         ``lifetime`` (a batch system's walltime rotation); wait until every node has a worker again."""
         os.killpg(self.workers[node].pid, signal.SIGKILL)

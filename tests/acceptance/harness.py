@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import ExternalCluster, stop_group, wait_until  # noqa: F401 - the acceptance tests import them here
+from processes import STEP_SECONDS_WHILE_EXPIRING, ExternalCluster, stop_group, wait_until  # noqa: F401 - the acceptance tests import them here
 
 import daskjobs as dj
 

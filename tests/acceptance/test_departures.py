@@ -12,6 +12,7 @@ import signal
 
 import pytest
 from acceptance.harness import (
+    STEP_SECONDS_WHILE_EXPIRING,
     assert_quiet,
     assert_same_checkpoints,
     checkpoint_values,
@@ -47,8 +48,7 @@ def test_a_worker_leaving_on_purpose_is_replaced_without_counting_a_failure(
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
         expiring = cluster.replace_with_expiring_worker("trainer")
     options = ["--scheduler", cluster.address, "--checkpoint", str(prefix), "--max-failures", "0", "-v", *saves]
-    # the worker's 5 s lifetime must run out well inside the run (10 epochs of 0.8 s), not near its end
-    step = "0.8" if how == "lifetime" else "0.5"
+    step = STEP_SECONDS_WHILE_EXPIRING if how == "lifetime" else "0.5"
     env = clean_env(JOB_MARKS=str(marks), JOB_EPOCHS=str(EPOCHS), JOB_STEP_SECONDS=step)
     process = start_run(job_dir, elsewhere, "train.py:job", *options, env=env)
     if how == "lifetime":

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from acceptance.harness import (
+    STEP_SECONDS_WHILE_EXPIRING,
     assert_quiet,
     assert_same_checkpoints,
     checkpoint_values,
@@ -61,8 +62,7 @@ def test_a_lost_worker_comes_back_from_the_cluster_memory(
     if how == "lifetime":  # walltime rotation: the worker leaves when its lifetime ends, a new job replaces it
         expiring = cluster.replace_with_expiring_worker("trainer")
     failures = "1" if how == "killpg" else "0"
-    # the worker's 5 s lifetime must run out well inside the run (10 epochs of 0.8 s), not near its end
-    step = "0.8" if how == "lifetime" else "0.4"
+    step = STEP_SECONDS_WHILE_EXPIRING if how == "lifetime" else "0.4"
     process = run_in_memory(cluster, job_dir, elsewhere, marks, prefix, "--max-failures", failures, step=step)
     if how == "lifetime":
         wait_until(lambda: expiring.poll() is not None, 60, "the worker's lifetime to run out", process)
