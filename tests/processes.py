@@ -124,7 +124,7 @@ EXPIRING_LIFETIME = "5s"
 """The ``--lifetime`` of the worker :meth:`ExternalCluster.replace_with_expiring_worker` starts."""
 STEP_SECONDS_WHILE_EXPIRING = "0.8"
 """A step's seconds in a run of 10 epochs whose worker's :data:`EXPIRING_LIFETIME` is to run out well
-inside the run, not near its end (with 0.4 s steps a run could end first: seen in CI)."""
+inside the run, not near its end (with 0.4 or 0.5 s steps a run could end first: seen in CI)."""
 
 
 class ExternalCluster:
