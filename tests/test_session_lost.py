@@ -118,7 +118,8 @@ def test_scheduler_killed_mid_run_raises_session_lost_and_resumes(clusters, tmp_
             progress=False,
         )
         started = time.monotonic()
-        with pytest.raises(SessionLostError, match=first.address.replace(".", r"\.") + ".*last committed epoch"):
+        told = r"; the last committed epoch, 3 under .*ckpt, is intact: run the job again on a working scheduler to "
+        with pytest.raises(SessionLostError, match=first.address.replace(".", r"\.") + ".*" + told + "resume from it$"):
             runner.train(session)
         assert time.monotonic() - started < 5 + 15
     assert (tmp_path / "killed").exists()
@@ -139,6 +140,42 @@ def test_scheduler_killed_mid_run_raises_session_lost_and_resumes(clusters, tmp_
         assert [r.epoch for r in runner.history] == [4, 5, 6, 7]
         assert np.array_equal(session.fetch("w", "a"), expected[0])
         assert int(session.fetch("n", "b")) == int(expected[1])
+
+
+@pytest.mark.representative("memory-only")
+@pytest.mark.parametrize(
+    ("kind", "told"),
+    [
+        (
+            "memory-only",
+            "; the run's checkpoints were in cluster memory only and went with it (db_prefix=None): run the job "
+            "again on a working scheduler to start over",
+        ),
+        (
+            "none",
+            "; nothing was checkpointed (no checkpoint manager): run the job again on a working scheduler to "
+            "start over",
+        ),
+    ],
+    ids=["memory-only", "none"],
+)
+def test_a_scheduler_lost_under_a_run_with_nothing_durable_says_a_new_run_starts_over(clusters, tmp_path, kind, told):
+    """Without a prefix (checkpoints in cluster memory only, or none) the error of a lost scheduler
+    says that nothing survives it, not that a re-run resumes."""
+    first = clusters()
+    manager = dj.MultiNodeCheckpointManager(None, in_memory=True) if kind == "memory-only" else None
+    with dask.config.set({"daskjobs.connect-timeout": "3s"}):
+        session = dj.DaskSession(first.address)
+        runner = dj.JobRunner(
+            define_job(first.scheduler.pid, str(tmp_path / "killed")), manager, max_epochs=7, progress=False
+        )
+        with pytest.raises(SessionLostError) as raised:
+            runner.train(session)
+    assert str(raised.value).startswith(f"lost the Dask scheduler at {first.address}: ")
+    assert str(raised.value).endswith(
+        f"DaskSession {session.session_id} is closed and its node workspaces are gone{told}"
+    )
+    assert not session.is_open()
 
 
 def test_unreachable_scheduler_is_session_lost_within_timeout():

@@ -387,6 +387,24 @@ def test_without_a_prefix_a_lost_worker_still_comes_back_from_memory(cluster, tm
     assert {r.tier for r in runner.history} == {"memory"}
 
 
+def test_without_a_prefix_or_a_replica_a_lost_snapshot_starts_the_run_over(
+    cluster, tmp_path, killing, reference, caplog
+):
+    """``db_prefix=None, replicas=0``: node b's snapshots die with its worker in epoch 4 and nothing
+    durable exists, so every node starts again from its init group; the run ends equal."""
+    caplog.set_level(logging.INFO, logger="daskjobs")
+    manager = dj.MultiNodeCheckpointManager(None, in_memory=True, replicas=0)
+    with dj.DaskSession(cluster) as session:
+        runner = dj.JobRunner(killing(4), manager, max_failures=1, progress=False)
+        assert runner.train(session) == EPOCHS
+        assert_equal(blobs(session), reference)
+    assert any("no copy of node 'b'" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if "restoring all nodes from" in r.getMessage()] == [
+        "node(s) ['b'] lost; restoring all nodes from scratch (recovery 1 of 1)"
+    ]
+    assert [r.epoch for r in runner.history][-EPOCHS:] == list(range(1, EPOCHS + 1))
+
+
 @pytest.mark.parametrize("replicas", [1, 0])
 def test_a_retired_pool_worker_hands_its_snapshots_over(tmp_path, watched_root, reference, caplog, replicas):
     """A pool worker serving node b is retired in epoch 4: Dask moves its snapshots to the workers left
@@ -415,6 +433,31 @@ def test_a_retired_pool_worker_hands_its_snapshots_over(tmp_path, watched_root, 
     assert hooks.found == {}
     assert any("left on purpose (it was retired)" in r.getMessage() for r in caplog.records)
     assert any("from epoch 3 in cluster memory" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "falls_back_to"),
+    [
+        ("ckpt", "the durable checkpoints under the prefix"),
+        (None, "the start of the run (db_prefix=None: nothing durable)"),
+    ],
+    ids=["prefix", "no-prefix"],
+)
+def test_a_cluster_too_small_for_the_replicas_says_once_what_a_lost_worker_falls_back_to(
+    tmp_path, reference, caplog, prefix, falls_back_to
+):
+    """On a single pool worker no snapshot can have a replica: one warning says so and what losing
+    the worker then falls back to (the prefix, or the start of the run without one); the run ends equal."""
+    caplog.set_level(logging.WARNING, logger="daskjobs")
+    manager = dj.MultiNodeCheckpointManager(prefix and str(tmp_path / prefix), in_memory=True)
+    with pool_cluster(1) as cluster, dj.DaskSession(cluster) as session:
+        assert dj.JobRunner(define_job(), manager, progress=False).train(session) == EPOCHS
+        assert_equal(blobs(session), reference)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tier 0:")]
+    assert warned == [
+        "tier 0: the cluster has too few workers to hold each node's snapshot on 1 + 1 (replicas=1), only on 1: "
+        f"losing a worker falls back to {falls_back_to}"
+    ]
 
 
 def test_a_snapshot_that_does_not_fit_is_a_write_error_not_a_dead_worker(tmp_path):

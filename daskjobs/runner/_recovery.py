@@ -29,15 +29,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger("daskjobs")
 
 
-def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager) -> SessionLostError:
-    """``exc`` told with the last committed epoch and how to resume from it."""
+def with_last_commit(exc: SessionLostError, manager: MultiNodeCheckpointManager | None) -> SessionLostError:
+    """``exc`` told with what the run committed durably (``manager``: its checkpoints, ``None``: none)
+    and what running the job again does."""
+    told, again = str(exc).rstrip("."), "run the job again on a working scheduler"
+    if manager is None:
+        return SessionLostError(f"{told}; nothing was checkpointed (no checkpoint manager): {again} to start over")
+    if not manager.durable:
+        return SessionLostError(
+            f"{told}; the run's checkpoints were in cluster memory only and went with it (db_prefix=None): "
+            f"{again} to start over"
+        )
     try:
         epochs = manager.store.committed_epochs()
     except OSError as error:
-        where = f"the committed epochs under {manager.store.url} could not be listed ({error})"
-    else:
-        where = f"last committed epoch {epochs[-1]} under {manager.store.url}" if epochs else "no epoch was committed"
-    return SessionLostError(f"{exc}; {where}: run the job again on a working scheduler to resume")
+        return SessionLostError(
+            f"{told}; the committed epochs under {manager.store.url} could not be listed ({error}): {again} to "
+            "resume from the last of them"
+        )
+    if not epochs:
+        return SessionLostError(f"{told}; no epoch was committed under {manager.store.url}: {again} to start over")
+    return SessionLostError(
+        f"{told}; the last committed epoch, {epochs[-1]} under {manager.store.url}, is intact: {again} to resume "
+        "from it"
+    )
 
 
 def check_recoverable(

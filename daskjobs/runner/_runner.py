@@ -184,7 +184,10 @@ class JobRunner(ManualCheckpoints):
             check_placement(session, self.job)
             with self._signals:
                 if manager is None:
-                    return self._train(session, None)
+                    try:
+                        return self._train(session, None)
+                    except SessionLostError as exc:
+                        raise with_last_commit(exc, None) from exc
                 with manager.writing(
                     self.job.name,
                     break_lock=self.break_lock,

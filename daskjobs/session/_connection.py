@@ -67,8 +67,7 @@ class SchedulerConnection:
                 self._client.close(timeout=2)
         return SessionLostError(
             f"lost the Dask scheduler at {self._address}: {why}. DaskSession {self.session_id} is closed and "
-            "its node workspaces are gone; committed checkpoints are intact: run the job again (on a running "
-            "scheduler) to resume from the last committed epoch."
+            "its node workspaces are gone"
         )
 
     def _workers(self) -> WorkerTable:

@@ -183,10 +183,15 @@ class MemoryTier:
         if fewest < replicas and cluster.owner and not self._warned_few:  # one process ("") holds no replicas
             self._warned_few = True
             logger.warning(
-                "tier 0: the cluster has too few workers for %d replica(s) of each node's snapshot (%d found): "
-                "losing a worker falls back to the durable checkpoints under the prefix",
+                "tier 0: the cluster has too few workers to hold each node's snapshot on 1 + %d (replicas=%d), "
+                "only on %d: losing %s falls back to %s",
                 replicas,
-                fewest,
+                replicas,
+                fewest + 1,
+                "a worker" if fewest == 0 else f"{fewest + 1} workers at once",
+                "the durable checkpoints under the prefix"
+                if self.options.durable_every is not None
+                else "the start of the run (db_prefix=None: nothing durable)",
             )
         orders = {node: KeepOrder.of(node, epoch, bundle, cluster.owner) for bundle in bundles for node in bundle.nodes}
         record = self._epochs[epoch] = MemoryEpoch(epoch, orders)
