@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import spawn, start_scheduler, stop_group
 
 import daskjobs as dj
 
@@ -305,4 +306,35 @@ def test_a_node_without_a_worker_fails_before_init_runs(folder):
         "daskjobs run: error: job 'split' cannot start, nothing ran: cannot place node(s) ['b'] on the Dask cluster "
         "(waited 2 s):"
     ), result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "Workers still starting (a batch queue, an adaptive cluster)? Wait longer for them: the Dask config value "
+        "daskjobs.preflight-timeout (2 s; e.g. DASK_DASKJOBS__PREFLIGHT_TIMEOUT=10m in the environment), or "
+        "session.wait_for_nodes(job.nodes(), timeout=...) before train(). (run with -v for the traceback)"
+    )
     assert [p.relative_to(folder / "ck") for p in (folder / "ck").rglob("*")] == [Path("__daskjobs__")]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_driver_started_before_its_workers_waits_for_them_as_the_config_says(folder):
+    """A batch queue's order: `daskjobs run --scheduler` on a scheduler without workers, told by the
+    environment to wait up to a minute; a plain `dask worker` joins after the default 2 s: the job runs."""
+    scheduler, address = start_scheduler(folder)
+    started = []
+    try:
+        run = subprocess.Popen(
+            command("run", "job.py:split", "--checkpoint", "ck", "--max-epochs", "2", "--scheduler", address),
+            cwd=folder, env=env(DASK_DASKJOBS__PREFLIGHT_TIMEOUT="60s"), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        started.append(run)
+        time.sleep(3.0)
+        assert run.poll() is None, run.communicate()
+        worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host", "127.0.0.1", "--no-dashboard"]
+        started.append(spawn(worker, folder / "worker.log", cwd=folder))
+        out, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+        assert out.splitlines()[-1] == f"job 'split': last epoch 2, committed under {folder / 'ck'}; ran epochs 1-2"
+    finally:
+        for process in [*started, scheduler]:
+            stop_group(process)

@@ -82,8 +82,14 @@ def check_placement(session: Session, job: Job) -> None:
     NodePlacementError
         Naming the job, the nodes without a worker and the workers there are; nothing ran.
     """
-    nodes = job.nodes()
+    nodes, timeout = job.nodes(), config_timeout("preflight-timeout")
     try:
-        session.wait_for_nodes(nodes, timeout=config_timeout("preflight-timeout"), resources=job.node_resources())
+        session.wait_for_nodes(nodes, timeout=timeout, resources=job.node_resources())
     except NodePlacementError as exc:
-        raise NodePlacementError(f"job {job.name!r} cannot start, nothing ran: {exc}", exc.nodes) from None
+        raise NodePlacementError(
+            f"job {job.name!r} cannot start, nothing ran: {exc}\nWorkers still starting (a batch queue, an adaptive "
+            f"cluster)? Wait longer for them: the Dask config value daskjobs.preflight-timeout ({timeout:g} s; e.g. "
+            "DASK_DASKJOBS__PREFLIGHT_TIMEOUT=10m in the environment), or session.wait_for_nodes(job.nodes(), "
+            "timeout=...) before train().",
+            exc.nodes,
+        ) from None
