@@ -98,15 +98,23 @@ class GracefulStop:
 
     def __init__(self) -> None:
         self.requested: int | None = None
+        self.on_request: Callable[[], None] | None = None
+        """Called (from the signal handler, or the requesting thread) when the first request comes."""
         self._at = 0.0
         self._previous: dict[int, Any] = {}
+
+    def _requested(self, signum: int) -> None:
+        self.requested = signum
+        if self.on_request is not None:
+            self.on_request()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if self.requested is not None and signum == self.requested and now - self._at < SAME_REQUEST:
             return
         if self.requested is None:
-            self.requested, self._at = signum, now
+            self._at = now
+            self._requested(signum)
             logger.warning(
                 "%s received: the job stops once the running epoch is done (and committed, with checkpoints); "
                 "send it again to abandon that epoch",
@@ -122,7 +130,7 @@ class GracefulStop:
         if signum not in SIGNALS:
             raise ValueError(f"a run stops on SIGINT or SIGTERM, not on signal {signum}")
         if self.requested is None:
-            self.requested = signum
+            self._requested(signum)
             logger.info("%s asked for: the job stops once the running epoch is done", SIGNALS[signum])
             return
         main = threading.main_thread()
@@ -138,6 +146,7 @@ class GracefulStop:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.on_request = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}

@@ -182,12 +182,13 @@ class JobRunner(ManualCheckpoints):
         self._session = session
         try:
             check_placement(session, self.job)
+            self._signals.on_request = session.stop_requested
             with self._signals:
                 if manager is None:
                     try:
                         return self._train(session, None)
                     except SessionLostError as exc:
-                        raise with_last_commit(exc, None) from exc
+                        raise self._scheduler_lost(exc, None) from exc
                 with manager.writing(
                     self.job.name,
                     break_lock=self.break_lock,
@@ -201,7 +202,7 @@ class JobRunner(ManualCheckpoints):
                         return self._train(session, manager)
                     except SessionLostError as exc:
                         pipeline.settle()
-                        raise with_last_commit(exc, manager) from exc
+                        raise self._scheduler_lost(exc, manager) from exc
                     except BaseException as exc:
                         interrupted = isinstance(exc, (KeyboardInterrupt, JobInterruptedError))
                         committed = pipeline.settle(None if interrupted else session)
@@ -215,6 +216,7 @@ class JobRunner(ManualCheckpoints):
             raise self._interruption(exc.signum, abandoned=True).with_traceback(exc.__traceback__) from None
         finally:
             self._pipeline = self._session = None
+            session.stop_requested(False)
             if own:
                 session.close()
 
@@ -395,6 +397,15 @@ class JobRunner(ManualCheckpoints):
         error = self._interruption(self._signals.requested, abandoned=False)
         logger.warning("%s", error)
         raise error
+
+    def _scheduler_lost(self, exc: SessionLostError, manager: MultiNodeCheckpointManager | None) -> BaseException:
+        """What losing the scheduler raises: the error told with what survives it; while a stop asked
+        for runs, the stop's own error, the running epoch abandoned (a signal to the whole batch job
+        stops the scheduler too)."""
+        if self._signals.requested is not None:
+            logger.info("%s", exc)
+            return self._interruption(self._signals.requested, abandoned=True)
+        return with_last_commit(exc, manager)
 
     def _interruption(self, signum: int, *, abandoned: bool) -> BaseException:
         """The error an interrupted run raises; an abandoned run's is logged here (a graceful stop

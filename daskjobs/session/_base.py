@@ -145,6 +145,11 @@ class Session(abc.ABC):
         """Wait until each node has a worker that can run it (before a job starts, after a worker was
         lost); nothing to wait for where every node runs in this process."""
 
+    def stop_requested(self, requested: bool = True) -> None:  # noqa: B027 - optional hook
+        """A stop of the run was asked for (a signal, ``JobRunner.request_stop``; ``False``: the run
+        ended): a wait that only the running epoch needs, such as a DaskSession's for its scheduler to
+        come back, gives up sooner. Nothing waits so where every node runs in this process."""
+
     @property
     def placement(self) -> dict[str, str]:
         """Node -> the address of the worker serving it; empty where nodes run in this process."""

@@ -4,7 +4,9 @@ the scheduler's worker table asked for afresh, and the session closed, with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,17 @@ from .._config import config_timeout
 from ..errors import SessionClosedError, SessionLostError
 from ._client import scheduler_rpc
 from ._placement import WorkerTable
+
+
+def _drop_cancelled_reconnect(record: logging.LogRecord) -> bool:
+    """Closing a client that still tries to reconnect cancels that attempt, which distributed logs as
+    an ERROR with a traceback: not an error of anyone's (the session says what happened)."""
+    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
+STOPPING_GRACE = 2.0
+"""Seconds a lost scheduler is waited for once a stop of the run was asked for (a signal to the
+whole batch job reaches the scheduler too): at most ``daskjobs.connect-timeout``."""
 
 
 class SchedulerConnection:
@@ -26,6 +39,7 @@ class SchedulerConnection:
 
     session_id: str
     _open: bool
+    _stopping: bool = False
     _client: Client
     _owns_client: bool
     _address: str
@@ -47,24 +61,39 @@ class SchedulerConnection:
             )
         self._await_reconnect()
 
+    def stop_requested(self, requested: bool = True) -> None:
+        """Once a stop was asked for, a lost scheduler is waited for :data:`STOPPING_GRACE` seconds at most."""
+        self._stopping = requested
+
     def _await_reconnect(self) -> None:
-        """Return once the client is connected again; after ``daskjobs.connect-timeout`` close the
-        session and raise :class:`SessionLostError`."""
+        """Return once the client is connected again; after ``daskjobs.connect-timeout`` (or
+        :data:`STOPPING_GRACE` once a stop was asked for) close the session and raise
+        :class:`SessionLostError`."""
         timeout = config_timeout("connect-timeout")
-        deadline = time.monotonic() + timeout
-        while self._client.status != "running" and time.monotonic() < deadline:
+        started = time.monotonic()
+        while self._client.status != "running" and time.monotonic() - started < self._patience(timeout):
             if self._client.status in ("closing", "closed"):
                 break
             time.sleep(0.05)
         if self._client.status != "running":
+            if self._stopping and timeout > STOPPING_GRACE:
+                raise self._lost_scheduler(f"no connection to it for {STOPPING_GRACE:g} s while the run stops")
             raise self._lost_scheduler(f"no connection to it for {timeout:g} s (daskjobs.connect-timeout)")
+
+    def _patience(self, timeout: float) -> float:
+        return min(timeout, STOPPING_GRACE) if self._stopping else timeout
 
     def _lost_scheduler(self, why: str) -> SessionLostError:
         """Close the session (it can do nothing without its scheduler) and return the error to raise."""
         self._open = False
         if self._owns_client:
-            with contextlib.suppress(Exception):
-                self._client.close(timeout=2)
+            client_log = logging.getLogger("distributed.client")
+            client_log.addFilter(_drop_cancelled_reconnect)
+            try:
+                with contextlib.suppress(Exception):
+                    self._client.close(timeout=2)
+            finally:
+                client_log.removeFilter(_drop_cancelled_reconnect)
         return SessionLostError(
             f"lost the Dask scheduler at {self._address}: {why}. DaskSession {self.session_id} is closed and "
             "its node workspaces are gone"

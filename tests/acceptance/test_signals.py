@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -128,3 +129,62 @@ def test_a_second_signal_ends_the_process_within_two_seconds(kind, sig, saves, j
     assert committed == list(range(len(committed))), committed
     if committed:
         assert dj.open_checkpoint(str(prefix)).verify() > 0
+
+
+BATCH_SCRIPT = """\
+dask scheduler --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file scheduler.json \\
+    > scheduler.log 2>&1 &
+while [ ! -s scheduler.json ]; do sleep 0.1; done
+for worker in 1 2; do
+    dask worker --scheduler-file scheduler.json --host 127.0.0.1 --no-dashboard > "worker-$worker.log" 2>&1 &
+done
+address=$(python -c "import json; print(json.load(open('scheduler.json'))['address'])")
+exec python -m daskjobs run "$@" --scheduler "$address"
+"""
+
+
+@pytest.mark.representative("SIGTERM")
+@pytest.mark.parametrize("sig", SIGNALS)
+def test_a_signal_to_a_batch_job_of_scheduler_workers_and_driver_stops_it_at_once(
+    sig, job_dir, elsewhere, tmp_path, reference
+):
+    """A batch script starts a ``dask scheduler``, two plain ``dask worker``s and ``daskjobs run`` in
+    one process group, which gets one signal (``scancel``): the scheduler and the workers go at once,
+    so the running epoch cannot finish; the driver still exits 130/143 within a few seconds (not after
+    ``daskjobs.connect-timeout``), naming the epoch committed before, quietly; the committed epochs
+    verify, and running the job again resumes from there to the values of an uninterrupted run."""
+    marks, prefix, batch = tmp_path / "marks", elsewhere / "ckpt", tmp_path / "batch"
+    marks.mkdir()
+    batch.mkdir()
+    (batch / "job.sh").write_text(BATCH_SCRIPT)
+    argv = ["bash", "job.sh", str(job_dir / "train.py:job"), "--no-progress", "--checkpoint", str(prefix)]
+    process = subprocess.Popen(
+        argv, cwd=batch, env=clean_env(JOB_MARKS=str(marks)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
+    os.killpg(process.pid, sig)
+    signalled = time.monotonic()
+    code, _out, err = finish(process, timeout=60)
+    assert time.monotonic() - signalled < 10, err
+    assert code == EXIT[sig], err
+    assert_quiet(err)
+    name = signal.Signals(sig).name
+    lines = err.strip().splitlines()
+    assert lines[0] == f"{name} {FIRST_LINE}; send it again to abandon that epoch", err
+    committed = [info.epoch for info in dj.list_checkpoints(str(prefix))]
+    assert committed == list(range(committed[-1] + 1)), committed
+    assert committed[-1] >= 2
+    how = "abandoned" if ": abandoned the running epoch;" in lines[-1] else "stopped after"  # as the scheduler went
+    assert lines[1:] == [
+        f"job 'acceptance' interrupted by {name}: {how} the running epoch; epoch {committed[-1]} is committed "
+        f"under {prefix}; run the job again with the same checkpoint prefix to resume from it"
+    ], err
+    assert dj.open_checkpoint(str(prefix)).verify() > 0
+    again, out, err = finish(start_run(job_dir, elsewhere, "train.py:job", "--local", "--checkpoint", str(prefix)))
+    assert again == 0, err
+    assert (
+        out.strip().splitlines()[-1]
+        == f"job 'acceptance': last epoch 8, committed under {prefix}; ran epochs {committed[-1] + 1}-8"
+    )
+    assert_same_checkpoints(checkpoint_values(prefix), reference(8))

@@ -147,6 +147,8 @@ class CommitPipeline(CommitQueue):
         save in flight; a flush no node can report (its worker died) is made from here. Failures are
         logged, what cannot be committed is forgotten. ``True`` if an epoch was committed."""
         before = self.last_committed
+        if session is not None and not session.is_open():  # closed with its lost scheduler: nothing to ask
+            session = None
         try:
             if session is not None:
                 self._wait_flushes(session)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..._execution.plan import GroupRunFailed
 from ..._model.group import TaskGroup
 from ..._model.task import Task, WorkspaceType
 from ...errors import CheckpointError, CheckpointWriteError, InvalidStateError
@@ -114,9 +115,12 @@ class EpochWriter:
         self, session: Session, name: str, finish: Mapping[str, Hook], epoch: int | None = None
     ) -> dict[str, object]:
         """Run ``finish`` (node -> hook) alone, in a small PRIVATE group on those nodes; return what the
-        hooks returned, by node (a failure raises ``GroupRunFailed``)."""
+        hooks returned, by node. A failed run raises its own error (a lost node, a lost scheduler)."""
         group = self.group(lambda g, node: Task(idle, group=g, node=node, name=name), WorkspaceType.PRIVATE, [*finish])
-        return session.run_group(group, job=self.manager._job_name, epoch=epoch, finish=finish).finished
+        try:
+            return session.run_group(group, job=self.manager._job_name, epoch=epoch, finish=finish).finished
+        except GroupRunFailed as failed:
+            raise failed.error from None
 
     def flush_hooks(self, nodes: list[str]) -> dict[str, Hook]:
         """Hooks waiting for the nodes' background flushes (see ``FlushFinish``)."""
