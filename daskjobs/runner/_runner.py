@@ -299,6 +299,9 @@ class JobRunner(ManualCheckpoints):
                 except NodeLostError as exc:
                     logger.debug("%s", exc)  # what was lost and how it was noticed; the recovery logs one line
                     self._settle()
+                    if self._signals.requested is not None:  # a stop was asked for: nothing is run again
+                        logger.info("%s", exc)
+                        raise self._interruption(self._signals.requested, abandoned=True) from None
                     newest = self._newest_commit()
                     lost, departed = exc.nodes, self._departures.planned(exc, manager, newest)
                     if departed is not None:

@@ -22,8 +22,10 @@ from acceptance.harness import (
     finish,
     session_args,
     start_run,
+    stop_group,
     wait_until,
 )
+from processes import start_scheduler
 
 import daskjobs as dj
 
@@ -132,40 +134,53 @@ def test_a_second_signal_ends_the_process_within_two_seconds(kind, sig, saves, j
 
 
 BATCH_SCRIPT = """\
-dask scheduler --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file scheduler.json \\
-    > scheduler.log 2>&1 &
-while [ ! -s scheduler.json ]; do sleep 0.1; done
+if [ -z "$SCHEDULER_ADDRESS" ]; then
+    dask scheduler --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file scheduler.json \\
+        > scheduler.log 2>&1 &
+    while [ ! -s scheduler.json ]; do sleep 0.1; done
+    SCHEDULER_ADDRESS=$(python -c "import json; print(json.load(open('scheduler.json'))['address'])")
+fi
 for worker in 1 2; do
-    dask worker --scheduler-file scheduler.json --host 127.0.0.1 --no-dashboard > "worker-$worker.log" 2>&1 &
+    dask worker "$SCHEDULER_ADDRESS" --host 127.0.0.1 --no-dashboard > "worker-$worker.log" 2>&1 &
 done
-address=$(python -c "import json; print(json.load(open('scheduler.json'))['address'])")
-exec python -m daskjobs run "$@" --scheduler "$address"
+exec python -m daskjobs run "$@" --scheduler "$SCHEDULER_ADDRESS"
 """
+"""A batch job's script: a ``dask scheduler`` (unless ``SCHEDULER_ADDRESS`` names one elsewhere), two
+plain ``dask worker``s and ``daskjobs run``, all in the script's process group."""
 
 
-@pytest.mark.representative("SIGTERM")
+@pytest.mark.representative("scheduler-and-workers-SIGTERM", "workers-SIGINT")
 @pytest.mark.parametrize("sig", SIGNALS)
-def test_a_signal_to_a_batch_job_of_scheduler_workers_and_driver_stops_it_at_once(
-    sig, job_dir, elsewhere, tmp_path, reference
+@pytest.mark.parametrize("holds", ["scheduler-and-workers", "workers"])
+def test_a_signal_to_a_batch_job_that_holds_its_cluster_too_stops_it_at_once(
+    holds, sig, job_dir, elsewhere, tmp_path, reference
 ):
-    """A batch script starts a ``dask scheduler``, two plain ``dask worker``s and ``daskjobs run`` in
-    one process group, which gets one signal (``scancel``): the scheduler and the workers go at once,
-    so the running epoch cannot finish; the driver still exits 130/143 within a few seconds (not after
-    ``daskjobs.connect-timeout``), naming the epoch committed before, quietly; the committed epochs
-    verify, and running the job again resumes from there to the values of an uninterrupted run."""
+    """A batch script starts two plain ``dask worker``s (and a ``dask scheduler``, or uses one
+    elsewhere) and ``daskjobs run`` in one process group, which gets one signal (``scancel``): the
+    workers (and the scheduler) go at once, so the running epoch may not finish; the driver still
+    exits 130/143 within a few seconds (not after ``daskjobs.connect-timeout`` or
+    ``daskjobs.recovery-timeout``), naming the epoch committed, quietly; the committed epochs verify,
+    and running the job again resumes from there to the values of an uninterrupted run."""
     marks, prefix, batch = tmp_path / "marks", elsewhere / "ckpt", tmp_path / "batch"
     marks.mkdir()
     batch.mkdir()
     (batch / "job.sh").write_text(BATCH_SCRIPT)
+    scheduler = None
+    if holds == "workers":
+        scheduler, address = start_scheduler(tmp_path, env=clean_env())
     argv = ["bash", "job.sh", str(job_dir / "train.py:job"), "--no-progress", "--checkpoint", str(prefix)]
+    env = clean_env(JOB_MARKS=str(marks), **({"SCHEDULER_ADDRESS": address} if scheduler else {}))
     process = subprocess.Popen(
-        argv, cwd=batch, env=clean_env(JOB_MARKS=str(marks)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
-    os.killpg(process.pid, sig)
-    signalled = time.monotonic()
-    code, _out, err = finish(process, timeout=60)
+        argv, cwd=batch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        wait_until(lambda: (marks / "epoch-3").exists(), 90, "epoch 3's step", process)
+        os.killpg(process.pid, sig)
+        signalled = time.monotonic()
+        code, _out, err = finish(process, timeout=60)
+    finally:
+        if scheduler is not None:
+            stop_group(scheduler)
     assert time.monotonic() - signalled < 10, err
     assert code == EXIT[sig], err
     assert_quiet(err)
