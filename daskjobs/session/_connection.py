@@ -76,11 +76,12 @@ class SchedulerConnection:
                 break
             time.sleep(0.05)
         if self._client.status != "running":
-            if self._stopping and timeout > STOPPING_GRACE:
-                raise self._lost_scheduler(f"no connection to it for {STOPPING_GRACE:g} s while the run stops")
-            raise self._lost_scheduler(f"no connection to it for {timeout:g} s (daskjobs.connect-timeout)")
+            waited = self._patience(timeout)
+            why = "while the run stops" if waited < timeout else "(daskjobs.connect-timeout)"
+            raise self._lost_scheduler(f"no connection to it for {waited:g} s {why}")
 
     def _patience(self, timeout: float) -> float:
+        """How long a lost scheduler is waited for now (a stop may be asked for while it is)."""
         return min(timeout, STOPPING_GRACE) if self._stopping else timeout
 
     def _lost_scheduler(self, why: str) -> SessionLostError:

@@ -137,7 +137,7 @@ BATCH_SCRIPT = """\
 if [ -z "$SCHEDULER_ADDRESS" ]; then
     dask scheduler --host 127.0.0.1 --port 0 --dashboard-address 127.0.0.1:0 --scheduler-file scheduler.json \\
         > scheduler.log 2>&1 &
-    while [ ! -s scheduler.json ]; do sleep 0.1; done
+    for _ in $(seq 600); do [ -s scheduler.json ] && break; sleep 0.1; done
     SCHEDULER_ADDRESS=$(python -c "import json; print(json.load(open('scheduler.json'))['address'])")
 fi
 for worker in 1 2; do
@@ -179,6 +179,7 @@ def test_a_signal_to_a_batch_job_that_holds_its_cluster_too_stops_it_at_once(
         signalled = time.monotonic()
         code, _out, err = finish(process, timeout=60)
     finally:
+        stop_group(process)  # the script's scheduler and workers too, however the test ended
         if scheduler is not None:
             stop_group(scheduler)
     assert time.monotonic() - signalled < 10, err
