@@ -4,9 +4,7 @@ the scheduler's worker table asked for afresh, and the session closed, with
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -16,13 +14,6 @@ from .._config import config_timeout
 from ..errors import SessionClosedError, SessionLostError
 from ._client import scheduler_rpc
 from ._placement import WorkerTable
-
-
-def _drop_cancelled_reconnect(record: logging.LogRecord) -> bool:
-    """Closing a client that still tries to reconnect cancels that attempt, which distributed logs as
-    an ERROR with a traceback: not an error of anyone's (the session says what happened)."""
-    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
-
 
 STOPPING_GRACE = 2.0
 """Seconds a lost scheduler is waited for once a stop of the run was asked for (a signal to the
@@ -88,13 +79,8 @@ class SchedulerConnection:
         """Close the session (it can do nothing without its scheduler) and return the error to raise."""
         self._open = False
         if self._owns_client:
-            client_log = logging.getLogger("distributed.client")
-            client_log.addFilter(_drop_cancelled_reconnect)
-            try:
-                with contextlib.suppress(Exception):
-                    self._client.close(timeout=2)
-            finally:
-                client_log.removeFilter(_drop_cancelled_reconnect)
+            with contextlib.suppress(Exception):
+                self._client.close(timeout=2)
         return SessionLostError(
             f"lost the Dask scheduler at {self._address}: {why}. DaskSession {self.session_id} is closed and "
             "its node workspaces are gone"

@@ -29,6 +29,7 @@ scheduler during heartbeat" with a traceback when its own close cut the heartbea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import signal
@@ -37,6 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from distributed import Worker
+from distributed.comm.core import CommClosedError
 from distributed.core import Status
 
 KEY_PREFIX = "daskjobs-"
@@ -116,6 +118,21 @@ class _DropHeartbeatCutByClose(logging.Filter):
         return not any(worker.status in _LEAVING for worker in list(Worker._instances))
 
 
+class _QuietSchedulerLoss(logging.Filter):
+    """What the driver's client logs as its scheduler goes, with tracebacks that are no one's error
+    (the session says what happened): closed while it still tried to reconnect, the cancelled
+    attempt as an ERROR (dropped); a message it could no longer send, at INFO with the closed
+    connection's traceback (kept, without the traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            return False
+        if isinstance(error, CommClosedError) and record.levelno <= logging.INFO:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 _LEAVING = (Status.closing, Status.closing_gracefully)
 _HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
 _LEFT = ("CommClosedError", "StreamClosedError", "ConnectionRefusedError", "ConnectionResetError")
@@ -130,13 +147,15 @@ def _add_filter(name: str, kind: type[logging.Filter]) -> None:
 
 def quiet_compute_failures() -> None:
     """Drop the ERROR records Dask logs for daskjobs tasks whose failure, or whose node's lost
-    worker, daskjobs reports itself, and a closing worker's cut heartbeat (in this process;
-    idempotent)."""
+    worker, daskjobs reports itself, a closing worker's cut heartbeat, and the client's tracebacks
+    as its scheduler goes (in this process; idempotent)."""
     for name in ("distributed.worker", "distributed.scheduler"):
         _add_filter(name, _DropDaskjobsComputeFailures)
     _add_filter("distributed.worker", _DropHeartbeatCutByClose)
     for name in ("distributed.scheduler", "asyncio"):
         _add_filter(name, _DropBroadcastToLeftWorker)
+    for name in ("distributed.client", "distributed.batched"):
+        _add_filter(name, _QuietSchedulerLoss)
 
 
 def dask_setup(worker: Any) -> None:
